@@ -1,0 +1,219 @@
+"""The node agent: the only thing that touches workers.
+
+It holds its node's lease and renews it with each heartbeat, launches the workers of the generation
+the controller commands, reports their progress and exits, and stops them cleanly. All of its state
+changes happen on one thread (the loop in `run`); etcd watch callbacks only enqueue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import time
+from pathlib import Path
+
+from stalwart.agents.progress_inbox import ProgressInbox
+from stalwart.agents.workers import WorkerGroup
+from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV
+from stalwart.logs import get_logger
+from stalwart.spec import TrainingJob, parse_job
+from stalwart.store import keys
+from stalwart.store.client import Lease, LeaseLost, Store, StoreUnavailable
+from stalwart.store.records import (
+    AgentAction,
+    AgentCommand,
+    Assignment,
+    Heartbeat,
+    NodeRegistration,
+)
+
+LOOP_INTERVAL = 0.05
+
+
+class AgentExit(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class NodeAgent:
+    def __init__(self, store: Store, job: str, node: str, workdir: Path, job_dir: Path) -> None:
+        self.store = store
+        self.job_name = job
+        self.node = node
+        self.workdir = workdir
+        self.job_dir = job_dir
+        self.log = get_logger("stalwart.agent", job=job, node=node)
+        raw = store.get_raw(keys.job_spec(job))
+        if raw is None:
+            raise AgentExit(2, f"job {job!r} has no spec in etcd at {keys.job_spec(job)}")
+        self.job: TrainingJob = parse_job(json.loads(raw), keys.job_spec(job))
+        self.ft = self.job.spec.fault_tolerance
+        self.commands: queue.Queue[AgentCommand] = queue.Queue()
+        self.group: WorkerGroup | None = None
+        self.generation = 0
+        self.lease: Lease | None = None
+        self.inbox = ProgressInbox()
+        self._stop_signal: int | None = None
+        self._last_heartbeat = 0.0
+        self._etcd_lost_since: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._stop_signal = signum
+
+    def register(self) -> None:
+        self.lease = self.store.lease(self.ft.lease_ttl_seconds)
+        reg = NodeRegistration(
+            node=self.node,
+            job=self.job_name,
+            host=socket.gethostname(),
+            agent_pid=os.getpid(),
+            registered_at=time.time(),
+            lease_id=self.lease.id,
+        )
+        self.store.put(keys.node_registration(self.job_name, self.node), reg, lease=self.lease)
+        self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
+        self.log.info("registered", fields={"lease": f"{self.lease.id:x}"})
+        # A command written before our watch started is not replayed by the watch: read it once.
+        current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
+        if current is not None:
+            self.commands.put(current)
+
+    def _on_command(self, _key: str, value: bytes | None) -> None:
+        if value is not None:
+            self.commands.put(AgentCommand.loads(value))
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self.register()
+            while self._stop_signal is None:
+                self._tick()
+                time.sleep(LOOP_INTERVAL)
+            self.log.info("stopping on signal", fields={"signal": self._stop_signal})
+            return 0
+        except AgentExit as exc:
+            self.log.warning("agent exiting", fields={"reason": str(exc), "code": exc.code})
+            return exc.code
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._stop_workers()
+        self.inbox.close()
+        if self.lease is not None:
+            try:
+                self.lease.revoke()  # the controller sees the node go at once, not after the TTL
+            except (StoreUnavailable, LeaseLost):
+                pass
+        self.store.close()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        dirty = False
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                break
+            dirty |= self._apply(cmd)
+        if self.group is not None:
+            for report in self.inbox.drain():
+                self.group.record(report)
+            dirty |= self.group.poll()
+        now = time.time()
+        if dirty or now - self._last_heartbeat >= self.ft.heartbeat_interval_seconds:
+            self._heartbeat(now)
+
+    def _apply(self, cmd: AgentCommand) -> bool:
+        if cmd.action is AgentAction.SHUTDOWN:
+            raise AgentExit(0, f"job finished (generation {cmd.generation})")
+        if cmd.generation < self.generation:
+            return False
+        if cmd.action is AgentAction.STOP:
+            if self.group is not None:
+                self.log.info("stopping workers", fields={"generation": cmd.generation})
+                self._stop_workers()
+                self.generation = cmd.generation
+                return True
+            return False
+        if cmd.generation == self.generation and self.group is not None:
+            return False  # already running this generation (a replayed command)
+        assignment = self.store.get(keys.generation(self.job_name, cmd.generation), Assignment)
+        mine = assignment.for_node(self.node) if assignment else None
+        if assignment is None or mine is None:
+            self.log.warning("command for a generation without my assignment", fields={"generation": cmd.generation})
+            return False
+        self._stop_workers()
+        self.generation = cmd.generation
+        role = next(r for r in self.job.spec.roles if r.name == mine.role)
+        working_dir = Path(role.working_dir) if role.working_dir else self.job_dir
+        if not working_dir.is_absolute():
+            working_dir = self.job_dir / working_dir
+        env = {
+            **os.environ,
+            **role.env,
+            "STALWART_JOB": self.job_name,
+            "STALWART_NODE": self.node,
+            "STALWART_GENERATION": str(cmd.generation),
+            PROGRESS_SOCKET_ENV: self.inbox.path,
+            "STALWART_CHECKPOINT_URI": self._checkpoint_uri(),
+            "STALWART_CHECKPOINT_INTERVAL": str(self.job.spec.checkpoint.interval_steps),
+            "STALWART_CHECKPOINT_KEEP": str(self.job.spec.checkpoint.keep_last),
+        }
+        self.group = WorkerGroup(
+            assignment,
+            mine,
+            role.command,
+            env,
+            working_dir,
+            self.workdir / "nodes" / self.node / f"gen-{cmd.generation:04d}",
+        )
+        self.log.info(
+            "workers started",
+            fields={
+                "generation": cmd.generation,
+                "ranks": [w.rank for w in self.group.workers],
+                "pids": [w.proc.pid for w in self.group.workers],
+            },
+        )
+        return True
+
+    def _checkpoint_uri(self) -> str:
+        uri = self.job.spec.checkpoint.uri
+        if uri is None:
+            return str(self.workdir / "checkpoints")
+        path = uri.removeprefix("file://")
+        return path if os.path.isabs(path) else str(self.job_dir / path)
+
+    def _heartbeat(self, now: float) -> None:
+        assert self.lease is not None
+        beat = Heartbeat(
+            node=self.node,
+            generation=self.generation,
+            sent_at=now,
+            workers=self.group.statuses() if self.group else [],
+        )
+        try:
+            self.lease.refresh()
+            self.store.put(keys.node_heartbeat(self.job_name, self.node), beat, lease=self.lease)
+            self._last_heartbeat = now
+            self._etcd_lost_since = None
+        except LeaseLost:
+            # The controller has already counted this node as lost: we are fenced off.
+            raise AgentExit(3, "node lease expired; this node has been replaced") from None
+        except StoreUnavailable as exc:
+            self._etcd_lost_since = self._etcd_lost_since or now
+            if now - self._etcd_lost_since > 3 * self.ft.lease_ttl_seconds:
+                raise AgentExit(4, f"etcd unreachable for too long: {exc}") from None
+            self._last_heartbeat = now  # retry at the next interval, not in a tight loop
+
+    def _stop_workers(self) -> None:
+        if self.group is not None:
+            self.group.stop(self.ft.stop_grace_seconds)
+            self.group = None

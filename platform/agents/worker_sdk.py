@@ -1,0 +1,82 @@
+"""The worker SDK: what a training script may call to tell its node agent how it is doing.
+
+Everything here is optional and cheap. Outside Stalwart (no STALWART_PROGRESS_SOCKET), every call
+is a no-op, so the same script runs under plain torchrun.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+
+from stalwart.store.records import ProgressReport
+
+PROGRESS_SOCKET_ENV = "STALWART_PROGRESS_SOCKET"
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+_sock: socket.socket | None = None
+_installed = False
+
+
+def _socket() -> socket.socket | None:
+    global _sock
+    if _sock is None and os.environ.get(PROGRESS_SOCKET_ENV):
+        _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        _sock.setblocking(False)
+    return _sock
+
+
+def _send(report: ProgressReport) -> None:
+    sock = _socket()
+    if sock is None:
+        return
+    try:
+        sock.sendto(report.dumps().encode(), os.environ[PROGRESS_SOCKET_ENV])
+    except (BlockingIOError, FileNotFoundError, ConnectionRefusedError, OSError):
+        # The agent is restarting or busy: progress is best-effort, training must not stall on it.
+        pass
+
+
+def _ranks() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def install() -> None:
+    """Dump all thread stacks to stderr on SIGUSR1, so the agent can capture a hung worker's stack."""
+    global _installed
+    if not _installed:
+        faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+        _installed = True
+
+
+def report_step(
+    step: int,
+    loss: float | None = None,
+    tokens: int | None = None,
+    step_time: float | None = None,
+) -> None:
+    """Report a completed training step (call once per step, after the optimizer step)."""
+    install()
+    rank, local_rank = _ranks()
+    _send(
+        ProgressReport(
+            kind="step",
+            rank=rank,
+            local_rank=local_rank,
+            step=step,
+            loss=loss,
+            tokens=tokens,
+            step_time=step_time,
+            sent_at=time.time(),
+        )
+    )
+
+
+def report_checkpoint(step: int) -> None:
+    """Report that the checkpoint for `step` is committed."""
+    rank, local_rank = _ranks()
+    _send(ProgressReport(kind="checkpoint", rank=rank, local_rank=local_rank, step=step, sent_at=time.time()))

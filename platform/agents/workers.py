@@ -1,0 +1,137 @@
+"""The worker processes of one node for one generation: launch, watch, stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stalwart.processes import spawn, stop_process
+from stalwart.store.records import (
+    Assignment,
+    NodeAssignment,
+    ProgressReport,
+    WorkerState,
+    WorkerStatus,
+)
+
+LOG_TAIL_LINES = 40
+
+
+def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
+    """The last `lines` lines of a log file, reading at most `max_bytes` from its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    text = data.decode(errors="replace")
+    return [line[:500] for line in deque(text.splitlines(), maxlen=lines)]
+
+
+def torchrun_env(assignment: Assignment, node: NodeAssignment, local_rank: int) -> dict[str, str]:
+    """The environment torchrun gives a worker, so an unmodified torchrun-style script runs."""
+    rank = node.first_rank + local_rank
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(assignment.world_size),
+        "LOCAL_WORLD_SIZE": str(node.local_world_size),
+        "GROUP_RANK": str(node.node_rank),
+        "ROLE_NAME": node.role,
+        "MASTER_ADDR": assignment.master_addr,
+        "MASTER_PORT": str(assignment.master_port),
+        "TORCHELASTIC_RUN_ID": assignment.job,
+        "TORCHELASTIC_RESTART_COUNT": str(max(0, assignment.generation - 1)),
+    }
+
+
+@dataclass
+class Worker:
+    local_rank: int
+    rank: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    status: WorkerStatus = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.status = WorkerStatus(
+            local_rank=self.local_rank,
+            rank=self.rank,
+            pid=self.proc.pid,
+            state=WorkerState.RUNNING,
+            started_at=time.time(),
+        )
+
+
+class WorkerGroup:
+    """One node's workers for one generation."""
+
+    def __init__(
+        self,
+        assignment: Assignment,
+        node: NodeAssignment,
+        command: list[str],
+        env: dict[str, str],
+        working_dir: Path,
+        log_dir: Path,
+    ) -> None:
+        self.generation = assignment.generation
+        self.workers: list[Worker] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+        # Workers find `python` (and the project's tools) in the agent's own environment.
+        path = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.environ.get("PATH", ""))])
+        for local_rank in range(node.local_world_size):
+            worker_env = {**env, "PATH": path, **torchrun_env(assignment, node, local_rank)}
+            worker_env.setdefault("OMP_NUM_THREADS", "1")
+            worker_env.setdefault("PYTHONUNBUFFERED", "1")
+            log_path = log_dir / f"rank-{node.first_rank + local_rank}.log"
+            with open(log_path, "ab") as log:
+                proc = spawn(command, env=worker_env, cwd=working_dir, stdout=log)
+            self.workers.append(Worker(local_rank, node.first_rank + local_rank, proc, log_path))
+
+    def poll(self) -> bool:
+        """Record exits; True if any worker exited since the last poll."""
+        changed = False
+        for w in self.workers:
+            if w.status.state is WorkerState.RUNNING and w.proc.poll() is not None:
+                w.status.state = WorkerState.EXITED
+                w.status.exit_code = w.proc.returncode
+                w.status.exited_at = time.time()
+                if w.proc.returncode != 0:
+                    w.status.log_tail = tail_lines(w.log_path)
+                changed = True
+        return changed
+
+    def record(self, report: ProgressReport) -> None:
+        if not 0 <= report.local_rank < len(self.workers):
+            return
+        s = self.workers[report.local_rank].status
+        if report.kind == "checkpoint":
+            s.last_checkpoint_step = report.step
+            return
+        now = report.sent_at or time.time()
+        if s.first_step is None:
+            s.first_step, s.first_step_at, s.first_loss = report.step, now, report.loss
+        s.step, s.loss, s.step_time, s.last_progress_at = report.step, report.loss, report.step_time, now
+        if report.tokens is not None and report.step_time:
+            s.tokens_per_second = report.tokens / report.step_time
+
+    def statuses(self) -> list[WorkerStatus]:
+        return [w.status.model_copy() for w in self.workers]
+
+    def stop(self, grace: float) -> None:
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.terminate()
+        deadline = time.monotonic() + grace
+        for w in self.workers:
+            stop_process(w.proc, grace=max(0.0, deadline - time.monotonic()))
+        self.poll()

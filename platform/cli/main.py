@@ -1,0 +1,123 @@
+"""The `stalwart` command: `run` for users; `agent` and `controller` are what `run` starts."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stalwart.logs import configure
+
+app = typer.Typer(
+    name="stalwart",
+    help="Fault-tolerant LLM training: run jobs that survive crashes, lost nodes and hangs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+@app.command()
+def run(
+    job_file: Annotated[Path, typer.Argument(help="TrainingJob YAML (apiVersion/kind/metadata/spec).")],
+    inject: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inject",
+            help="Inject a fault, e.g. kill-worker:rank=1,step=20, kill-node:node=1,step=30, "
+            "kill-controller:step=25. Repeatable.",
+        ),
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Folder for logs, etcd data and checkpoints (default: .stalwart/runs/JOB-TIME).")
+    ] = None,
+    etcd: Annotated[str | None, typer.Option(help="Use this etcd (HOST:PORT) instead of starting one.")] = None,
+    summary_json: Annotated[Path | None, typer.Option(help="Also write the final summary here, as JSON.")] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
+) -> None:
+    """Run a TrainingJob on this machine: etcd, a controller and node agents as local processes.
+
+    Example: stalwart run examples/pretrain-tiny.yaml --inject kill-worker:rank=1,step=20
+    """
+    from stalwart.faults import parse_fault
+    from stalwart.runner import JobAlreadyExists, LocalRun
+    from stalwart.spec import SpecError, load_job
+
+    try:
+        job = load_job(job_file)
+        faults = [parse_fault(f) for f in inject or []]
+    except (SpecError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    configure("WARNING")
+    workdir = workdir or Path(".stalwart/runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        result = LocalRun(job, job_file, workdir, etcd_endpoint=etcd, faults=faults, timeout=timeout).run()
+    except JobAlreadyExists as exc:
+        raise _fail(str(exc)) from None
+    if summary_json is not None:
+        summary_json.write_text(result.model_dump_json(indent=2))
+    raise typer.Exit(0 if result.phase.value == "Succeeded" else 1)
+
+
+@app.command(hidden=True)
+def agent(
+    job: Annotated[str, typer.Option()],
+    node: Annotated[str, typer.Option()],
+    etcd: Annotated[str, typer.Option()],
+    workdir: Annotated[Path, typer.Option()],
+    job_dir: Annotated[Path, typer.Option()],
+) -> None:
+    """Run a node agent (started by the cluster backend, one per node)."""
+    from stalwart.agents.agent import AgentExit, NodeAgent
+    from stalwart.store import Store
+
+    configure("INFO")
+    try:
+        code = NodeAgent(Store(etcd), job, node, workdir, job_dir).run()
+    except AgentExit as exc:
+        err.print(str(exc))
+        code = exc.code
+    raise typer.Exit(code)
+
+
+@app.command(hidden=True)
+def controller(
+    job: Annotated[str, typer.Option()],
+    etcd: Annotated[str, typer.Option()],
+    workdir: Annotated[Path, typer.Option()],
+    job_dir: Annotated[Path, typer.Option()],
+) -> None:
+    """Run the job controller with the local-process cluster backend."""
+    from stalwart.cluster import LocalCluster
+    from stalwart.controller import JobController
+    from stalwart.store import Store
+
+    configure("INFO")
+    phase = JobController(Store(etcd), LocalCluster(job, etcd, workdir, job_dir), job).run()
+    raise typer.Exit(0 if phase.value in ("Succeeded", "Failed") else 1)
+
+
+@app.command()
+def version() -> None:
+    """Print Stalwart's version."""
+    from importlib.metadata import version as dist_version
+
+    print(dist_version("stalwart"))
+
+
+def main() -> None:
+    app(prog_name="stalwart")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

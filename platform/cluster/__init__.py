@@ -1,0 +1,6 @@
+"""The Cluster interface and its local-process implementation."""
+
+from stalwart.cluster.base import Cluster, NodeInfo
+from stalwart.cluster.local import LocalCluster
+
+__all__ = ["Cluster", "LocalCluster", "NodeInfo"]

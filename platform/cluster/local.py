@@ -1,0 +1,95 @@
+"""Nodes as agent processes on this machine, each in its own session (its 'machine')."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+
+from stalwart.cluster.base import Cluster, NodeInfo
+from stalwart.net import free_port
+from stalwart.processes import kill_session, spawn, wait_for
+
+
+class LocalCluster(Cluster):
+    """Agents are started in new sessions so they outlive the controller that started them, as pods
+    outlive an operator. Their pids are kept in the run folder, so a new controller finds them."""
+
+    def __init__(self, job: str, etcd_endpoint: str, workdir: Path, job_dir: Path) -> None:
+        self.job = job
+        self.etcd_endpoint = etcd_endpoint
+        self.workdir = workdir
+        self.job_dir = job_dir
+
+    def _node_dir(self, name: str) -> Path:
+        return self.workdir / "nodes" / name
+
+    def _pid(self, name: str) -> int | None:
+        try:
+            return int((self._node_dir(name) / "agent.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _alive(self, pid: int, name: str) -> bool:
+        try:
+            proc = psutil.Process(pid)
+            return proc.status() != psutil.STATUS_ZOMBIE and name in proc.cmdline()
+        except psutil.Error:
+            return False
+
+    def start_node(self, name: str) -> None:
+        node_dir = self._node_dir(name)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable, "-m", "stalwart.cli.main", "agent",
+            "--job", self.job, "--node", name, "--etcd", self.etcd_endpoint,
+            "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
+        ]  # fmt: skip
+        with open(node_dir / "agent.log", "ab") as log:
+            proc = spawn(argv, stdout=log, stderr=subprocess.STDOUT, die_with_parent=False, new_session=True)
+        (node_dir / "agent.pid").write_text(str(proc.pid))
+        # We will not wait() for it from here (it outlives us); a reaper thread avoids a zombie.
+        _reap_in_background(proc)
+
+    def stop_node(self, name: str, grace: float = 10.0) -> None:
+        pid = self._pid(name)
+        if pid is None:
+            return
+        if self._alive(pid, name):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            wait_for(lambda: not self._alive(pid, name), grace)
+        kill_session(pid)  # the agent led its session: whatever is left of the 'machine' goes
+        (self._node_dir(name) / "agent.pid").unlink(missing_ok=True)
+
+    def kill_node(self, name: str) -> list[int]:
+        """Fault injection: the machine dies at once, agent and workers alike (SIGKILL)."""
+        pid = self._pid(name)
+        return kill_session(pid) if pid is not None else []
+
+    def list_nodes(self) -> list[NodeInfo]:
+        out = []
+        nodes_dir = self.workdir / "nodes"
+        for pid_file in sorted(nodes_dir.glob("*/agent.pid")) if nodes_dir.exists() else []:
+            name = pid_file.parent.name
+            pid = self._pid(name)
+            out.append(NodeInfo(name=name, pid=pid, alive=pid is not None and self._alive(pid, name)))
+        return out
+
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        return "127.0.0.1", free_port()
+
+    def stop_all(self) -> None:
+        for info in self.list_nodes():
+            self.stop_node(info.name)
+
+
+def _reap_in_background(proc: subprocess.Popen[bytes]) -> None:
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()

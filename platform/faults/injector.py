@@ -1,0 +1,68 @@
+"""Fires injected faults when the job reaches their step. Used by `stalwart run` and the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from stalwart.cluster.local import LocalCluster
+from stalwart.faults.spec import FaultKind, FaultSpec
+from stalwart.logs import get_logger
+from stalwart.store.records import Heartbeat, JobPhase, JobState
+
+
+class FiredFault(BaseModel):
+    fault: str
+    fired_at: float
+    step: int
+    target: str
+
+
+class FaultInjector:
+    def __init__(self, faults: list[FaultSpec], cluster: LocalCluster, kill_controller: Callable[[], int | None]) -> None:
+        self.pending = list(faults)
+        self.fired: list[FiredFault] = []
+        self.cluster = cluster
+        self.kill_controller = kill_controller
+        self.log = get_logger("stalwart.faults", job=cluster.job)
+
+    def poll(self, state: JobState | None, beats: dict[str, Heartbeat]) -> list[FiredFault]:
+        if state is None or state.phase is not JobPhase.RUNNING or not self.pending:
+            return []
+        workers = [w for b in beats.values() if b.generation == state.generation for w in b.workers]
+        step = max((w.step for w in workers if w.step is not None), default=0)
+        out = []
+        for fault in list(self.pending):
+            if step < fault.step:
+                continue
+            target = self._fire(fault, state, workers)
+            if target is None:
+                continue  # the target is not up yet: try again next poll
+            self.pending.remove(fault)
+            fired = FiredFault(fault=fault.describe(), fired_at=time.time(), step=step, target=target)
+            self.fired.append(fired)
+            self.log.warning("fault injected", fields=fired.model_dump())
+            out.append(fired)
+        return out
+
+    def _fire(self, fault: FaultSpec, state: JobState, workers: list) -> str | None:  # type: ignore[type-arg]
+        if fault.kind is FaultKind.KILL_WORKER:
+            worker = next((w for w in workers if w.rank == fault.rank and w.exit_code is None), None)
+            if worker is None:
+                return None
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return None
+            return f"rank {fault.rank} (pid {worker.pid})"
+        if fault.kind is FaultKind.KILL_NODE:
+            assert fault.node is not None
+            node = state.slots[int(fault.node)] if fault.node.isdigit() else fault.node
+            pids = self.cluster.kill_node(node)
+            return f"{node} ({len(pids)} processes)" if pids else None
+        pid = self.kill_controller()
+        return f"controller (pid {pid})" if pid else None

@@ -1,0 +1,52 @@
+"""Fault-injection specs: `KIND:key=value,...`, e.g. `kill-worker:rank=1,step=20`."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class FaultKind(str, Enum):
+    KILL_WORKER = "kill-worker"  # SIGKILL one worker process (rank=R)
+    KILL_NODE = "kill-node"  # SIGKILL a node's agent and all its workers (node=N: name or slot index)
+    KILL_CONTROLLER = "kill-controller"  # SIGKILL the controller process
+
+
+class FaultSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FaultKind
+    step: int = Field(default=1, ge=0, description="fire once the job has reached this step")
+    rank: int | None = Field(default=None, ge=0)
+    node: str | None = None
+
+    def describe(self) -> str:
+        target = f" rank={self.rank}" if self.rank is not None else f" node={self.node}" if self.node else ""
+        return f"{self.kind.value}{target} at step {self.step}"
+
+
+_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node"}
+
+
+def parse_fault(text: str) -> FaultSpec:
+    """Parse one --inject value; raises ValueError naming the problem."""
+    kind, _, params = text.partition(":")
+    kinds = ", ".join(k.value for k in FaultKind)
+    if kind not in {k.value for k in FaultKind}:
+        raise ValueError(f"--inject {text!r}: unknown fault kind {kind!r} (one of: {kinds})")
+    fields: dict[str, str] = {}
+    for item in filter(None, params.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--inject {text!r}: expected key=value, got {item!r}")
+        fields[key.strip()] = value.strip()
+    try:
+        spec = FaultSpec(kind=FaultKind(kind), **fields)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"--inject {text!r}: {problems}") from None
+    needed = _REQUIRED.get(spec.kind)
+    if needed and getattr(spec, needed) is None:
+        raise ValueError(f"--inject {text!r}: {spec.kind.value} needs {needed}=...")
+    return spec

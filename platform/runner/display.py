@@ -1,0 +1,120 @@
+"""Terminal rendering of a running job (the CLI is the only place that prints for humans)."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from stalwart.runner.summary import JobSnapshot
+from stalwart.store.records import Incident, JobPhase
+
+PHASE_STYLE = {
+    JobPhase.PENDING: "yellow",
+    JobPhase.RUNNING: "green",
+    JobPhase.RESTARTING: "bold yellow",
+    JobPhase.SUCCEEDED: "bold green",
+    JobPhase.FAILED: "bold red",
+}
+
+
+def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def progress_line(s: JobSnapshot) -> str:
+    return (
+        f"[{s.elapsed_seconds:6.1f}s] {s.job} {s.phase.value:<10} gen={s.generation} step={s.step or 0} "
+        f"loss={_fmt(s.loss, '.4f')} tokens/s={_fmt(s.tokens_per_second, ',.0f')} "
+        f"nodes={s.nodes_up}/{s.nodes_total} restarts={s.restarts}"
+    )
+
+
+def progress_table(s: JobSnapshot) -> Table:
+    t = Table(title=f"stalwart run · {s.job}", title_justify="left", expand=False)
+    for col in ("phase", "gen", "step", "loss", "tokens/s", "nodes", "restarts", "elapsed"):
+        t.add_column(col, justify="right" if col not in ("phase",) else "left")
+    t.add_row(
+        Text(s.phase.value, style=PHASE_STYLE[s.phase]),
+        str(s.generation),
+        str(s.step or 0),
+        _fmt(s.loss, ".4f"),
+        _fmt(s.tokens_per_second, ",.0f"),
+        f"{s.nodes_up}/{s.nodes_total}",
+        str(s.restarts),
+        f"{s.elapsed_seconds:.0f}s",
+    )
+    return t
+
+
+def _since(inc: Incident, t: float | None) -> str:
+    return "-" if t is None else f"+{t - inc.failed_at:.2f}s"
+
+
+def incidents_table(incidents: list[Incident]) -> Table:
+    t = Table(title="incidents", title_justify="left")
+    for col in ("id", "class", "node", "rank", "exit", "action", "detected", "restarted", "first step", "resumed at"):
+        t.add_column(col)
+    for inc in incidents:
+        t.add_row(
+            inc.id, inc.failure_class.value, inc.node or "-", _fmt(inc.rank, "d"), _fmt(inc.exit_code, "d"),
+            inc.action, _since(inc, inc.detected_at), _since(inc, inc.restarted_at),
+            _since(inc, inc.first_step_at), _fmt(inc.resumed_step, "d"),
+        )  # fmt: skip
+    return t
+
+
+def summary_view(s: JobSnapshot) -> Group:
+    ettr = s.ettr.ettr
+    lines = [
+        Text.assemble(("Job ", "bold"), (s.job, "bold cyan"), " ", (s.phase.value, PHASE_STYLE[s.phase])),
+        Text(f"  reason     {s.reason or '-'}: {s.message or ''}"),
+        Text(f"  steps      {s.step or 0}"),
+        Text(f"  final loss {_fmt(s.loss, '.4f')}"),
+        Text(f"  restarts   {s.restarts}"),
+        Text(f"  incidents  {len(s.incidents)}"),
+        Text(f"  ETTR       {_fmt(None if ettr is None else ettr * 100, '.1f')}% "
+             f"(downtime {s.ettr.downtime_seconds:.1f}s, redone work {s.ettr.lost_work_seconds:.1f}s "
+             f"over {s.ettr.window_seconds:.1f}s)"),  # fmt: skip
+        Text(f"  wall time  {s.elapsed_seconds:.1f}s"),
+    ]
+    parts: list = [*lines]  # type: ignore[type-arg]
+    if s.incidents:
+        parts.append(incidents_table(s.incidents))
+    return Group(*parts)
+
+
+class ProgressView:
+    """A live table on a terminal; a line every few seconds (and on every phase change) otherwise."""
+
+    def __init__(self, console: Console, plain_every: float = 5.0) -> None:
+        self.console = console
+        self.live: Live | None = None
+        self.plain_every = plain_every
+        self._last_plain = 0.0
+        self._last_phase: JobPhase | None = None
+
+    def __enter__(self) -> ProgressView:
+        if self.console.is_terminal:
+            self.live = Live(console=self.console, refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def update(self, s: JobSnapshot) -> None:
+        if self.live is not None:
+            self.live.update(progress_table(s))
+            return
+        now = time.monotonic()
+        if s.phase != self._last_phase or now - self._last_plain >= self.plain_every:
+            self.console.print(progress_line(s), highlight=False)
+            self._last_plain, self._last_phase = now, s.phase
+
+    def note(self, message: str) -> None:
+        self.console.print(message, highlight=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)

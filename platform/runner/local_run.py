@@ -1,0 +1,182 @@
+"""`stalwart run`: one job on this machine, with a real etcd, a controller process and node agents.
+
+This process is the supervisor that Kubernetes is on a cluster: it starts etcd (unless given one),
+submits the job, keeps one controller process alive until the job ends, and tears everything down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+from rich.console import Console
+
+from stalwart.cluster.local import LocalCluster
+from stalwart.faults import FaultInjector, FaultSpec, FiredFault
+from stalwart.logs import get_logger
+from stalwart.processes import spawn, stop_process
+from stalwart.runner.display import ProgressView, summary_view
+from stalwart.runner.summary import JobSnapshot, read_heartbeats, snapshot
+from stalwart.spec import TrainingJob
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.etcd_server import EtcdServer
+from stalwart.store.records import JobPhase, JobState
+
+POLL_SECONDS = 0.25
+MAX_CONTROLLER_STARTS = 20
+
+
+class RunResult(BaseModel):
+    job: str
+    phase: JobPhase
+    workdir: str
+    etcd: str
+    snapshot: JobSnapshot | None
+    faults: list[FiredFault]
+    controller_starts: int
+
+
+class JobAlreadyExists(RuntimeError):
+    pass
+
+
+class LocalRun:
+    def __init__(
+        self,
+        job: TrainingJob,
+        job_file: Path,
+        workdir: Path,
+        *,
+        etcd_endpoint: str | None = None,
+        faults: list[FaultSpec] | None = None,
+        console: Console | None = None,
+        timeout: float = 3600.0,
+    ) -> None:
+        self.job = job
+        self.job_dir = job_file.resolve().parent
+        self.workdir = workdir.resolve()
+        self.external_etcd = etcd_endpoint
+        self.faults = faults or []
+        # Off a terminal (CI, a pipe), lines are not wrapped at 80 columns.
+        self.console = console or Console(soft_wrap=True)
+        self.timeout = timeout
+        self.log = get_logger("stalwart.run", job=job.name)
+        self.etcd: EtcdServer | None = None
+        self.controller: subprocess.Popen[bytes] | None = None
+        self.controller_starts = 0
+        self._interrupted: int | None = None
+
+    # -- pieces ----------------------------------------------------------------------------------
+    def _start_controller(self, endpoint: str) -> None:
+        argv = [
+            sys.executable, "-m", "stalwart.cli.main", "controller",
+            "--job", self.job.name, "--etcd", endpoint,
+            "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
+        ]  # fmt: skip
+        with open(self.workdir / "controller.log", "ab") as log:
+            self.controller = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.controller_starts += 1
+
+    def _kill_controller(self) -> int | None:
+        if self.controller is None or self.controller.poll() is not None:
+            return None
+        pid = self.controller.pid
+        os.kill(pid, signal.SIGKILL)
+        self.controller.wait()
+        return pid
+
+    def _submit(self, store: Store) -> None:
+        document = self.job.model_dump(mode="json", by_alias=True)
+        state = store.get(keys.job_state(self.job.name), JobState)
+        if state is not None and not state.phase.terminal:
+            raise JobAlreadyExists(f"job {self.job.name!r} is already {state.phase.value} in etcd at {store.endpoint}")
+        if state is not None:  # a finished job of the same name: start over
+            store.delete_prefix(keys.job_prefix(self.job.name))
+        store.put(keys.job_spec(self.job.name), json.dumps(document))
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._interrupted = signum
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        cluster: LocalCluster | None = None
+        store: Store | None = None
+        try:
+            if self.external_etcd:
+                endpoint = self.external_etcd
+            else:
+                self.etcd = EtcdServer(self.workdir / "etcd").start()
+                endpoint = self.etcd.endpoint
+            store = Store(endpoint)
+            self._submit(store)
+            cluster = LocalCluster(self.job.name, endpoint, self.workdir, self.job_dir)
+            injector = FaultInjector(self.faults, cluster, self._kill_controller)
+            self._start_controller(endpoint)
+            self.console.print(
+                f"[bold]stalwart run[/] {self.job.name}: {self.job.spec.node_count} nodes × "
+                f"{self.job.spec.world_size // max(1, self.job.spec.node_count)} workers, "
+                f"etcd {endpoint}, logs in {self.workdir}",
+                highlight=False,
+            )
+            snap = self._supervise(store, endpoint, injector)
+            phase = snap.phase if snap else JobPhase.FAILED
+            if snap is not None:
+                self.console.print(summary_view(snap))
+            return RunResult(
+                job=self.job.name,
+                phase=phase,
+                workdir=str(self.workdir),
+                etcd=endpoint,
+                snapshot=snap,
+                faults=injector.fired,
+                controller_starts=self.controller_starts,
+            )
+        finally:
+            if self.controller is not None:
+                stop_process(self.controller, grace=10.0)
+            if cluster is not None:
+                cluster.stop_all()
+            if store is not None:
+                store.close()
+            if self.etcd is not None:
+                self.etcd.stop()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _supervise(self, store: Store, endpoint: str, injector: FaultInjector) -> JobSnapshot | None:
+        deadline = time.monotonic() + self.timeout
+        snap: JobSnapshot | None = None
+        with ProgressView(self.console) as view:
+            while time.monotonic() < deadline:
+                if self._interrupted is not None:
+                    view.note(f"interrupted (signal {self._interrupted}): stopping the job")
+                    break
+                state = store.get(keys.job_state(self.job.name), JobState)
+                for fired in injector.poll(state, read_heartbeats(store, self.job.name)):
+                    view.note(f"[fault] {fired.fault}: killed {fired.target}")
+                snap = snapshot(store, self.job.name)
+                if snap is not None:
+                    view.update(snap)
+                assert self.controller is not None
+                if self.controller.poll() is not None:
+                    if state is not None and state.phase.terminal:
+                        break
+                    if self.controller_starts >= MAX_CONTROLLER_STARTS:
+                        view.note("the controller keeps exiting; giving up (see controller.log)")
+                        break
+                    self.log.warning("controller exited; starting a new one",
+                                     fields={"code": self.controller.returncode})  # fmt: skip
+                    self._start_controller(endpoint)
+                time.sleep(POLL_SECONDS)
+            else:
+                view.note(f"timed out after {self.timeout:.0f}s")
+        return snapshot(store, self.job.name)

@@ -1,0 +1,74 @@
+"""A job's picture at one moment, read from etcd: what the terminal view and the summary show."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+
+from stalwart.controller.ettr import EttrReport, compute_ettr
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.records import Heartbeat, Incident, JobPhase, JobState, NodeRegistration, WorkerStatus
+
+
+class JobSnapshot(BaseModel):
+    job: str
+    phase: JobPhase
+    generation: int
+    restarts: int
+    step: int | None
+    loss: float | None
+    tokens_per_second: float | None
+    nodes_up: int
+    nodes_total: int
+    reason: str | None
+    message: str | None
+    elapsed_seconds: float
+    incidents: list[Incident]
+    ettr: EttrReport
+    workers: list[WorkerStatus]
+
+
+def read_heartbeats(store: Store, job: str) -> dict[str, Heartbeat]:
+    beats: dict[str, Heartbeat] = {}
+    for key, raw in store.get_prefix_raw(keys.nodes_prefix(job)):
+        parsed = keys.parse_node_key(job, key)
+        if parsed and parsed[1] == "heartbeat":
+            beats[parsed[0]] = Heartbeat.loads(raw)
+    return beats
+
+
+def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | None:
+    now = now or time.time()
+    state = store.get(keys.job_state(job), JobState)
+    if state is None:
+        return None
+    beats = read_heartbeats(store, job)
+    regs = store.get_prefix_raw(keys.nodes_prefix(job))
+    registered = {keys.parse_node_key(job, k)[0] for k, _ in regs if k.endswith("/registration")}  # type: ignore[index]
+    workers = sorted(
+        (w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation for w in b.workers),
+        key=lambda w: w.rank,
+    )
+    incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)
+    steps = [w.step for w in workers if w.step is not None]
+    rank0 = next((w for w in workers if w.rank == 0 and w.loss is not None), None)
+    tps = [w.tokens_per_second for w in workers if w.tokens_per_second and w.exit_code is None]
+    return JobSnapshot(
+        job=job,
+        phase=state.phase,
+        generation=state.generation,
+        restarts=state.restarts,
+        step=max(steps) if steps else state.last_step,
+        loss=rank0.loss if rank0 else state.last_loss,
+        tokens_per_second=sum(tps) if tps else None,
+        nodes_up=sum(1 for s in state.slots if s in registered),
+        nodes_total=len(state.slots),
+        reason=state.reason,
+        message=state.message,
+        elapsed_seconds=(state.finished_at or now) - state.created_at,
+        incidents=incidents,
+        ettr=compute_ettr(state, incidents, now),
+        workers=workers,
+    )

@@ -1,0 +1,94 @@
+"""Every etcd key Stalwart uses, in one place and versioned.
+
+Agents and the controller talk to each other only through these keys:
+
+    /stalwart/v1/jobs/{job}/spec                       TrainingJob document (JSON)
+    /stalwart/v1/jobs/{job}/state                      JobState: phase, generation, restarts
+    /stalwart/v1/jobs/{job}/leader                     controller election, under the leader's lease
+    /stalwart/v1/jobs/{job}/generations/{gen:08d}      Assignment: ranks and rendezvous of a generation
+    /stalwart/v1/jobs/{job}/incidents/{id}             Incident
+    /stalwart/v1/jobs/{job}/nodes/{node}/registration  NodeRegistration, under the node's lease
+    /stalwart/v1/jobs/{job}/nodes/{node}/heartbeat     Heartbeat, under the node's lease
+    /stalwart/v1/jobs/{job}/nodes/{node}/command       AgentCommand, written by the controller
+"""
+
+from __future__ import annotations
+
+import re
+
+ROOT = "/stalwart/v1"
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _seg(value: str) -> str:
+    """Refuse segments that could escape their prefix ('/', empty, '..')."""
+    if not _SEGMENT.match(value) or ".." in value:
+        raise ValueError(f"invalid key segment {value!r}")
+    return value
+
+
+def jobs_prefix() -> str:
+    return f"{ROOT}/jobs/"
+
+
+def job_prefix(job: str) -> str:
+    return f"{ROOT}/jobs/{_seg(job)}/"
+
+
+def job_spec(job: str) -> str:
+    return job_prefix(job) + "spec"
+
+
+def job_state(job: str) -> str:
+    return job_prefix(job) + "state"
+
+
+def job_leader(job: str) -> str:
+    return job_prefix(job) + "leader"
+
+
+def generations_prefix(job: str) -> str:
+    return job_prefix(job) + "generations/"
+
+
+def generation(job: str, gen: int) -> str:
+    return f"{generations_prefix(job)}{gen:08d}"
+
+
+def incidents_prefix(job: str) -> str:
+    return job_prefix(job) + "incidents/"
+
+
+def incident(job: str, incident_id: str) -> str:
+    return incidents_prefix(job) + _seg(incident_id)
+
+
+def nodes_prefix(job: str) -> str:
+    return job_prefix(job) + "nodes/"
+
+
+def node_prefix(job: str, node: str) -> str:
+    return f"{nodes_prefix(job)}{_seg(node)}/"
+
+
+def node_registration(job: str, node: str) -> str:
+    return node_prefix(job, node) + "registration"
+
+
+def node_heartbeat(job: str, node: str) -> str:
+    return node_prefix(job, node) + "heartbeat"
+
+
+def node_command(job: str, node: str) -> str:
+    return node_prefix(job, node) + "command"
+
+
+def parse_node_key(job: str, key: str) -> tuple[str, str] | None:
+    """'/…/nodes/node-1/heartbeat' -> ('node-1', 'heartbeat'); None for keys outside the nodes prefix."""
+    prefix = nodes_prefix(job)
+    if not key.startswith(prefix):
+        return None
+    rest = key[len(prefix) :].split("/")
+    if len(rest) != 2:
+        return None
+    return rest[0], rest[1]

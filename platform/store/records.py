@@ -1,0 +1,193 @@
+"""Records that cross a process boundary: stored in etcd or sent over the agent's local socket.
+
+Times are seconds since the epoch (time.time()), so every process agrees on them on one host and
+NTP keeps them close across hosts.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    def dumps(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def loads(cls, raw: bytes | str):  # type: ignore[no-untyped-def]
+        return cls.model_validate_json(raw)
+
+
+class JobPhase(str, Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+
+
+class JobState(Record):
+    """What the controller must not forget about a job."""
+
+    job: str
+    phase: JobPhase = JobPhase.PENDING
+    generation: int = 0
+    restarts: int = 0
+    # slots[i] is the node holding node rank i; a replacement inherits the lost node's slot.
+    slots: list[str] = []
+    next_node_index: int = 0
+    open_incident: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    created_at: float
+    started_at: float | None = None
+    # First training step of the job: the start of the window that ETTR is measured over.
+    first_step_at: float | None = None
+    last_step: int | None = None
+    last_loss: float | None = None
+    finished_at: float | None = None
+    updated_at: float
+
+
+class NodeRegistration(Record):
+    node: str
+    job: str
+    host: str
+    agent_pid: int
+    registered_at: float
+    lease_id: int
+
+
+class WorkerState(str, Enum):
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+class WorkerStatus(Record):
+    local_rank: int
+    rank: int
+    pid: int
+    state: WorkerState
+    exit_code: int | None = None
+    started_at: float
+    exited_at: float | None = None
+    step: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    step_time: float | None = None
+    last_progress_at: float | None = None
+    # First step this worker reported: tells a resumed run from a reset one.
+    first_step: int | None = None
+    first_step_at: float | None = None
+    first_loss: float | None = None
+    last_checkpoint_step: int | None = None
+    log_tail: list[str] = []
+
+
+class Heartbeat(Record):
+    node: str
+    generation: int
+    sent_at: float
+    workers: list[WorkerStatus] = []
+
+
+class NodeAssignment(Record):
+    node: str
+    node_rank: int
+    role: str
+    first_rank: int
+    local_world_size: int
+
+
+class Assignment(Record):
+    """Ranks and rendezvous of one generation: every worker of the generation agrees on these."""
+
+    job: str
+    generation: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    nodes: list[NodeAssignment]
+    created_at: float
+
+    def for_node(self, node: str) -> NodeAssignment | None:
+        return next((n for n in self.nodes if n.node == node), None)
+
+
+class AgentAction(str, Enum):
+    RUN = "run"  # (re)start workers for the command's generation
+    STOP = "stop"  # stop workers, keep the agent
+    SHUTDOWN = "shutdown"  # stop workers and exit: the job is over
+
+
+class AgentCommand(Record):
+    generation: int
+    action: AgentAction
+    issued_at: float
+
+
+class FailureClass(str, Enum):
+    WORKER_CRASH = "WorkerCrash"
+    LOST_NODE = "LostNode"
+
+
+class Incident(Record):
+    """One failure, from the moment it happened to the first step after recovery."""
+
+    id: str
+    job: str
+    failure_class: FailureClass
+    generation: int
+    node: str | None = None
+    rank: int | None = None
+    exit_code: int | None = None
+    evidence: list[str] = []
+    action: str = "restart"
+    failed_at: float
+    detected_at: float
+    restarted_at: float | None = None
+    first_step_at: float | None = None
+    step_at_failure: int | None = None
+    loss_before: float | None = None
+    resumed_step: int | None = None
+    loss_after: float | None = None
+    mean_step_time: float | None = None
+
+    @property
+    def recovered(self) -> bool:
+        return self.first_step_at is not None
+
+    @property
+    def downtime(self) -> float | None:
+        """Wall time from the failure to the first step after it: no training happened then."""
+        return None if self.first_step_at is None else self.first_step_at - self.failed_at
+
+    @property
+    def lost_work_seconds(self) -> float:
+        """Time spent recomputing steps done before the failure but after the restored checkpoint."""
+        if None in (self.step_at_failure, self.resumed_step, self.mean_step_time):
+            return 0.0
+        redone = max(0, self.step_at_failure - self.resumed_step + 1)  # type: ignore[operator]
+        return redone * self.mean_step_time  # type: ignore[operator]
+
+
+class ProgressReport(Record):
+    """Sent by the worker SDK to its agent over the local socket, once per step or event."""
+
+    kind: Literal["step", "checkpoint"] = "step"
+    rank: int
+    local_rank: int
+    step: int
+    loss: float | None = None
+    tokens: int | None = None
+    step_time: float | None = None
+    sent_at: float = Field(default=0.0)
