@@ -6,10 +6,10 @@ and each child in its own process group, so that stopping it also stops whatever
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,12 +17,16 @@ from typing import IO
 
 import psutil
 
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+# A child must die with the thread that started it. PR_SET_PDEATHSIG does that, but setting it from
+# a preexec_fn runs Python (and gRPC's at-fork handlers) between fork and exec, which aborts children
+# of a process with live gRPC threads. So a tiny trampoline sets it, checks the parent is still
+# there (closing the race), and execs the real command: the setting survives exec.
+_TRAMPOLINE = (
+    "import ctypes,os,sys\n"
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(137)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def spawn(
@@ -36,14 +40,16 @@ def spawn(
     new_session: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start argv in its own process group (or session), killed with us unless told otherwise."""
+    command = list(argv)
+    if die_with_parent:
+        command = [sys.executable, "-S", "-c", _TRAMPOLINE, str(os.getpid()), *command]
     return subprocess.Popen(
-        list(argv),
+        command,
         env=dict(env) if env is not None else None,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=stderr,
-        preexec_fn=_die_with_parent if die_with_parent else None,
         start_new_session=new_session,
         process_group=None if new_session else 0,
     )

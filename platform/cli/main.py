@@ -58,7 +58,6 @@ def run(
         faults = [parse_fault(f) for f in inject or []]
     except (SpecError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    configure("WARNING")
     workdir = workdir or Path(".stalwart/runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         result = LocalRun(job, job_file, workdir, etcd_endpoint=etcd, faults=faults, timeout=timeout).run()

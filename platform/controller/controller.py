@@ -129,7 +129,8 @@ class JobController:
             self.log.info("job created", fields={"slots": slots})
 
     def _pending(self, state: JobState, revision: int, log: ContextLogger) -> None:
-        self._ensure_nodes(state)
+        if not self._ensure_nodes(state, revision):
+            return
         registered = self._registrations()
         if all(s in registered for s in state.slots):
             self._start_generation(state, revision, log)
@@ -141,7 +142,8 @@ class JobController:
         # Stop the old generation's workers on the healthy nodes (they may be stuck in a collective).
         for node in state.slots:
             self._command(node, state.generation, AgentAction.STOP)
-        self._ensure_nodes(state)
+        if not self._ensure_nodes(state, revision):
+            return
         registered = self._registrations()
         if all(s in registered for s in state.slots):
             self._start_generation(state, revision, log)
@@ -157,10 +159,10 @@ class JobController:
 
         lost = [n for n in state.slots if n not in registered]
         crashed = sorted((w for w in workers if w.exit_code not in (None, 0)), key=lambda w: w.exited_at or 0)
-        silent = self._silent_nodes(state, beats)
-        if crashed and silent and not lost:
-            # Peers of a dead machine crash on its closed sockets before its lease lapses. Judge the
-            # crash only once every node is heard from again, or the silent one is declared lost.
+        if crashed and not lost and self._silent_since(state, beats, crashed[0].exited_at or 0.0):
+            # The peers of a dead machine crash on its closed sockets long before its lease lapses.
+            # Judge a crash only once every node has been heard from since it; a node that stays
+            # silent is a lost node, and that is the failure to handle.
             return
         if lost:
             node = lost[0]
@@ -287,17 +289,29 @@ class JobController:
             for node in state.slots:
                 self._command(node, generation, AgentAction.RUN)
 
-    def _ensure_nodes(self, state: JobState) -> None:
-        """Start slot nodes that are not running; stop nodes that no longer hold a slot."""
+    def _ensure_nodes(self, state: JobState, revision: int) -> bool:
+        """Start slot nodes never started; stop nodes without a slot; give the slot of a node that
+        died before (re)joining to a new node. True if the state is settled (nothing committed)."""
         known = {n.name: n for n in self.cluster.list_nodes()}
-        for name, info in known.items():
+        registered = self._registrations()
+        for name in known:
             if name not in state.slots:
                 self.log.info("stopping node without a slot", fields={"node": name})
                 self.cluster.stop_node(name)
+        dead = [s for s in state.slots if s in known and not known[s].alive and s not in registered]
+        if dead:
+            for slot in dead:
+                replacement = f"node-{state.next_node_index}"
+                state.slots = [replacement if s == slot else s for s in state.slots]
+                state.next_node_index += 1
+                self.log.warning("node died before joining; replacing it", fields={"node": slot, "replacement": replacement})
+            self._commit(state, revision)
+            return False
         for slot in state.slots:
-            if slot not in known or not known[slot].alive:
+            if slot not in known:
                 self.log.info("starting node", fields={"node": slot})
                 self.cluster.start_node(slot)
+        return True
 
     def _command(self, node: str, generation: int, action: AgentAction) -> None:
         key = keys.node_command(self.job_name, node)
@@ -305,11 +319,10 @@ class JobController:
         if current is None or (current.generation, current.action) != (generation, action):
             self.store.put(key, AgentCommand(generation=generation, action=action, issued_at=time.time()))
 
-    def _silent_nodes(self, state: JobState, beats: dict[str, Heartbeat]) -> list[str]:
-        """Slot nodes whose last heartbeat is older than two intervals (and some slack)."""
-        limit = 2 * self.ft.heartbeat_interval_seconds + 0.5
-        now = time.time()
-        return [n for n in state.slots if (b := beats.get(n)) is None or now - b.sent_at > limit]
+    def _silent_since(self, state: JobState, beats: dict[str, Heartbeat], t: float) -> list[str]:
+        """Slot nodes with no heartbeat sent after time `t`. Agents beat at once when a worker
+        exits, and every interval otherwise, so a live node is heard from soon after any crash."""
+        return [n for n in state.slots if (b := beats.get(n)) is None or b.sent_at < t]
 
     def _registrations(self) -> dict[str, NodeRegistration]:
         out: dict[str, NodeRegistration] = {}

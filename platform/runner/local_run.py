@@ -19,7 +19,7 @@ from rich.console import Console
 
 from stalwart.cluster.local import LocalCluster
 from stalwart.faults import FaultInjector, FaultSpec, FiredFault
-from stalwart.logs import get_logger
+from stalwart.logs import configure, get_logger
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
 from stalwart.runner.summary import JobSnapshot, read_heartbeats, snapshot
@@ -65,7 +65,7 @@ class LocalRun:
         self.external_etcd = etcd_endpoint
         self.faults = faults or []
         # Off a terminal (CI, a pipe), lines are not wrapped at 80 columns.
-        self.console = console or Console(soft_wrap=True)
+        self.console = console or Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
         self.timeout = timeout
         self.log = get_logger("stalwart.run", job=job.name)
         self.etcd: EtcdServer | None = None
@@ -107,6 +107,8 @@ class LocalRun:
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        log_file = open(self.workdir / "run.log", "a")
+        configure("INFO", stream=log_file)  # structured logs to the run folder; the terminal is for people
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         cluster: LocalCluster | None = None
         store: Store | None = None
@@ -151,6 +153,7 @@ class LocalRun:
                 self.etcd.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            log_file.close()
 
     def _supervise(self, store: Store, endpoint: str, injector: FaultInjector) -> JobSnapshot | None:
         deadline = time.monotonic() + self.timeout

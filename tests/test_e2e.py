@@ -1,0 +1,98 @@
+"""End to end: `stalwart run` with a real etcd, a controller, 2 agents × 2 gloo workers, and faults.
+
+Each test runs the real command in a subprocess and reads its JSON summary; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+
+JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
+STEPS = 60
+INITIAL_LOSS = 5.0  # ln(256) ≈ 5.55 for an untrained byte-level model
+
+pytestmark = pytest.mark.e2e
+
+
+def run_job(tmp_path: Path, stalwart_cmd: list[str], *inject: str) -> tuple[int, dict[str, Any], str]:
+    summary = tmp_path / "summary.json"
+    argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run"), "--summary-json", str(summary),
+            "--timeout", "240"]  # fmt: skip
+    for fault in inject:
+        argv += ["--inject", fault]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert summary.exists(), output
+    return proc.returncode, json.loads(summary.read_text()), output
+
+
+def test_clean_run_completes(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    code, result, output = run_job(tmp_path, stalwart_cmd)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert result["phase"] == "Succeeded"
+    assert snap["step"] == STEPS and snap["restarts"] == 0 and snap["incidents"] == []
+    assert snap["loss"] < 3.0  # it learned something
+    assert snap["ettr"]["ettr"] == pytest.approx(1.0)
+    assert "Succeeded" in output and "ETTR" in output
+
+
+def test_killed_worker_resumes_from_the_checkpoint(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-worker:rank=1,step=25")
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS and snap["restarts"] == 1
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "WorkerCrash"
+    assert incident["rank"] == 1 and incident["exit_code"] == -9
+    # Every timestamp is there, in order: failed <= detected <= restarted <= first step after restart.
+    times = [incident[k] for k in ("failed_at", "detected_at", "restarted_at", "first_step_at")]
+    assert None not in times and times == sorted(times), incident
+    # It resumed from a checkpoint (a multiple of the interval), not from step 0, and not past the failure.
+    assert incident["step_at_failure"] >= 25
+    assert incident["resumed_step"] > 1 and (incident["resumed_step"] - 1) % 10 == 0
+    assert incident["resumed_step"] <= incident["step_at_failure"] + 1
+    # The loss continues where the checkpoint left it, far below an untrained model's.
+    assert incident["loss_after"] < INITIAL_LOSS - 1.5
+    assert abs(incident["loss_after"] - incident["loss_before"]) < 1.0
+
+
+def test_lost_node_is_detected_by_lease_expiry_and_replaced(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-node:node=1,step=25")
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS and snap["restarts"] == 1
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "LostNode"
+    assert incident["node"] == "node-1"
+    assert "node-2" in incident["action"]  # the replacement took node-1's slot
+    assert incident["detected_at"] - incident["failed_at"] > 1.0  # it waited for the lease, as it must
+    assert incident["resumed_step"] > 1
+    assert (tmp_path / "run" / "nodes" / "node-2").is_dir()
+
+
+def test_a_new_controller_finishes_the_job_without_a_second_restart(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-controller:step=20")
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert result["controller_starts"] == 2
+    assert [f["fault"] for f in result["faults"]] == ["kill-controller at step 20"]
+    assert snap["step"] == STEPS
+    assert snap["restarts"] == 0 and snap["generation"] == 1 and snap["incidents"] == []
+
+
+def test_restart_budget_is_enforced(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    faults = [f"kill-worker:rank={r},step={s}" for r, s in ((1, 15), (2, 25), (3, 35), (0, 45))]
+    code, result, output = run_job(tmp_path, stalwart_cmd, *faults)
+    snap = result["snapshot"]
+    assert code == 1, output
+    assert result["phase"] == "Failed" and snap["reason"] == "RestartBudgetExhausted"
+    assert snap["restarts"] == 3 and len(snap["incidents"]) == 4
+    assert snap["incidents"][-1]["action"] == "fail"
