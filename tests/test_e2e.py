@@ -6,13 +6,15 @@ Each test runs the real command in a subprocess and reads its JSON summary; noth
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, tagged_processes
+from stalwart.processes import wait_for
 
 JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
 STEPS = 60
@@ -27,9 +29,12 @@ def run_job(tmp_path: Path, stalwart_cmd: list[str], *inject: str) -> tuple[int,
             "--timeout", "240"]  # fmt: skip
     for fault in inject:
         argv += ["--inject", fault]
+    before = {p.pid for p in tagged_processes()}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert summary.exists(), output
+    left = [" ".join(p.cmdline()) for p in tagged_processes() if p.pid not in before]
+    assert not left, f"stalwart run left processes behind: {left}"
     return proc.returncode, json.loads(summary.read_text()), output
 
 
@@ -96,3 +101,23 @@ def test_restart_budget_is_enforced(tmp_path: Path, stalwart_cmd: list[str]) -> 
     assert result["phase"] == "Failed" and snap["reason"] == "RestartBudgetExhausted"
     assert snap["restarts"] == 3 and len(snap["incidents"]) == 4
     assert snap["incidents"][-1]["action"] == "fail"
+
+
+def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    before = {p.pid for p in tagged_processes()}
+    argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        started = lambda: any("pretrain_tiny.py" in " ".join(p.cmdline()) for p in tagged_processes())  # noqa: E731
+        assert wait_for(started, 120), "workers never started"
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "interrupted" in output
+    assert wait_for(lambda: not [p for p in tagged_processes() if p.pid not in before], 20), [
+        " ".join(p.cmdline()) for p in tagged_processes() if p.pid not in before
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -51,18 +52,21 @@ def progress_table(s: JobSnapshot) -> Table:
 
 
 def _since(inc: Incident, t: float | None) -> str:
-    return "-" if t is None else f"+{t - inc.failed_at:.2f}s"
+    return "-" if t is None else f"{t - inc.failed_at:.2f}"
 
 
 def incidents_table(incidents: list[Incident]) -> Table:
-    t = Table(title="incidents", title_justify="left")
-    for col in ("id", "class", "node", "rank", "exit", "action", "detected", "restarted", "first step", "resumed at"):
-        t.add_column(col)
+    """Times are seconds after the failure; fits an 80-column terminal."""
+    t = Table(title="incidents (seconds after the failure)", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, collapse_padding=True)
+    for col in ("id", "class", "where", "exit", "detect", "restart", "1st step", "resumed"):
+        t.add_column(col, no_wrap=True)
     for inc in incidents:
+        where = (inc.node or "-") + (f"/r{inc.rank}" if inc.rank is not None else "")
         t.add_row(
-            inc.id, inc.failure_class.value, inc.node or "-", _fmt(inc.rank, "d"), _fmt(inc.exit_code, "d"),
-            inc.action, _since(inc, inc.detected_at), _since(inc, inc.restarted_at),
-            _since(inc, inc.first_step_at), _fmt(inc.resumed_step, "d"),
+            inc.id.removeprefix("inc-"), inc.failure_class.value, where, _fmt(inc.exit_code, "d"),
+            _since(inc, inc.detected_at), _since(inc, inc.restarted_at), _since(inc, inc.first_step_at),
+            _fmt(inc.resumed_step, "d"),
         )  # fmt: skip
     return t
 
@@ -84,6 +88,7 @@ def summary_view(s: JobSnapshot) -> Group:
     parts: list = [*lines]  # type: ignore[type-arg]
     if s.incidents:
         parts.append(incidents_table(s.incidents))
+        parts += [Text(f"  {inc.id}: {inc.action}") for inc in s.incidents]
     return Group(*parts)
 
 
