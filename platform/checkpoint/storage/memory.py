@@ -1,0 +1,142 @@
+"""Host memory on this node, with a copy on a peer node: one lost node never loses both copies.
+
+Writes go to the local node's memory store and to the peer's; reads prefer the local one and fall
+back to the peer when the local store is gone (the node was lost) or lacks the object.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
+
+CHUNK = 32 << 20
+
+
+class _Endpoint:
+    def __init__(self, address: str, namespace: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = address
+        self.host, self.port = host, int(port)
+        self.namespace = namespace.strip("/")
+
+    def request(self, method: str, path: str, body: bytes | memoryview | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except OSError as exc:
+            raise StorageError(f"memory store {self.address} unreachable: {exc}") from exc
+        finally:
+            conn.close()
+
+    def obj(self, path: str) -> str:
+        return f"/o/{self.namespace}/{path}" if self.namespace else f"/o/{path}"
+
+
+class _TeeWriter(ObjectWriter):
+    def __init__(self, storage: MemoryStorage, path: str) -> None:
+        self.s = storage
+        self.path = path
+        self.pos = 0
+        self.buf = bytearray()
+        self.flushed = 0
+
+    def _flush(self) -> None:
+        if not self.buf and self.flushed:
+            return
+        for ep in self.s.endpoints:
+            code, body = ep.request("PUT", ep.obj(self.path), bytes(self.buf), {"X-Offset": str(self.flushed)})
+            if code != 200:
+                raise StorageError(f"memory store {ep.address}: PUT {self.path} answered {code} {body.decode()}")
+        self.s._count_written(len(self.buf))
+        self.flushed += len(self.buf)
+        self.buf.clear()
+
+    def write(self, data: bytes | memoryview) -> int:
+        n = len(memoryview(data).cast("B"))
+        self.buf += data
+        self.pos += n
+        if len(self.buf) >= CHUNK:
+            self._flush()
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        self._flush()
+
+    def abort(self) -> None:
+        self.buf.clear()
+
+
+class MemoryStorage(Storage):
+    tier_rank = 10
+    name = "memory"
+
+    def __init__(self, local: str, peer: str | None, namespace: str) -> None:
+        super().__init__()
+        self.endpoints = [_Endpoint(local, namespace)] + ([_Endpoint(peer, namespace)] if peer else [])
+        self.namespace = namespace
+
+    def _first(self, method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """Ask the local store, then the peer; the first that has it answers."""
+        last: tuple[int, bytes] = (404, b"")
+        errors = []
+        for ep in self.endpoints:
+            try:
+                code, body = ep.request(method, path if path.startswith("/dirs") else ep.obj(path), headers=headers)
+            except StorageError as exc:
+                errors.append(str(exc))
+                continue
+            if code in (200, 206):
+                return code, body
+            last = (code, body)
+        if errors and last[0] == 404 and len(errors) == len(self.endpoints):
+            raise StorageError("; ".join(errors))
+        return last
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        return _TeeWriter(self, path)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        code, body = self._first("GET", path, {"Range": f"bytes={offset}-{offset + length - 1}"})
+        if code not in (200, 206) or len(body) != length:
+            raise StorageError(f"memory:{path}: bytes {offset}..{offset + length} not available (HTTP {code})")
+        self._count_read(length)
+        return body
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        w = self.open_writer(path)
+        w.write(data)
+        w.close()
+
+    def read_bytes(self, path: str) -> bytes | None:
+        code, body = self._first("GET", path)
+        if code not in (200, 206):
+            return None
+        self._count_read(len(body))
+        return body
+
+    def list_dirs(self) -> list[str]:
+        prefix = f"{self.namespace.strip('/')}/" if self.namespace.strip("/") else ""
+        names: set[str] = set()
+        for ep in self.endpoints:
+            try:
+                code, body = ep.request("GET", f"/dirs?prefix={prefix}")
+            except StorageError:
+                continue  # a lost node: its peer still answers
+            if code == 200:
+                names.update(json.loads(body))
+        return sorted(names)
+
+    def delete_dir(self, name: str) -> None:
+        for ep in self.endpoints:
+            try:
+                ep.request("DELETE", f"/dirs/{ep.namespace + '/' if ep.namespace else ''}{name}")
+            except StorageError:
+                pass
