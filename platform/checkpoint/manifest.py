@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 MANIFEST_NAME = "stalwart-manifest.json"
 DCP_METADATA_NAME = ".metadata"
 FORMAT_VERSION = 1
-BLOCK_SIZE = 1 << 20  # checksum granularity: a ranged read verifies whole blocks it touches
+BLOCK_SIZE = 256 << 10  # checksum granularity: a ranged read verifies whole blocks it touches
 
 
 def step_dir(step: int) -> str:

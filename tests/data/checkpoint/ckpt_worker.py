@@ -20,13 +20,31 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from stalwart.checkpoint import Checkpointer, GlobalShard, RetentionPolicy, open_storage
+from stalwart.checkpoint.storage import FileStorage
 
 SHAPES = {"w1": (64, 48), "w2": (33, 17), "bias": (100,), "scalar": ()}
+if os.environ.get("CKPT_BIG") == "1":  # several checksum blocks per shard, for counting bytes read
+    SHAPES = {"w1": (2048, 1024), "w2": (1024, 512), "bias": (4096,), "scalar": ()}
 
 
 def reference() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
     return {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
+
+
+class SlowFileStorage(FileStorage):
+    """A disk that takes its time, so a test can kill a save while it is being written."""
+
+    def open_writer(self, path: str):  # type: ignore[no-untyped-def]
+        inner = super().open_writer(path)
+        original = inner.write
+
+        def slow_write(data):  # type: ignore[no-untyped-def]
+            time.sleep(0.5)
+            return original(data)
+
+        inner.write = slow_write  # type: ignore[method-assign]
+        return inner
 
 
 def placements_for(layout: str, world: int):  # type: ignore[no-untyped-def]
@@ -69,7 +87,13 @@ def write_result(root: Path, payload: dict) -> None:  # type: ignore[type-arg]
 
 
 def tiers(root: Path, opts: dict[str, str]) -> list:  # type: ignore[type-arg]
-    return [open_storage(u) for u in opts.get("uri", str(root / "ckpt")).split(",")]
+    uris = opts.get("uri", str(root / "ckpt")).split(",")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    # Memory tiers name each rank's node's store and its peer: "mem://{node}/ns" with nodes=A|B, peers=B|A.
+    if "nodes" in opts:
+        nodes, peers = opts["nodes"].split("|"), opts["peers"].split("|")
+        uris = [u.replace("{node}", nodes[rank % len(nodes)]).replace("{peer}", peers[rank % len(peers)]) for u in uris]
+    return [open_storage(u) for u in uris]
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,11 +208,10 @@ def megatron(root: Path, opts: dict[str, str]) -> None:
 
 def slow_save(root: Path, opts: dict[str, str]) -> None:
     """Save step 10 and commit it; then start saving step 20 and report, to be killed mid-save."""
-    ck = Checkpointer(tiers(root, opts))
-    state = {"tensors": dtensor_state("dp4" if dist.get_world_size() == 4 else "rep", dist.get_world_size(), None)}
-    ck.save(state, 10).wait()
-    big = {"tensors": state, "ballast": torch.randn(4_000_000)}
-    ck.save(big, 20)
+    ck = Checkpointer([SlowFileStorage(root / "ckpt")])
+    state = {"tensors": dtensor_state("rep", dist.get_world_size(), None), "meta": {"note": "hello", "step": 11}}
+    assert ck.save(state, 10).wait().committed
+    ck.save(state, 20)  # every write now takes 0.5 s: the test kills us in the middle
     (root / "results").mkdir(exist_ok=True)
     (root / "results" / f"saving-{dist.get_rank()}").write_text("1")
     for _ in range(600):
