@@ -6,6 +6,7 @@
     step = ckpt.load({"app": app_state})          # newest committed checkpoint, any source layout
 """
 
+from stalwart.checkpoint.adapters import RNGState, TrainState
 from stalwart.checkpoint.engine import (
     CheckpointError,
     CheckpointInfo,
@@ -26,10 +27,12 @@ __all__ = [
     "ChecksumError",
     "GlobalShard",
     "NoCheckpoint",
+    "RNGState",
     "RetentionPolicy",
     "SaveHandle",
     "SaveResult",
     "Storage",
     "StorageError",
+    "TrainState",
     "open_storage",
 ]

@@ -22,6 +22,15 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 
+def _register_groups() -> None:
+    from stalwart.cli.checkpoint_cmd import app as checkpoint_app
+
+    app.add_typer(checkpoint_app, name="checkpoint")
+
+
+_register_groups()
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     return typer.Exit(code)

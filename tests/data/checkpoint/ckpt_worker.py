@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from stalwart.checkpoint import Checkpointer, GlobalShard, RetentionPolicy, open_storage
+from stalwart.checkpoint.adapters import TrainState
 from stalwart.checkpoint.storage import FileStorage
 
 SHAPES = {"w1": (64, 48), "w2": (33, 17), "bias": (100,), "scalar": ()}
@@ -120,20 +120,6 @@ def reshard_load(root: Path, opts: dict[str, str]) -> None:
 # --------------------------------------------------------------------------------------------
 def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
-
-
-class TrainState:
-    """model + optimizer as one Stateful (what a training script hands the engine)."""
-
-    def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
-        self.model, self.optim = model, optim
-
-    def state_dict(self) -> dict:  # type: ignore[type-arg]
-        msd, osd = get_state_dict(self.model, self.optim)
-        return {"model": msd, "optim": osd}
-
-    def load_state_dict(self, sd: dict) -> None:  # type: ignore[type-arg]
-        set_state_dict(self.model, self.optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
 
 def wrapped(kind: str, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

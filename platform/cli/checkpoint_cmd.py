@@ -1,0 +1,131 @@
+"""`stalwart checkpoint ...`: list, inspect and import checkpoints."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="List, inspect and import checkpoints.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+URI_HELP = "A folder, file:///path, s3://bucket/prefix?endpoint=URL, or mem://host:port/ns?peer=host:port"
+
+
+def _open(uri: str):  # type: ignore[no-untyped-def]
+    from stalwart.checkpoint import open_storage
+
+    try:
+        return open_storage(uri)
+    except ValueError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+@app.command("ls")
+def list_checkpoints(
+    uri: Annotated[str, typer.Argument(help=URI_HELP)],
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
+) -> None:
+    """List committed checkpoints, oldest first.
+
+    Example: stalwart checkpoint ls .stalwart/runs/pretrain-tiny-20261121-101500/checkpoints
+    """
+    from stalwart.checkpoint import Checkpointer, StorageError
+
+    try:
+        infos = Checkpointer(_open(uri)).catalog()
+    except StorageError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    if output == "json":
+        print(json.dumps([i.model_dump() for i in infos], indent=2))
+        return
+    if not infos:
+        out.print(f"no committed checkpoints in {uri}")
+        return
+    t = Table(title=f"checkpoints in {uri}", title_justify="left")
+    for col in ("step", "size", "saved by", "created", "location"):
+        t.add_column(col)
+    import time
+
+    for i in infos:
+        t.add_row(str(i.step), _human(i.total_bytes), f"{i.world_size} ranks",
+                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)), i.location)  # fmt: skip
+    out.print(t)
+
+
+@app.command()
+def inspect(
+    uri: Annotated[str, typer.Argument(help=URI_HELP)],
+    step: Annotated[int, typer.Argument(help="The step to inspect.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
+) -> None:
+    """Show a checkpoint's tensors, shapes, the saving layout, sizes and checksums.
+
+    Example: stalwart checkpoint inspect /ckpt/run1 1200
+    """
+    from stalwart.checkpoint import Checkpointer, NoCheckpoint
+
+    try:
+        _, manifest = Checkpointer(_open(uri)).manifest(step)
+    except NoCheckpoint as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    if output == "json":
+        print(manifest.model_dump_json(indent=2))
+        return
+    lay = manifest.layout
+    out.print(f"[bold]step {manifest.step}[/]  {_human(manifest.total_bytes)}  saved by {lay.world_size} ranks"
+              + (f"  parallelism {lay.parallelism}" if lay.parallelism else ""), highlight=False)  # fmt: skip
+    out.print("  bytes per rank: " + ", ".join(_human(b) for b in lay.per_rank_bytes), highlight=False)
+    t = Table(title="tensors", title_justify="left")
+    for col in ("name", "dtype", "shape", "shards (offsets → file @ rank)", "crc32"):
+        t.add_column(col)
+    for name, entry in sorted(manifest.tensors.items()):
+        shards = "\n".join(f"{s.offsets} {s.lengths} → {s.file} @{s.rank}" for s in entry.shards)
+        crcs = "\n".join(f"{s.crc32:08x}" for s in entry.shards)
+        t.add_row(name, entry.dtype, str(tuple(entry.shape)), shards, crcs)
+    out.print(t)
+    if manifest.objects:
+        o = Table(title="objects", title_justify="left")
+        for col in ("name", "file", "bytes", "crc32"):
+            o.add_column(col)
+        for name, obj in sorted(manifest.objects.items()):
+            o.add_row(name, obj.file, str(obj.length), f"{obj.crc32:08x}")
+        out.print(o)
+
+
+@app.command("import-torchsnapshot")
+def import_torchsnapshot_cmd(
+    source: Annotated[str, typer.Argument(help="Path of the torchsnapshot snapshot.")],
+    uri: Annotated[str, typer.Argument(help=URI_HELP)],
+    step: Annotated[int, typer.Option(help="Step to record the imported checkpoint under.")] = 0,
+) -> None:
+    """Convert a torchsnapshot snapshot into a Stalwart checkpoint.
+
+    Example: stalwart checkpoint import-torchsnapshot /old/snap-1000 /ckpt/run1 --step 1000
+    """
+    from stalwart.checkpoint.torchsnapshot_import import import_torchsnapshot
+
+    try:
+        result = import_torchsnapshot(source, _open(uri), step)
+    except (ValueError, RuntimeError) as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    if not result.committed:
+        err.print(f"[bold red]error:[/] import failed: {result.error}")
+        raise typer.Exit(1)
+    out.print(f"imported {source} as step {step} ({_human(result.total_bytes)}) into {uri}", highlight=False)
