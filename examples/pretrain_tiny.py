@@ -13,30 +13,18 @@ import argparse
 import math
 import os
 import random
-import shutil
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-try:  # the worker SDK is optional: without Stalwart these are no-ops
-    from stalwart.agents.worker_sdk import report_checkpoint, report_step
-except ImportError:  # pragma: no cover - plain torchrun without the package installed
+from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
 
-    def report_step(*_a: object, **_k: object) -> None:
-        pass
-
-    def report_checkpoint(*_a: object, **_k: object) -> None:
-        pass
-
-
-COMMIT_MARKER = "COMMITTED"
+# Outside Stalwart (no agent socket) these are no-ops, so the script also runs under plain torchrun.
+from stalwart.agents.worker_sdk import report_checkpoint, report_step
 
 
 # --------------------------------------------------------------------------------------- model
@@ -99,37 +87,6 @@ def batch_for(corpus: torch.Tensor, step: int, rank: int, batch: int, seq: int, 
     return torch.stack([corpus[s : s + seq + 1] for s in starts.tolist()])
 
 
-# ---------------------------------------------------------------------------------- checkpoints
-def committed_steps(root: Path) -> list[int]:
-    if not root.exists():
-        return []
-    return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*") if (p / COMMIT_MARKER).exists())
-
-
-def save_checkpoint(root: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer, keep: int) -> None:
-    path = root / f"step-{step:08d}"
-    model_sd, optim_sd = get_state_dict(model, optim)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
-    dist.barrier()
-    if dist.get_rank() == 0:
-        (path / COMMIT_MARKER).write_text(str(step))  # written last: a checkpoint without it does not exist
-        for old in committed_steps(root)[:-keep]:
-            shutil.rmtree(root / f"step-{old:08d}", ignore_errors=True)
-    dist.barrier()
-
-
-def load_latest(root: Path, model: nn.Module, optim: torch.optim.Optimizer) -> int:
-    """Load the newest committed checkpoint; returns its step (0 if none)."""
-    steps = committed_steps(root)
-    if not steps:
-        return 0
-    model_sd, optim_sd = get_state_dict(model, optim)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(root / f"step-{steps[-1]:08d}"))
-    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return steps[-1]
-
-
 # ---------------------------------------------------------------------------------------- train
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -151,11 +108,17 @@ def main() -> None:
 
     model = DDP(TinyGPT(seq=args.seq).to(device), device_ids=[device.index] if use_cuda else None)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    ckpt_root = Path(os.environ.get("STALWART_CHECKPOINT_URI", "checkpoints/pretrain-tiny"))
     interval = int(os.environ.get("STALWART_CHECKPOINT_INTERVAL", "10"))
     keep = int(os.environ.get("STALWART_CHECKPOINT_KEEP", "3"))
-    start = load_latest(ckpt_root, model, optim)
+    ckpt = Checkpointer(open_storage(os.environ.get("STALWART_CHECKPOINT_URI", "checkpoints/pretrain-tiny")),
+                        retention=RetentionPolicy(keep_last=keep))  # fmt: skip
+    state = {"train": TrainState(model, optim), "rng": RNGState()}
+    try:
+        start = ckpt.load(state, fallback=True)  # the newest checkpoint that passes its checksums
+    except NoCheckpoint:
+        start = 0
     corpus = make_corpus()
+    pending = None
     if rank == 0:
         print(f"world={world} device={device} resuming_from_step={start} steps={args.steps}", flush=True)
 
@@ -178,12 +141,25 @@ def main() -> None:
         report_step(step, loss=mean_loss, tokens=args.batch * args.seq, step_time=step_time)
         if rank == 0 and (step % 10 == 0 or step == start + 1):
             print(f"step {step} loss {mean_loss:.4f} step_time {step_time * 1000:.0f}ms", flush=True)
+        if pending is not None and pending.done():
+            pending = report_save(pending.wait(), rank)
         if step % interval == 0 or step == args.steps:
-            save_checkpoint(ckpt_root, step, model, optim, keep)
-            report_checkpoint(step)
+            pending = ckpt.save(state, step)  # returns once staged; written while training goes on
 
+    if pending is not None:
+        report_save(pending.wait(), rank)
+    ckpt.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def report_save(result, rank: int) -> None:  # type: ignore[no-untyped-def]
+    """A failed save is reported and training goes on: the previous checkpoint still stands."""
+    if result.committed:
+        report_checkpoint(result.step)
+    elif rank == 0:
+        print(f"checkpoint at step {result.step} failed: {result.error}", flush=True)
+    return None
 
 
 if __name__ == "__main__":
