@@ -71,3 +71,15 @@ def test_import_torchsnapshot(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     assert Checkpointer(open_storage(str(tmp_path / "ckpt"))).load(target) == 7
     assert torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
     assert target["extra"]["step"] == 7
+
+
+def test_the_short_api(tmp_path: Path) -> None:
+    from stalwart import checkpoint
+
+    uri = str(tmp_path / "short")
+    assert checkpoint.latest(uri) is None
+    handle = checkpoint.save({"x": torch.arange(6.0)}, uri, 3)
+    assert handle.wait().committed
+    target = {"x": torch.zeros(6)}
+    assert checkpoint.load(target, uri) == 3 and torch.equal(target["x"], torch.arange(6.0))
+    assert checkpoint.latest(uri) == 3

@@ -1,12 +1,13 @@
 """Parallelism-agnostic checkpoints on DCP: async, tiered (memory, disk, S3), resharding on load.
 
-    from stalwart.checkpoint import Checkpointer, open_storage
-    ckpt = Checkpointer(open_storage("/ckpt/run1"))
-    handle = ckpt.save({"app": app_state}, step)   # returns once staged; handle.wait() -> SaveResult
-    step = ckpt.load({"app": app_state})          # newest committed checkpoint, any source layout
+    from stalwart import checkpoint
+    handle = checkpoint.save({"train": TrainState(model, optim)}, "/ckpt/run1", step)  # async
+    step = checkpoint.load({"train": TrainState(model, optim)}, "/ckpt/run1")        # newest, any layout
+    checkpoint.latest("s3://bucket/run1?endpoint=http://minio:9000")
 """
 
 from stalwart.checkpoint.adapters import RNGState, TrainState
+from stalwart.checkpoint.api import latest, load, save
 from stalwart.checkpoint.engine import (
     CheckpointError,
     CheckpointInfo,
@@ -34,5 +35,8 @@ __all__ = [
     "Storage",
     "StorageError",
     "TrainState",
+    "latest",
+    "load",
+    "save",
     "open_storage",
 ]

@@ -279,20 +279,26 @@ class Checkpointer:
         return self._pending.wait() if self._pending is not None else None
 
     # -- catalog -----------------------------------------------------------------------------------
-    def catalog(self, tier: Storage | None = None) -> list[CheckpointInfo]:
-        """Committed checkpoints, oldest first, on one tier or on all of them."""
+    @staticmethod
+    def list_committed(tier: Storage) -> list[CheckpointInfo]:
+        """Committed checkpoints on one tier (those with a commit marker), in no particular order."""
         out = []
-        for t in [tier] if tier is not None else self.tiers:
-            for name in t.list_dirs():
-                step = parse_step_dir(name)
-                raw = t.read_bytes(f"{name}/{MANIFEST_NAME}") if step is not None else None
-                if raw is None:
-                    continue
-                m = Manifest.model_validate_json(raw)
-                out.append(CheckpointInfo(step=m.step, tier=t.name, location=t.describe(name),
-                                          created_at=m.created_at, total_bytes=m.total_bytes,
-                                          world_size=m.layout.world_size))  # fmt: skip
-        return sorted(out, key=lambda c: (c.step, -next(x.tier_rank for x in self.tiers if x.name == c.tier)))
+        for name in tier.list_dirs():
+            step = parse_step_dir(name)
+            raw = tier.read_bytes(f"{name}/{MANIFEST_NAME}") if step is not None else None
+            if raw is None:
+                continue
+            m = Manifest.model_validate_json(raw)
+            out.append(CheckpointInfo(step=m.step, tier=tier.name, location=tier.describe(name),
+                                      created_at=m.created_at, total_bytes=m.total_bytes,
+                                      world_size=m.layout.world_size))  # fmt: skip
+        return out
+
+    def catalog(self, tier: Storage | None = None) -> list[CheckpointInfo]:
+        """Committed checkpoints, oldest first (the fastest tier first for a step on several)."""
+        rank = {t.name: t.tier_rank for t in self.tiers}
+        out = [c for t in ([tier] if tier is not None else self.tiers) for c in self.list_committed(t)]
+        return sorted(out, key=lambda c: (c.step, rank.get(c.tier, 0)))
 
     def latest(self) -> int | None:
         steps = [c.step for c in self.catalog()]
