@@ -212,7 +212,9 @@ class Checkpointer:
                 out.close()
                 writers.append(w)
                 written += out.tell()
-            except (StorageError, OSError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure must still reach the gather below,
+                # or the other ranks would wait there forever. (torch.save re-raises a storage error
+                # from its write callback as a RuntimeError, so the type tells us nothing.)
                 if out is not None:
                     out.abort()
                 report["error"] = f"rank {self.rank} writing {tier.describe(folder + '/' + file)}: {exc}"

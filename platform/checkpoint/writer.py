@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import struct
-import zipfile
 import zlib
 
 import torch
@@ -21,17 +20,42 @@ from stalwart.checkpoint.manifest import BLOCK_SIZE, ObjectEntry, ShardEntry
 from stalwart.checkpoint.storage.base import ObjectWriter
 
 
-def raw_data_offset(blob: memoryview) -> tuple[int, int]:
-    """(offset, length) of the tensor's storage inside a torch.save blob (a stored zip record)."""
-    zf = zipfile.ZipFile(io.BytesIO(blob))
-    infos = [i for i in zf.infolist() if "/data/" in i.filename and not i.filename.endswith("/")]
-    if not infos:
-        return 0, 0
-    if len(infos) != 1 or infos[0].compress_type != zipfile.ZIP_STORED:
-        raise ValueError("expected one uncompressed storage record in the tensor blob")
-    info = infos[0]
-    name_len, extra_len = struct.unpack("<HH", bytes(blob[info.header_offset + 26 : info.header_offset + 30]))
-    return info.header_offset + 30 + name_len + extra_len, info.file_size
+class _RecordLocator:
+    """Passes torch.save's writes through to storage, noting where the tensor's bytes land.
+
+    torch.save emits a tensor's storage as one write of exactly its bytes (an uncompressed zip
+    record); we recognise it by its length and its first bytes, so no copy of the blob is made.
+    """
+
+    def __init__(self, out: ObjectWriter, nbytes: int, prefix: bytes) -> None:
+        self.out = out
+        self.nbytes = nbytes
+        self.prefix = prefix
+        self.data_offset: int | None = None
+        # torch.save turns an exception from write() into its own vague error ("unexpected pos"):
+        # keep the real one, swallow the rest of the blob, and re-raise it after torch.save returns.
+        self.error: Exception | None = None
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        if self.error is not None:
+            return len(view)
+        if self.data_offset is None and len(view) == self.nbytes and bytes(view[: len(self.prefix)]) == self.prefix:
+            self.data_offset = self.out.tell()
+        try:
+            return self.out.write(view)
+        except Exception as exc:  # noqa: BLE001 - re-raised by write_tensor
+            self.error = exc
+            return len(view)
+
+    def flush(self) -> None:
+        pass
+
+
+def raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes, row-major, without a copy (staged tensors are contiguous)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
 
 
 def block_checksums(data: memoryview, block: int = BLOCK_SIZE) -> list[int]:
@@ -55,26 +79,29 @@ class RankFileWriter:
         self.objects: dict[str, ObjectEntry] = {}
 
     def write_tensor(self, index: MetadataIndex, tensor: torch.Tensor) -> None:
-        buf = io.BytesIO()
-        torch.save(tensor, buf)
-        blob = buf.getbuffer()
-        rel, nbytes = raw_data_offset(blob)
-        raw = blob[rel : rel + nbytes]
+        raw = raw_bytes(tensor)
         blocks = block_checksums(raw)
-        whole = shard_checksum(blocks)
         start = self.out.tell()
-        self.out.write(blob)
+        locator = _RecordLocator(self.out, len(raw), bytes(raw[:16]))
+        try:
+            torch.save(tensor, locator)
+        finally:
+            if locator.error is not None:
+                raise locator.error
+        length = self.out.tell() - start
+        if locator.data_offset is None and len(raw):
+            raise ValueError(f"could not locate the bytes of {index.fqn} in its serialized form")
+        data_offset = locator.data_offset if locator.data_offset is not None else start + length
         self.results.append(
-            WriteResult(index=index, size_in_bytes=len(blob), storage_data=_StorageInfo(self.file, start, len(blob)))
+            WriteResult(index=index, size_in_bytes=length, storage_data=_StorageInfo(self.file, start, length))
         )
         offsets = list(index.offset) if index.offset is not None else [0] * tensor.dim()
         self.shard_fqns.append((
             index.fqn,
             ShardEntry(offsets=offsets, lengths=list(tensor.shape), file=self.file, blob_offset=start,
-                       blob_length=len(blob), data_offset=start + rel, nbytes=nbytes, crc32=whole,
-                       block_crc32=blocks, rank=self.rank),
+                       blob_length=length, data_offset=data_offset, nbytes=len(raw),
+                       crc32=shard_checksum(blocks), block_crc32=blocks, rank=self.rank),
         ))  # fmt: skip
-        del raw, blob
 
     def write_bytes(self, index: MetadataIndex, data: io.BytesIO) -> None:
         view = data.getbuffer()
