@@ -1,0 +1,179 @@
+"""The node agent's Prometheus exporter: per-rank progress, probe results, restarts, heartbeats.
+
+It has its own CollectorRegistry (no process-global state, so several agents or tests can live in
+one process) and serves /metrics over HTTP. Every metric is documented in docs/metrics.md; a test
+scrapes the endpoint and checks each documented name is there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+
+from stalwart.health.node_vector import NodeMetricVector
+from stalwart.health.records import ProbeResult, ProbeStatus, Severity
+from stalwart.signatures.scanner import SignatureMatch
+from stalwart.store.records import WorkerState, WorkerStatus
+
+WORKER_LABELS = ("job", "node", "rank")
+NODE_LABELS = ("job", "node")
+PROBE_LABELS = ("job", "node", "probe")
+
+
+class MetricsExporter:
+    def __init__(self, job: str, node: str) -> None:
+        self.job = job
+        self.node = node
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pids: dict[int, int] = {}
+        self._ranks: set[int] = set()
+        r = self.registry
+
+        self.worker_step = Gauge("stalwart_worker_step", "Last training step the rank reported.", WORKER_LABELS,
+                                 registry=r)  # fmt: skip
+        self.worker_step_time = Gauge("stalwart_worker_step_time_seconds", "Duration of the rank's last step.",
+                                      WORKER_LABELS, registry=r)  # fmt: skip
+        self.worker_tokens = Gauge("stalwart_worker_tokens_per_second", "Tokens per second in the rank's last step.",
+                                   WORKER_LABELS, registry=r)  # fmt: skip
+        self.worker_loss = Gauge("stalwart_worker_loss", "Last loss the rank reported.", WORKER_LABELS, registry=r)
+        self.worker_progress = Gauge("stalwart_worker_last_progress_timestamp_seconds",
+                                     "Unix time of the rank's last progress report.", WORKER_LABELS,
+                                     registry=r)  # fmt: skip
+        self.worker_running = Gauge("stalwart_worker_running", "1 while the rank's process runs, 0 once it exited.",
+                                    WORKER_LABELS, registry=r)  # fmt: skip
+        self.worker_exit_code = Gauge("stalwart_worker_exit_code", "Exit code of the rank's exited process.",
+                                      WORKER_LABELS, registry=r)  # fmt: skip
+        self.worker_restarts = Counter("stalwart_worker_restarts", "Times the rank's process was replaced.",
+                                       WORKER_LABELS, registry=r)  # fmt: skip
+
+        self.probe_status = Gauge("stalwart_probe_status", "1 for the probe's current status, 0 for the others.",
+                                  (*PROBE_LABELS, "status"), registry=r)  # fmt: skip
+        self.probe_machine_fault = Gauge("stalwart_probe_machine_fault",
+                                         "1 when the probe's last result reports a machine fault.", PROBE_LABELS,
+                                         registry=r)  # fmt: skip
+        self.probe_findings = Gauge("stalwart_probe_findings", "Findings in the probe's last result, by severity.",
+                                    (*PROBE_LABELS, "severity"), registry=r)  # fmt: skip
+        self.probe_last_run = Gauge("stalwart_probe_last_run_timestamp_seconds", "Unix time of the probe's last run.",
+                                    PROBE_LABELS, registry=r)  # fmt: skip
+
+        self.generation = Gauge("stalwart_agent_generation", "Generation the agent's workers belong to.", NODE_LABELS,
+                                registry=r)  # fmt: skip
+        self.last_heartbeat = Gauge("stalwart_agent_last_heartbeat_timestamp_seconds",
+                                    "Unix time of the agent's last heartbeat.", NODE_LABELS, registry=r)  # fmt: skip
+        self.heartbeats = Counter("stalwart_agent_heartbeats", "Heartbeats the agent sent.", NODE_LABELS, registry=r)
+
+        self.signature_matches = Counter("stalwart_log_signature_matches",
+                                         "Worker log lines that matched a failure signature.",
+                                         (*WORKER_LABELS, "failure_class", "scope"), registry=r)  # fmt: skip
+
+        self.node_gpu_utilization = Gauge("stalwart_node_gpu_utilization_ratio", "Mean GPU utilization (0-1).",
+                                          NODE_LABELS, registry=r)  # fmt: skip
+        self.node_gpu_temperature = Gauge("stalwart_node_gpu_temperature_celsius", "Hottest GPU's temperature.",
+                                          NODE_LABELS, registry=r)  # fmt: skip
+        self.node_cpu_utilization = Gauge("stalwart_node_cpu_utilization_ratio", "Host CPU utilization (0-1).",
+                                          NODE_LABELS, registry=r)  # fmt: skip
+        self.node_memory_utilization = Gauge("stalwart_node_memory_utilization_ratio",
+                                             "Host memory in use (0-1).", NODE_LABELS, registry=r)  # fmt: skip
+        self.node_network_errors = Counter("stalwart_node_network_errors",
+                                           "NIC and InfiniBand error counter increments seen by the probe.",
+                                           NODE_LABELS, registry=r)  # fmt: skip
+
+    # -- serving ----------------------------------------------------------------------------
+    def start(self, port: int = 0, host: str = "127.0.0.1") -> int:
+        """Serve /metrics on host:port (0: any free port); returns the port."""
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_port)
+
+    @property
+    def port(self) -> int | None:
+        return int(self._server.server_port) if self._server is not None else None
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._server = self._thread = None
+
+    def render(self) -> bytes:
+        """The exposition text, as /metrics would serve it."""
+        return generate_latest(self.registry)
+
+    # -- updates ----------------------------------------------------------------------------
+    def update_workers(self, statuses: Sequence[WorkerStatus]) -> None:
+        """The node's workers as the agent last saw them. Ranks no longer listed lose their series;
+        a rank whose pid changed was restarted."""
+        with self._lock:
+            present = {s.rank for s in statuses}
+            for rank in self._ranks - present:
+                self._forget(str(rank), keep_running=False)
+            self._ranks = present
+            for s in statuses:
+                labels = (self.job, self.node, str(s.rank))
+                previous = self._pids.get(s.rank)
+                if previous is not None and previous != s.pid:
+                    self.worker_restarts.labels(*labels).inc()
+                    self._forget(str(s.rank), keep_running=True)  # the new process has reported nothing yet
+                else:
+                    self.worker_restarts.labels(*labels)  # create the series at 0
+                self._pids[s.rank] = s.pid
+                self.worker_running.labels(*labels).set(1 if s.state is WorkerState.RUNNING else 0)
+                if s.exit_code is not None:
+                    self.worker_exit_code.labels(*labels).set(s.exit_code)
+                for gauge, value in ((self.worker_step, s.step), (self.worker_step_time, s.step_time),
+                                     (self.worker_tokens, s.tokens_per_second), (self.worker_loss, s.loss),
+                                     (self.worker_progress, s.last_progress_at)):  # fmt: skip
+                    if value is not None:
+                        gauge.labels(*labels).set(value)
+
+    def _forget(self, rank: str, keep_running: bool) -> None:
+        gauges = [self.worker_step, self.worker_step_time, self.worker_tokens, self.worker_loss,
+                  self.worker_progress, self.worker_exit_code]  # fmt: skip
+        if not keep_running:
+            gauges.append(self.worker_running)
+        for g in gauges:
+            try:
+                g.remove(self.job, self.node, rank)
+            except KeyError:
+                pass
+
+    def record_probe(self, result: ProbeResult) -> None:
+        labels = (self.job, self.node, result.probe)
+        for status in ProbeStatus:
+            self.probe_status.labels(*labels, status.value).set(1 if status is result.status else 0)
+        self.probe_machine_fault.labels(*labels).set(1 if result.machine_fault else 0)
+        for severity in Severity:
+            self.probe_findings.labels(*labels, severity.value).set(
+                sum(f.severity is severity for f in result.findings)
+            )
+        self.probe_last_run.labels(*labels).set(result.checked_at)
+
+    def record_heartbeat(self, generation: int, sent_at: float | None = None) -> None:
+        labels = (self.job, self.node)
+        self.generation.labels(*labels).set(generation)
+        self.last_heartbeat.labels(*labels).set(time.time() if sent_at is None else sent_at)
+        self.heartbeats.labels(*labels).inc()
+
+    def record_signature_match(self, match: SignatureMatch) -> None:
+        rank = "" if match.rank is None else str(match.rank)
+        self.signature_matches.labels(self.job, self.node, rank, match.failure_class, match.scope.value).inc()
+
+    def record_node_vector(self, vector: NodeMetricVector) -> None:
+        labels = (self.job, self.node)
+        if vector.gpu_utilization_pct is not None:
+            self.node_gpu_utilization.labels(*labels).set(vector.gpu_utilization_pct / 100.0)
+        if vector.gpu_temperature_c is not None:
+            self.node_gpu_temperature.labels(*labels).set(vector.gpu_temperature_c)
+        if vector.cpu_percent is not None:
+            self.node_cpu_utilization.labels(*labels).set(vector.cpu_percent / 100.0)
+        if vector.memory_percent is not None:
+            self.node_memory_utilization.labels(*labels).set(vector.memory_percent / 100.0)
+        self.node_network_errors.labels(*labels).inc(max(0, vector.nic_error_delta or 0))

@@ -1,0 +1,194 @@
+"""Capturing a worker's Python stacks on demand, for hang diagnosis.
+
+First `py-spy dump` (with `--native` where it works), which needs nothing from the worker; then,
+where py-spy is missing or not permitted (ptrace), the worker SDK's faulthandler: the SDK registers
+it on SIGUSR1 to write every thread's stack to stderr, which is the worker's log file, so the dump
+is the new part of that file. Every attempt is bounded in time, and the text in size.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from pydantic import Field
+
+from stalwart.agents.worker_sdk import STACK_DUMP_SIGNAL
+from stalwart.processes import spawn, stop_process
+from stalwart.store.records import Record
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_MAX_BYTES = 64 * 1024
+_POLL = 0.05
+_DUMP_START = re.compile(r"^(Thread|Current thread) 0x[0-9a-f]+ \(most recent call first\):", re.MULTILINE)
+
+
+class StackMethod(str, Enum):
+    PY_SPY_NATIVE = "py-spy-native"
+    PY_SPY = "py-spy"
+    FAULTHANDLER = "faulthandler"
+    NONE = "none"  # every method failed: see `attempts`
+
+
+class StackDump(Record):
+    rank: int | None = None
+    pid: int
+    method: StackMethod
+    text: str = ""
+    truncated: bool = False
+    captured_at: float = Field(default_factory=time.time)
+    error: str | None = None  # why no method worked (method NONE)
+    attempts: list[str] = []  # each method that failed, and why
+
+
+@dataclass(frozen=True)
+class StackTarget:
+    pid: int
+    rank: int | None = None
+    log_path: Path | None = None  # the worker's stderr, for the faulthandler fallback
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, or installed beside this interpreter (a virtual environment's bin)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    local = Path(sys.executable).parent / "py-spy"
+    return str(local) if local.exists() else None
+
+
+def _truncate(text: str, max_bytes: int) -> tuple[str, bool]:
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text, False
+    return data[:max_bytes].decode(errors="ignore"), True
+
+
+def _py_spy(binary: str, pid: int, native: bool, timeout: float) -> str:
+    argv = [binary, "dump", "--pid", str(pid)] + (["--native"] if native else [])
+    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=max(0.1, timeout))
+    except subprocess.TimeoutExpired:
+        stop_process(proc, grace=1.0)
+        raise TimeoutError(f"py-spy did not finish within {timeout:.1f}s") from None
+    text = out.decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"py-spy exited {proc.returncode}: {text.strip()[-300:]}")
+    return text
+
+
+def handles_signal(pid: int, signum: int) -> bool:
+    """Whether the process installed a handler for `signum` (SigCgt in /proc/PID/status).
+
+    Sending SIGUSR1 to a process that does not handle it kills it, so the fallback checks first.
+    """
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    m = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)$", status, re.MULTILINE)
+    return bool(m) and bool(int(m.group(1), 16) & (1 << (signum - 1)))  # type: ignore[union-attr]
+
+
+def _faulthandler(pid: int, log_path: Path | None, timeout: float) -> str:
+    if log_path is None:
+        raise RuntimeError("no log file to read the faulthandler dump from")
+    if not handles_signal(pid, STACK_DUMP_SIGNAL):
+        raise RuntimeError(f"the worker has no {STACK_DUMP_SIGNAL.name} handler (worker SDK not installed); "
+                           "not sending it, it would kill the worker")  # fmt: skip
+    start = log_path.stat().st_size if log_path.exists() else 0
+    os.kill(pid, STACK_DUMP_SIGNAL)
+    deadline = time.monotonic() + timeout
+    seen, stable = -1, 0
+    text = ""
+    while time.monotonic() < deadline:  # bounded by the deadline
+        time.sleep(_POLL)
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+        m = _DUMP_START.search(text)
+        if m is None:
+            continue
+        stable = stable + 1 if len(text) == seen else 0
+        seen = len(text)
+        if stable >= 3:  # no growth for three polls: the dump is complete
+            return text[m.start():]
+    m = _DUMP_START.search(text)
+    if m is None:
+        raise TimeoutError(f"no faulthandler dump appeared in {log_path} within {timeout:.1f}s")
+    return text[m.start():]
+
+
+def capture_stack(
+    pid: int,
+    *,
+    rank: int | None = None,
+    log_path: Path | str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    native: bool = True,
+    methods: Sequence[str] = ("py-spy", "faulthandler"),
+    py_spy: str | None = None,
+) -> StackDump:
+    """One worker's stacks, by the first method that works within `timeout` seconds overall."""
+    deadline = time.monotonic() + timeout
+    attempts: list[str] = []
+    path = Path(log_path) if log_path is not None else None
+    if not Path(f"/proc/{pid}").exists():
+        return StackDump(rank=rank, pid=pid, method=StackMethod.NONE, error=f"no process {pid}")
+    plan: list[tuple[StackMethod, bool]] = []
+    if "py-spy" in methods:
+        plan += [(StackMethod.PY_SPY_NATIVE, True)] if native else []
+        plan += [(StackMethod.PY_SPY, False)]
+    if "faulthandler" in methods:
+        plan += [(StackMethod.FAULTHANDLER, False)]
+    binary = py_spy or find_py_spy()
+    for method, use_native in plan:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            attempts.append(f"{method.value}: no time left")
+            continue
+        try:
+            if method is StackMethod.FAULTHANDLER:
+                text = _faulthandler(pid, path, left)
+            else:
+                if binary is None or not Path(binary).exists():
+                    raise FileNotFoundError("py-spy is not installed")
+                text = _py_spy(binary, pid, use_native, left)
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            attempts.append(f"{method.value}: {exc}")
+            continue
+        body, truncated = _truncate(text, max_bytes)
+        return StackDump(rank=rank, pid=pid, method=method, text=body, truncated=truncated, attempts=attempts)
+    return StackDump(rank=rank, pid=pid, method=StackMethod.NONE, error="; ".join(attempts) or "no method",
+                     attempts=attempts)  # fmt: skip
+
+
+def capture_stacks(
+    targets: Sequence[StackTarget],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    native: bool = True,
+    methods: Sequence[str] = ("py-spy", "faulthandler"),
+) -> list[StackDump]:
+    """Every target's stacks at about the same moment (in parallel), in the targets' order."""
+    if not targets:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(targets), 16)) as pool:
+        futures = [
+            pool.submit(capture_stack, t.pid, rank=t.rank, log_path=t.log_path, timeout=timeout,
+                        max_bytes=max_bytes, native=native, methods=methods)  # fmt: skip
+            for t in targets
+        ]
+        return [f.result() for f in futures]

@@ -1,0 +1,225 @@
+"""Running the collective and compute checks as real processes, and judging which node failed.
+
+`run_collective_check` starts nodes x procs_per_node processes on loopback with the torchrun
+environment, waits for them within a deadline (a rank that hangs is stopped and reported as timed
+out, never waited on forever), reads each rank's report and names the nodes that failed:
+
+- a rank whose compute result differs from the majority's: silent data corruption on its node;
+- a rank that never finished while others did, or that stalled behind its peers (fewer phases):
+  the hung participant (its peers' collective timeouts are its victims, not suspects);
+- a bitwise mismatch in a collective with no other explanation: every node in that collective.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from stalwart.health.collective_records import (
+    CollectiveCheckReport,
+    NodeVerdict,
+    RankReport,
+)
+from stalwart.health.collective_worker import (
+    BACKEND_ENV,
+    NUMEL_ENV,
+    RENDEZVOUS_TIMEOUT_ENV,
+    RESULT_ENV,
+    TIMEOUT_ENV,
+)
+from stalwart.net import free_port
+from stalwart.processes import spawn, stop_process
+
+_POLL = 0.1
+EXIT_GRACE_S = 3.0
+# A check is several ops (warm-up, timed, latency), each allowed `collective_timeout`: reports that
+# stop changing for this many collective timeouts mean a hang the process group did not catch.
+STALL_FACTOR = 10
+
+
+def _read_report(path: Path, rank: int, per_node: int) -> RankReport:
+    try:
+        return RankReport.loads(path.read_text())
+    except (OSError, ValidationError):
+        return RankReport(rank=rank, node=rank // per_node, local_rank=rank % per_node, phase="not started")
+
+
+def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int]) -> list[NodeVerdict]:
+    """Which nodes failed, and why (pure: tested on constructed reports as well as real runs)."""
+    by_rank = {r.rank: r for r in reports}
+    nodes = sorted({r.node for r in reports})
+    reasons: dict[int, list[str]] = {n: [] for n in nodes}
+    suspects: set[int] = set()
+
+    # Silent data corruption: the majority view of the gathered digests, from any finished rank.
+    views = [r.compute_mismatch_ranks for r in reports if r.phase == "done"]
+    mismatched = set(max(views, key=len)) if views else set()
+    digests = {r.rank: r.compute_digest for r in reports if r.compute_digest}
+    for rank in sorted(mismatched):
+        suspects.add(rank)
+        reasons[by_rank[rank].node].append(f"rank {rank}: compute result differs from the other ranks' "
+                                           f"(digest {str(digests.get(rank))[:12]})")  # fmt: skip
+
+    # Hangs: unfinished ranks while others finished, or the ranks at the earliest phase.
+    hung: set[int] = set()
+    unfinished = [r for r in reports if not r.finished]
+    if unfinished:
+        if len(unfinished) < len(reports):
+            laggards = unfinished
+        else:
+            lowest = min(r.progress for r in unfinished)
+            laggards = [r for r in unfinished if r.progress == lowest]
+        for r in laggards:
+            hung.add(r.rank)
+            how = "timed out" if r.rank in timed_out else "exited without finishing"
+            reasons[r.node].append(f"rank {r.rank}: {how} at phase {r.phase!r}, never completing the collectives")
+    suspects |= hung
+
+    # Collectives: wrong data blames every node in the collective (corruption in transit has two
+    # ends); a failure without wrong data is a victim of a hung peer when one is in the group, else
+    # this rank's own failure.
+    for r in reports:
+        for c in r.checks:
+            if c.passed:
+                continue
+            if c.mismatches:
+                for m in c.group:
+                    if m in by_rank:
+                        suspects.add(m)
+                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} returned {c.mismatches} "
+                                       "wrong elements")  # fmt: skip
+                continue
+            waiting = sorted(h for h in hung if h in c.group and h != r.rank)
+            if waiting:
+                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed (waiting for rank "
+                                       f"{', '.join(map(str, waiting))}): {c.error}")  # fmt: skip
+            elif r.rank not in hung:
+                suspects.add(r.rank)
+                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed: {c.error}")
+        if r.error and r.rank not in suspects and not (hung - {r.rank}):
+            suspects.add(r.rank)
+            reasons[r.node].append(f"rank {r.rank}: {r.error}")
+
+    verdicts = []
+    for n in nodes:
+        ranks = sorted(r.rank for r in reports if r.node == n)
+        verdicts.append(NodeVerdict(node=n, ranks=ranks, passed=not any(x in suspects for x in ranks),
+                                    reasons=reasons[n]))  # fmt: skip
+    return verdicts
+
+
+def run_collective_check(
+    workdir: Path | str,
+    *,
+    nodes: int = 2,
+    procs_per_node: int = 1,
+    timeout: float = 120.0,
+    collective_timeout: float = 20.0,
+    backend: str = "auto",
+    numel: int = 1 << 16,
+    rank_env: Mapping[int, Mapping[str, str]] | None = None,
+    master_port: int | None = None,
+) -> CollectiveCheckReport:
+    """Run the checks on `nodes` x `procs_per_node` local processes; never longer than `timeout`.
+
+    `collective_timeout` is the process group's timeout: a healthy rank stuck waiting for a hung
+    peer fails its collective after it and reports. Ranks whose reports stop changing (for
+    STALL_FACTOR x `collective_timeout` + 5 s, or EXIT_GRACE_S once another rank exited) are stopped
+    as timed out.
+    `rank_env` adds environment variables to single ranks (fault injection in tests).
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    world = nodes * procs_per_node
+    port = master_port or free_port()
+    started = time.time()
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    paths = {r: workdir / f"rank-{r}.json" for r in range(world)}
+    logs = []
+    try:
+        for rank in range(world):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank % procs_per_node),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(procs_per_node),
+                "GROUP_RANK": str(rank // procs_per_node),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1",
+                RESULT_ENV: str(paths[rank]),
+                NUMEL_ENV: str(numel),
+                TIMEOUT_ENV: str(collective_timeout),
+                RENDEZVOUS_TIMEOUT_ENV: str(timeout),
+                BACKEND_ENV: backend,
+                **(rank_env or {}).get(rank, {}),
+            }
+            log = open(workdir / f"rank-{rank}.log", "wb")
+            logs.append(log)
+            procs[rank] = spawn([sys.executable, "-m", "stalwart.health.collective_worker"], env=env, stdout=log)
+        stall = STALL_FACTOR * collective_timeout + 5.0
+        timed_out = _wait(procs, paths, deadline=time.monotonic() + timeout, stall=stall)
+    finally:
+        for p in procs.values():
+            stop_process(p, grace=1.0)
+        for log in logs:
+            log.close()
+    reports = [_read_report(paths[r], r, procs_per_node) for r in range(world)]
+    for r in reports:
+        if r.rank in timed_out:
+            r.finished = False
+    verdicts = judge(reports, procs_per_node, timed_out)
+    passed = (all(v.passed for v in verdicts) and all(r.finished and r.phase == "done" for r in reports)
+              and all(c.passed for r in reports for c in r.checks))  # fmt: skip
+    return CollectiveCheckReport(
+        passed=passed,
+        backend=next((r.backend for r in reports if r.backend), backend),
+        nodes=verdicts,
+        ranks=reports,
+        timed_out_ranks=timed_out,
+        exit_codes={r: p.returncode for r, p in procs.items()},
+        started_at=started,
+        finished_at=time.time(),
+    )
+
+
+def _wait(procs: Mapping[int, subprocess.Popen[bytes]], paths: Mapping[int, Path], deadline: float,
+          stall: float) -> list[int]:  # fmt: skip
+    """Wait for every process to exit; returns the ranks still running at the deadline or stalled."""
+    last_change = time.monotonic()
+    last_seen: dict[int, float] = {}
+    exited: set[int] = set()
+    while time.monotonic() < deadline:  # bounded by the deadline
+        running = [r for r, p in procs.items() if p.poll() is None]
+        if not running:
+            return []
+        newly = set(procs) - set(running) - exited
+        if newly:
+            exited |= newly
+            last_change = time.monotonic()  # survivors get their grace from the latest exit
+        for r in running:
+            try:
+                mtime = paths[r].stat().st_mtime
+            except OSError:
+                continue
+            if last_seen.get(r) != mtime:
+                last_seen[r] = mtime
+                last_change = time.monotonic()
+        # Stalled: no report changed for `stall` seconds once every rank has started (start-up is
+        # bounded by the deadline only). Once a rank has exited, the rest can complete no further
+        # collective with it: they get EXIT_GRACE to write their reports and go.
+        quiet = time.monotonic() - last_change
+        if len(running) < len(procs) and quiet > EXIT_GRACE_S:
+            return sorted(running)
+        if len(last_seen) == len(procs) and quiet > stall:
+            return sorted(running)
+        time.sleep(_POLL)
+    return sorted(r for r, p in procs.items() if p.poll() is None)

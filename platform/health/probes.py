@@ -1,0 +1,47 @@
+"""Running probes: one interface, and a runner that turns a crashing probe into "not available".
+
+A probe that raises has a bug or met something unexpected; that says nothing about the machine, so
+it is reported as not available with the error, never as healthy and never as a fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from stalwart.health.gpu_probe import GpuProbe
+from stalwart.health.host import HostProbe
+from stalwart.health.network import NetworkProbe
+from stalwart.health.records import ProbeResult
+
+
+class Probe(Protocol):
+    name: str
+
+    def run(self) -> ProbeResult: ...
+
+
+def run_probes(probes: Iterable[Probe]) -> list[ProbeResult]:
+    results: list[ProbeResult] = []
+    for probe in probes:
+        try:
+            results.append(probe.run())
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe itself
+            results.append(ProbeResult.not_available(probe.name, f"probe error: {type(exc).__name__}: {exc}"))
+    return results
+
+
+def default_probes(
+    *,
+    expected_gpus: int | None = None,
+    disk_paths: Iterable[str] = ("/",),
+    writable_paths: Iterable[str] = (),
+    required_nics: Iterable[str] = (),
+    sysfs_root: str = "/sys",
+) -> list[Probe]:
+    """The node agent's probe set: GPU, host and network."""
+    return [
+        GpuProbe(expected_count=expected_gpus),
+        HostProbe(paths=list(disk_paths), writable_paths=list(writable_paths)),
+        NetworkProbe(sysfs_root=sysfs_root, required_nics=list(required_nics)),
+    ]

@@ -1,0 +1,114 @@
+"""Collective and compute checks as real processes on loopback (gloo here, NCCL on GPUs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from stalwart.health.collective_records import CheckResult, CollectiveCheckReport, RankReport
+from stalwart.health.collective_runner import judge, run_collective_check
+from stalwart.health.collectives import neighbour_pairs, node_groups, pattern
+from stalwart.health.compute_check import compute_digest, compute_step, disagreeing_ranks
+
+# Generous limits: they bound a broken run, they are not what a passing run takes. The hang test
+# uses a short collective timeout so the hung rank's peer gives up quickly.
+TIMEOUT = 120.0
+COLLECTIVE_TIMEOUT = 15.0
+HANG_COLLECTIVE_TIMEOUT = 2.0
+
+
+def test_healthy_nodes_pass(tmp_path: Path) -> None:
+    report = run_collective_check(tmp_path, nodes=2, procs_per_node=2, timeout=TIMEOUT,
+                                  collective_timeout=COLLECTIVE_TIMEOUT, numel=4096)  # fmt: skip
+    assert report.passed, report.model_dump_json(indent=1)
+    assert [n.passed for n in report.nodes] == [True, True] and report.timed_out_ranks == []
+    assert report.backend in ("gloo", "nccl")
+    for r in report.ranks:
+        names = [c.name for c in r.checks]
+        assert names == ["all_to_all", "all_reduce", "all_gather"], names
+        intra = r.checks[0]
+        assert intra.group == node_groups(2, 2)[r.node] and intra.mismatches == 0
+        assert r.checks[1].group == [0, 1, 2, 3]  # the two neighbouring nodes
+        assert all(c.passed and c.bus_bandwidth_gbps and c.bus_bandwidth_gbps > 0 and c.latency_s for c in r.checks)
+        assert r.compute_mismatch_ranks == []
+    assert len({r.compute_digest for r in report.ranks}) == 1
+    assert CollectiveCheckReport.loads(report.dumps()).passed
+
+
+def test_a_node_with_corrupt_compute_is_flagged(tmp_path: Path) -> None:
+    # Three single-process nodes: the smallest world with a majority, and a ring of three pairs.
+    report = run_collective_check(tmp_path, nodes=3, procs_per_node=1, timeout=TIMEOUT,
+                                  collective_timeout=COLLECTIVE_TIMEOUT, numel=1024,
+                                  rank_env={2: {"STALWART_FAULT_CORRUPT_COMPUTE": "1"}})  # fmt: skip
+    assert not report.passed
+    assert report.failed_nodes == [2]
+    [bad] = [n for n in report.nodes if n.node == 2]
+    assert "rank 2" in bad.reasons[0] and "compute" in bad.reasons[0]
+    assert all(r.compute_mismatch_ranks == [2] for r in report.ranks)
+    assert all(c.passed for r in report.ranks for c in r.checks)  # the network was fine
+    assert sorted(tuple(c.group) for c in report.ranks[0].checks) == [(0, 1), (0, 1), (0, 2), (0, 2)]
+
+
+def test_a_node_whose_collective_hangs_is_flagged_not_its_peer(tmp_path: Path) -> None:
+    report = run_collective_check(tmp_path, nodes=2, procs_per_node=1, timeout=TIMEOUT,
+                                  collective_timeout=HANG_COLLECTIVE_TIMEOUT, numel=1024,
+                                  rank_env={1: {"STALWART_FAULT_COLLECTIVE_HANG": "1"}})  # fmt: skip
+    assert not report.passed
+    assert report.timed_out_ranks == [1] and report.failed_nodes == [1]
+    hung = next(r for r in report.ranks if r.rank == 1)
+    assert not hung.finished and hung.phase == "joined"
+    peer = next(r for r in report.ranks if r.rank == 0)
+    assert peer.finished and not all(c.passed for c in peer.checks)  # it timed out waiting, and said so
+    assert any("waiting for rank 1" in reason for reason in report.nodes[0].reasons)
+
+
+def test_a_slow_starting_rank_is_not_mistaken_for_a_hung_one(tmp_path: Path) -> None:
+    # Rank 1 starts 4 s late, twice the collective timeout: rendezvous waits for it.
+    report = run_collective_check(tmp_path, nodes=2, procs_per_node=1, timeout=TIMEOUT,
+                                  collective_timeout=HANG_COLLECTIVE_TIMEOUT, numel=1024,
+                                  rank_env={1: {"STALWART_FAULT_SLOW_START_SECONDS": "4"}})  # fmt: skip
+    assert report.passed, report.model_dump_json(indent=1)
+
+
+def test_judge_blames_both_ends_of_a_corrupted_transfer() -> None:
+    def rank(r: int, mismatches: int) -> RankReport:
+        check = CheckResult(name="all_reduce", group=[0, 1], passed=mismatches == 0, mismatches=mismatches)
+        return RankReport(rank=r, node=r, local_rank=0, phase="done", finished=True, checks=[check],
+                          compute_digest="ab")  # fmt: skip
+
+    verdicts = judge([rank(0, 0), rank(1, 7)], procs_per_node=1, timed_out=[])
+    assert [v.passed for v in verdicts] == [False, False]
+    assert "7 wrong elements" in verdicts[1].reasons[0]
+
+
+def test_judge_blames_a_rank_that_failed_on_its_own() -> None:
+    failed = CheckResult(name="all_gather", group=[0, 1], passed=False, error="RuntimeError: boom")
+    reports = [RankReport(rank=0, node=0, local_rank=0, phase="done", finished=True, checks=[failed]),
+               RankReport(rank=1, node=1, local_rank=0, phase="done", finished=True)]  # fmt: skip
+    verdicts = judge(reports, procs_per_node=1, timed_out=[])
+    assert [v.passed for v in verdicts] == [False, True] and "boom" in verdicts[0].reasons[0]
+
+
+def test_judge_picks_the_laggard_when_everyone_hangs() -> None:
+    reports = [RankReport(rank=0, node=0, local_rank=0, phase="all_reduce", progress=4),
+               RankReport(rank=1, node=1, local_rank=0, phase="rendezvous", progress=1)]  # fmt: skip
+    verdicts = judge(reports, procs_per_node=1, timed_out=[0, 1])
+    assert [v.passed for v in verdicts] == [True, False]
+
+
+def test_the_compute_step_is_deterministic_and_corruption_shows() -> None:
+    cpu = torch.device("cpu")
+    assert torch.equal(compute_step(cpu), compute_step(cpu))
+    clean, corrupt = compute_digest(cpu, {}), compute_digest(cpu, {"STALWART_FAULT_CORRUPT_COMPUTE": "1"})
+    assert clean != corrupt
+    assert disagreeing_ranks({0: clean, 1: clean, 2: corrupt}) == [2]
+    assert disagreeing_ranks({0: clean, 1: corrupt}) == [0, 1]  # no majority: both suspect
+    assert disagreeing_ranks({0: clean}) == []
+
+
+def test_topology_helpers() -> None:
+    assert node_groups(2, 2) == [[0, 1], [2, 3]]
+    assert neighbour_pairs(1) == [] and neighbour_pairs(2) == [(0, 1)]
+    assert neighbour_pairs(4) == [(0, 1), (1, 2), (2, 3), (0, 3)]
+    assert pattern(3, src=1).tolist() == [4.0, 5.0, 6.0] and pattern(1, src=0, dst=1).tolist() == [8.0]
