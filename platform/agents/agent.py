@@ -15,7 +15,11 @@ import socket
 import time
 from pathlib import Path
 
+import threading
+
+from stalwart.agents.metrics import MetricsExporter
 from stalwart.agents.progress_inbox import ProgressInbox
+from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.workers import WorkerGroup
 from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV
 from stalwart.logs import get_logger
@@ -28,9 +32,13 @@ from stalwart.store.records import (
     Assignment,
     Heartbeat,
     NodeRegistration,
+    StackReport,
+    StackRequest,
 )
 
 LOOP_INTERVAL = 0.05
+METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
+STACK_TIMEOUT_SECONDS = 8.0
 
 
 class AgentExit(Exception):
@@ -60,12 +68,16 @@ class NodeAgent:
         self._stop_signal: int | None = None
         self._last_heartbeat = 0.0
         self._etcd_lost_since: float | None = None
+        self.metrics = MetricsExporter(job, node)
+        self.stack_requests: queue.Queue[StackRequest] = queue.Queue()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._stop_signal = signum
 
     def register(self) -> None:
+        metrics_port = self.metrics.start(port=int(os.environ.get(METRICS_PORT_ENV, "0")),
+                                          host=os.environ.get("STALWART_METRICS_HOST", "127.0.0.1"))  # fmt: skip
         self.lease = self.store.lease(self.ft.lease_ttl_seconds)
         reg = NodeRegistration(
             node=self.node,
@@ -74,9 +86,11 @@ class NodeAgent:
             agent_pid=os.getpid(),
             registered_at=time.time(),
             lease_id=self.lease.id,
+            metrics_port=metrics_port,
         )
         self.store.put(keys.node_registration(self.job_name, self.node), reg, lease=self.lease)
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
+        self.store.watch_prefix(keys.stack_request(self.job_name), self._on_stack_request)
         self.log.info("registered", fields={"lease": f"{self.lease.id:x}"})
         # A command written before our watch started is not replayed by the watch: read it once.
         current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
@@ -86,6 +100,24 @@ class NodeAgent:
     def _on_command(self, _key: str, value: bytes | None) -> None:
         if value is not None:
             self.commands.put(AgentCommand.loads(value))
+
+    def _on_stack_request(self, _key: str, value: bytes | None) -> None:
+        if value is not None:
+            self.stack_requests.put(StackRequest.loads(value))
+
+    def _capture_stacks(self, request: StackRequest) -> None:
+        """Runs on its own thread: capturing takes seconds, and heartbeats must not wait for it."""
+        group = self.group
+        targets = [StackTarget(pid, rank, log) for pid, rank, log in (group.stack_targets() if group else [])]
+        dumps = capture_stacks(targets, timeout=STACK_TIMEOUT_SECONDS)
+        report = StackReport(request_id=request.id, node=self.node, generation=self.generation,
+                             captured_at=time.time(), stacks=[d.model_dump(mode="json") for d in dumps])  # fmt: skip
+        try:
+            self.store.put(keys.stack_report(self.job_name, request.id, self.node), report)
+            self.log.info("stacks captured", fields={"request": request.id, "workers": len(dumps),
+                                                     "methods": sorted({d.method.value for d in dumps})})  # fmt: skip
+        except StoreUnavailable as exc:
+            self.log.warning("could not store stacks", fields={"request": request.id, "error": str(exc)})
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -106,6 +138,7 @@ class NodeAgent:
     def _shutdown(self) -> None:
         self._stop_workers()
         self.inbox.close()
+        self.metrics.stop()
         if self.lease is not None:
             try:
                 self.lease.revoke()  # the controller sees the node go at once, not after the TTL
@@ -122,10 +155,22 @@ class NodeAgent:
             except queue.Empty:
                 break
             dirty |= self._apply(cmd)
+        while True:
+            try:
+                request = self.stack_requests.get_nowait()
+            except queue.Empty:
+                break
+            threading.Thread(target=self._capture_stacks, args=(request,), name="stacks", daemon=True).start()
         if self.group is not None:
             for report in self.inbox.drain():
                 self.group.record(report)
-            dirty |= self.group.poll()
+            exited, exit_matches = self.group.poll()
+            matches = self.group.scan() + exit_matches
+            for match in matches:
+                self.metrics.record_signature_match(match)
+                self.log.warning("log signature", fields={"rank": match.rank, "class": match.failure_class,
+                                                          "scope": match.scope.value, "line": match.line[:200]})  # fmt: skip
+            dirty |= exited or bool(matches)
         now = time.time()
         if dirty or now - self._last_heartbeat >= self.ft.heartbeat_interval_seconds:
             self._heartbeat(now)
@@ -199,6 +244,8 @@ class NodeAgent:
             sent_at=now,
             workers=self.group.statuses() if self.group else [],
         )
+        self.metrics.update_workers(beat.workers)
+        self.metrics.record_heartbeat(self.generation, now)
         try:
             self.lease.refresh()
             self.store.put(keys.node_heartbeat(self.job_name, self.node), beat, lease=self.lease)

@@ -17,9 +17,18 @@ from stalwart.store.records import ProgressReport
 
 PROGRESS_SOCKET_ENV = "STALWART_PROGRESS_SOCKET"
 STACK_DUMP_SIGNAL = signal.SIGUSR1
+HANG_SIGNAL = signal.SIGUSR2  # fault injection: hang at the next report_step (tests, demos)
+HANG_LIMIT_SECONDS = 3600.0
 
 _sock: socket.socket | None = None
 _installed = False
+_hang_requested = False
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _socket() -> socket.socket | None:
@@ -45,11 +54,25 @@ def _ranks() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def _request_hang(_signum: int, _frame: object) -> None:
+    global _hang_requested
+    _hang_requested = True
+
+
+def _injected_hang() -> None:
+    """Where an injected hang waits: a rank stuck before its next collective, as a real one would be."""
+    deadline = time.monotonic() + HANG_LIMIT_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def install() -> None:
-    """Dump all thread stacks to stderr on SIGUSR1, so the agent can capture a hung worker's stack."""
+    """Dump all thread stacks to stderr on SIGUSR1 (so the agent can capture a hung worker's stack),
+    and hang at the next step on SIGUSR2 (fault injection). Done at import under Stalwart."""
     global _installed
     if not _installed:
         faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+        signal.signal(HANG_SIGNAL, _request_hang)
         _installed = True
 
 
@@ -61,6 +84,8 @@ def report_step(
 ) -> None:
     """Report a completed training step (call once per step, after the optimizer step)."""
     install()
+    if _hang_requested:
+        _injected_hang()
     rank, local_rank = _ranks()
     _send(
         ProgressReport(
@@ -80,3 +105,7 @@ def report_checkpoint(step: int) -> None:
     """Report that the checkpoint for `step` is committed."""
     rank, local_rank = _ranks()
     _send(ProgressReport(kind="checkpoint", rank=rank, local_rank=local_rank, step=step, sent_at=time.time()))
+
+
+if os.environ.get(PROGRESS_SOCKET_ENV) and threading_is_main():
+    install()  # at import: a worker that hangs before its first step still answers SIGUSR1

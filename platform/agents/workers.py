@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stalwart.processes import spawn, stop_process
+from stalwart.signatures import LogScanner, SignatureMatch, classify_exit
 from stalwart.store.records import (
     Assignment,
+    LogMatch,
     NodeAssignment,
     ProgressReport,
     WorkerState,
@@ -20,6 +22,8 @@ from stalwart.store.records import (
 )
 
 LOG_TAIL_LINES = 40
+MAX_MATCHES_KEPT = 20  # per worker, the most recent: a heartbeat stays small
+SCAN_BYTES_PER_TICK = 1 << 20  # a worker printing faster than this is scanned over several ticks
 
 
 def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
@@ -60,6 +64,8 @@ class Worker:
     proc: subprocess.Popen[bytes]
     log_path: Path
     status: WorkerStatus = field(init=False)
+    scanner: LogScanner = field(init=False)
+    scanned: int = 0  # bytes of the log already scanned
 
     def __post_init__(self) -> None:
         self.status = WorkerStatus(
@@ -69,6 +75,32 @@ class Worker:
             state=WorkerState.RUNNING,
             started_at=time.time(),
         )
+        self.scanner = LogScanner(rank=self.rank)
+        try:
+            self.scanned = self.log_path.stat().st_size  # the log is appended to: skip earlier runs
+        except FileNotFoundError:
+            self.scanned = 0
+
+    def scan(self, final: bool = False) -> list[SignatureMatch]:
+        """Feed what the worker printed since the last scan through the signature scanner."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.scanned)
+                data = f.read(SCAN_BYTES_PER_TICK if not final else 16 * SCAN_BYTES_PER_TICK)
+        except FileNotFoundError:
+            return []
+        self.scanned += len(data)
+        found = self.scanner.feed(data.decode(errors="replace")) if data else []
+        if final:
+            found += self.scanner.flush()
+        if found:
+            kept = self.status.matches + [
+                LogMatch(failure_class=m.failure_class, scope=m.scope.value, severity=m.severity.value,
+                         line=m.line, line_number=m.line_number, matched_at=m.matched_at)
+                for m in found
+            ]  # fmt: skip
+            self.status.matches = kept[-MAX_MATCHES_KEPT:]
+        return found
 
 
 class WorkerGroup:
@@ -97,18 +129,28 @@ class WorkerGroup:
                 proc = spawn(command, env=worker_env, cwd=working_dir, stdout=log)
             self.workers.append(Worker(local_rank, node.first_rank + local_rank, proc, log_path))
 
-    def poll(self) -> bool:
-        """Record exits; True if any worker exited since the last poll."""
+    def scan(self) -> list[SignatureMatch]:
+        """New signature matches in the running workers' output."""
+        return [m for w in self.workers if w.status.state is WorkerState.RUNNING for m in w.scan()]
+
+    def poll(self) -> tuple[bool, list[SignatureMatch]]:
+        """Record exits, with the verdict on each; (any exited since the last poll, matches found)."""
         changed = False
+        found: list[SignatureMatch] = []
         for w in self.workers:
             if w.status.state is WorkerState.RUNNING and w.proc.poll() is not None:
                 w.status.state = WorkerState.EXITED
                 w.status.exit_code = w.proc.returncode
                 w.status.exited_at = time.time()
+                found += w.scan(final=True)
                 if w.proc.returncode != 0:
                     w.status.log_tail = tail_lines(w.log_path)
+                    verdict = classify_exit(w.proc.returncode, w.status.log_tail, pid=w.proc.pid, rank=w.rank)
+                    w.status.failure_class = verdict.failure_class
+                    w.status.blame_scope = verdict.scope.value if verdict.scope else None
+                    w.status.failure_reason = verdict.reason
                 changed = True
-        return changed
+        return changed, found
 
     def record(self, report: ProgressReport) -> None:
         if not 0 <= report.local_rank < len(self.workers):
@@ -135,3 +177,7 @@ class WorkerGroup:
         for w in self.workers:
             stop_process(w.proc, grace=max(0.0, deadline - time.monotonic()))
         self.poll()
+
+    def stack_targets(self) -> list[tuple[int, int, Path]]:
+        """(pid, rank, log) of each running worker."""
+        return [(w.proc.pid, w.rank, w.log_path) for w in self.workers if w.status.state is WorkerState.RUNNING]

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from stalwart.agents.worker_sdk import HANG_SIGNAL
 from stalwart.cluster.local import LocalCluster
 from stalwart.faults.spec import FaultKind, FaultSpec
 from stalwart.logs import get_logger
@@ -50,12 +51,13 @@ class FaultInjector:
         return out
 
     def _fire(self, fault: FaultSpec, state: JobState, workers: list) -> str | None:  # type: ignore[type-arg]
-        if fault.kind is FaultKind.KILL_WORKER:
+        if fault.kind in (FaultKind.KILL_WORKER, FaultKind.HANG_WORKER):
             worker = next((w for w in workers if w.rank == fault.rank and w.exit_code is None), None)
             if worker is None:
                 return None
+            sig = signal.SIGKILL if fault.kind is FaultKind.KILL_WORKER else HANG_SIGNAL
             try:
-                os.kill(worker.pid, signal.SIGKILL)
+                os.kill(worker.pid, sig)
             except ProcessLookupError:
                 return None
             return f"rank {fault.rank} (pid {worker.pid})"

@@ -11,6 +11,7 @@ class FaultKind(str, Enum):
     KILL_WORKER = "kill-worker"  # SIGKILL one worker process (rank=R)
     KILL_NODE = "kill-node"  # SIGKILL a node's agent and all its workers (node=N: name or slot index)
     KILL_CONTROLLER = "kill-controller"  # SIGKILL the controller process
+    HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
 
 
 class FaultSpec(BaseModel):
@@ -26,7 +27,7 @@ class FaultSpec(BaseModel):
         return f"{self.kind.value}{target} at step {self.step}"
 
 
-_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node"}
+_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.HANG_WORKER: "rank"}
 
 
 def parse_fault(text: str) -> FaultSpec:

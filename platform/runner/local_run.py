@@ -165,7 +165,8 @@ class LocalRun:
                     break
                 state = store.get(keys.job_state(self.job.name), JobState)
                 for fired in injector.poll(state, read_heartbeats(store, self.job.name)):
-                    view.note(f"[fault] {fired.fault}: killed {fired.target}")
+                    verb = "hung" if fired.fault.startswith("hang") else "killed"
+                    view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
                 snap = snapshot(store, self.job.name)
                 if snap is not None:
                     view.update(snap)

@@ -10,6 +10,8 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/nodes/{node}/registration  NodeRegistration, under the node's lease
     /stalwart/v1/jobs/{job}/nodes/{node}/heartbeat     Heartbeat, under the node's lease
     /stalwart/v1/jobs/{job}/nodes/{node}/command       AgentCommand, written by the controller
+    /stalwart/v1/jobs/{job}/stack-request              StackRequest: every agent dumps its workers' stacks
+    /stalwart/v1/jobs/{job}/stacks/{request}/{node}    StackReport, written by each agent
 """
 
 from __future__ import annotations
@@ -61,6 +63,18 @@ def incidents_prefix(job: str) -> str:
 
 def incident(job: str, incident_id: str) -> str:
     return incidents_prefix(job) + _seg(incident_id)
+
+
+def stack_request(job: str) -> str:
+    return job_prefix(job) + "stack-request"
+
+
+def stacks_prefix(job: str, request_id: str) -> str:
+    return f"{job_prefix(job)}stacks/{_seg(request_id)}/"
+
+
+def stack_report(job: str, request_id: str, node: str) -> str:
+    return stacks_prefix(job, request_id) + _seg(node)
 
 
 def nodes_prefix(job: str) -> str:

@@ -65,11 +65,38 @@ class NodeRegistration(Record):
     agent_pid: int
     registered_at: float
     lease_id: int
+    metrics_port: int | None = None  # the agent's Prometheus /metrics
+
+
+class StackRequest(Record):
+    """Ask every agent of a job for its workers' stacks now (written by the controller or CLI)."""
+
+    id: str
+    requested_at: float
+
+
+class StackReport(Record):
+    request_id: str
+    node: str
+    generation: int
+    captured_at: float
+    stacks: list[dict]  # StackDump records, one per worker  # type: ignore[type-arg]
 
 
 class WorkerState(str, Enum):
     RUNNING = "running"
     EXITED = "exited"
+
+
+class LogMatch(Record):
+    """A log-signature match in a worker's output (the scanner's SignatureMatch, flattened)."""
+
+    failure_class: str
+    scope: str
+    severity: str
+    line: str
+    line_number: int
+    matched_at: float
 
 
 class WorkerStatus(Record):
@@ -91,6 +118,12 @@ class WorkerStatus(Record):
     first_loss: float | None = None
     last_checkpoint_step: int | None = None
     log_tail: list[str] = []
+    # What the agent's streaming scan of this worker's output found (the most recent, bounded).
+    matches: list[LogMatch] = []
+    # The verdict on an exit: failure class, blame scope (node, job, user_code) and why.
+    failure_class: str | None = None
+    blame_scope: str | None = None
+    failure_reason: str | None = None
 
 
 class Heartbeat(Record):
