@@ -6,6 +6,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+SHARDS := examples/data/shards/stories-00000.stok examples/data/shards/logs-00000.stok
+
 .PHONY: install demo demo-clean test clean
 
 $(STAMP): pyproject.toml
@@ -18,10 +20,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# The example's data: two text sources tokenized into shards (built, never committed).
+examples/data/shards/%-00000.stok: examples/data/%.txt $(STAMP)
+	$(BIN)/stalwart data build examples/data/shards $< --prefix $* --overwrite
+
+demo: $(STAMP) $(SHARDS)
 	$(BIN)/stalwart run examples/pretrain-tiny.yaml --inject kill-worker:rank=1,step=40
 
-demo-clean: $(STAMP)
+demo-clean: $(STAMP) $(SHARDS)
 	$(BIN)/stalwart run examples/pretrain-tiny.yaml
 
 test: $(STAMP)

@@ -50,6 +50,17 @@ def no_orphans_at_the_end() -> Iterator[None]:
         pytest.fail("processes outlived the test run:\n" + "\n".join(desc))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def example_shards() -> None:
+    """The example job's token shards, built from the text shipped in examples/data (as `make demo` does)."""
+    from stalwart.dataloader import build_shards
+
+    out = REPO / "examples" / "data" / "shards"
+    for source in ("stories", "logs"):
+        if not (out / f"{source}-00000.stok").exists():
+            build_shards([REPO / "examples" / "data" / f"{source}.txt"], out, prefix=source, overwrite=True)
+
+
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     with EtcdServer(tmp_path_factory.mktemp("etcd") / "data") as server:

@@ -70,12 +70,27 @@ class NodeAgent:
         self._etcd_lost_since: float | None = None
         self.metrics = MetricsExporter(job, node)
         self.stack_requests: queue.Queue[StackRequest] = queue.Queue()
+        self.shadow_loader = None  # ShadowLoaderSupervisor when the job has a data section
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._stop_signal = signum
 
+    def _start_data_plane(self) -> None:
+        data = self.job.spec.data
+        if data is None:
+            return
+        from stalwart.agents.data_plane import start_shadow_loader
+
+        lanes = max(r.processes_per_node for r in self.job.spec.roles)
+        try:
+            self.shadow_loader = start_shadow_loader(data, self.job_dir, self.job_name, self.node, lanes)
+        except (FileNotFoundError, ValueError) as exc:
+            raise AgentExit(2, f"cannot start the shadow data loader: {exc}") from None
+        self.log.info("shadow loader started", fields={"segment": self.shadow_loader.name})
+
     def register(self) -> None:
+        self._start_data_plane()
         metrics_port = self.metrics.start(port=int(os.environ.get(METRICS_PORT_ENV, "0")),
                                           host=os.environ.get("STALWART_METRICS_HOST", "127.0.0.1"))  # fmt: skip
         self.lease = self.store.lease(self.ft.lease_ttl_seconds)
@@ -139,6 +154,8 @@ class NodeAgent:
         self._stop_workers()
         self.inbox.close()
         self.metrics.stop()
+        if self.shadow_loader is not None:
+            self.shadow_loader.close()
         if self.lease is not None:
             try:
                 self.lease.revoke()  # the controller sees the node go at once, not after the TTL
@@ -211,6 +228,13 @@ class NodeAgent:
             "STALWART_CHECKPOINT_INTERVAL": str(self.job.spec.checkpoint.interval_steps),
             "STALWART_CHECKPOINT_KEEP": str(self.job.spec.checkpoint.keep_last),
         }
+        if self.shadow_loader is not None:
+            from stalwart.agents.data_plane import CONFIG_ENV
+            from stalwart.dataloader import SHM_ENV
+
+            env[SHM_ENV] = self.shadow_loader.name
+            env[CONFIG_ENV] = self.shadow_loader.config.model_dump_json()
+            env["STALWART_DATA_MICRO_BATCH"] = str(self.job.spec.data.micro_batch)  # type: ignore[union-attr]
         self.group = WorkerGroup(
             assignment,
             mine,

@@ -24,8 +24,10 @@ err = Console(stderr=True)
 
 def _register_groups() -> None:
     from stalwart.cli.checkpoint_cmd import app as checkpoint_app
+    from stalwart.cli.data_cmd import app as data_app
 
     app.add_typer(checkpoint_app, name="checkpoint")
+    app.add_typer(data_app, name="data")
 
 
 _register_groups()

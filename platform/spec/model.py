@@ -122,12 +122,31 @@ class CheckpointSettings(SpecModel):
     keep_last: Annotated[int, Field(ge=1, le=1000, description="Committed checkpoints to keep.")] = 3
 
 
+class DataSource(SpecModel):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Source name.")]
+    shards: Annotated[
+        list[str],
+        Field(min_length=1, max_length=1024, description="Token shard files or globs (relative: to the job file)."),
+    ]
+    weight: Annotated[float, Field(gt=0, description="Mixture weight (relative to the other sources).")] = 1.0
+
+
+class DataSettings(SpecModel):
+    """The deterministic data loader; with it, each node runs a shadow loader beside its workers."""
+
+    sources: Annotated[list[DataSource], Field(min_length=1, max_length=64)]
+    seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Tokens per sample (packed).")]
+    micro_batch: Annotated[int, Field(ge=1, le=65536, description="Samples per rank per step.")] = 8
+    seed: Annotated[int, Field(ge=0, description="Seed of the global sample order.")] = 0
+
+
 class TrainingJobSpec(SpecModel):
     roles: Annotated[
         list[Role], Field(min_length=1, max_length=16, description="The job's roles, as a named list.")
     ]
     fault_tolerance: FaultTolerance = FaultTolerance()
     checkpoint: CheckpointSettings = CheckpointSettings()
+    data: DataSettings | None = None
 
     @field_validator("roles")
     @classmethod
