@@ -85,7 +85,10 @@ def test_one_leader_at_a_time_and_takeover_after_its_lease(store: Store) -> None
     key = unique("guarded")
     assert store.commit({key: "x"}, expect_value=first.guard)
     assert not store.commit({key: "y"}, expect_value=second.guard)
-    # The first leader dies without releasing (no more renewals): the second takes over after the TTL.
+    # The first leader dies without releasing (its renewals stop, nobody revokes): the second takes
+    # over after the TTL, and the first learns it lost leadership.
+    first._released.set()  # what a SIGKILL does to its keepalive thread
+    first._keeper.join()  # type: ignore[union-attr]
     assert second.acquire(timeout=15)
     with pytest.raises(LeaseLost):
         first._lease.refresh()  # type: ignore[union-attr]

@@ -66,8 +66,14 @@ class NodeAgent:
         self.lease: Lease | None = None
         self.inbox = ProgressInbox()
         self._stop_signal: int | None = None
-        self._last_heartbeat = 0.0
         self._etcd_lost_since: float | None = None
+        # Heartbeats (which renew the lease) run on their own thread: starting or stopping workers
+        # can take seconds on a loaded machine, and a lease must never lapse because of that.
+        self._state_lock = threading.Lock()
+        self._beat_now = threading.Event()
+        self._stopping = threading.Event()
+        self._fatal: AgentExit | None = None
+        self._beat_thread: threading.Thread | None = None
         self.metrics = MetricsExporter(job, node)
         self.stack_requests: queue.Queue[StackRequest] = queue.Queue()
         self.shadow_loader = None  # ShadowLoaderSupervisor when the job has a data section
@@ -107,6 +113,8 @@ class NodeAgent:
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
         self.store.watch_prefix(keys.stack_request(self.job_name), self._on_stack_request)
         self.log.info("registered", fields={"lease": f"{self.lease.id:x}"})
+        self._beat_thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
+        self._beat_thread.start()
         # A command written before our watch started is not replayed by the watch: read it once.
         current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
         if current is not None:
@@ -140,7 +148,12 @@ class NodeAgent:
         try:
             self.register()
             while self._stop_signal is None:
-                self._tick()
+                if self._fatal is not None:
+                    raise self._fatal
+                with self._state_lock:
+                    dirty = self._tick()
+                if dirty:
+                    self._beat_now.set()
                 time.sleep(LOOP_INTERVAL)
             self.log.info("stopping on signal", fields={"signal": self._stop_signal})
             return 0
@@ -151,6 +164,10 @@ class NodeAgent:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        self._stopping.set()
+        self._beat_now.set()
+        if self._beat_thread is not None:
+            self._beat_thread.join(timeout=10)
         self._stop_workers()
         self.inbox.close()
         self.metrics.stop()
@@ -164,7 +181,8 @@ class NodeAgent:
         self.store.close()
 
     # -- the loop ------------------------------------------------------------------------------
-    def _tick(self) -> None:
+    def _tick(self) -> bool:
+        """One pass over commands, requests and workers; True if a heartbeat should go out now."""
         dirty = False
         while True:
             try:
@@ -188,9 +206,7 @@ class NodeAgent:
                 self.log.warning("log signature", fields={"rank": match.rank, "class": match.failure_class,
                                                           "scope": match.scope.value, "line": match.line[:200]})  # fmt: skip
             dirty |= exited or bool(matches)
-        now = time.time()
-        if dirty or now - self._last_heartbeat >= self.ft.heartbeat_interval_seconds:
-            self._heartbeat(now)
+        return dirty
 
     def _apply(self, cmd: AgentCommand) -> bool:
         if cmd.action is AgentAction.SHUTDOWN:
@@ -260,29 +276,41 @@ class NodeAgent:
         path = uri.removeprefix("file://")
         return path if os.path.isabs(path) else str(self.job_dir / path)
 
-    def _heartbeat(self, now: float) -> None:
+    def _beat_loop(self) -> None:
+        """Renew the lease and report, every interval and whenever the main loop asks."""
         assert self.lease is not None
-        beat = Heartbeat(
-            node=self.node,
-            generation=self.generation,
-            sent_at=now,
-            workers=self.group.statuses() if self.group else [],
-        )
-        self.metrics.update_workers(beat.workers)
-        self.metrics.record_heartbeat(self.generation, now)
-        try:
-            self.lease.refresh()
-            self.store.put(keys.node_heartbeat(self.job_name, self.node), beat, lease=self.lease)
-            self._last_heartbeat = now
-            self._etcd_lost_since = None
-        except LeaseLost:
-            # The controller has already counted this node as lost: we are fenced off.
-            raise AgentExit(3, "node lease expired; this node has been replaced") from None
-        except StoreUnavailable as exc:
-            self._etcd_lost_since = self._etcd_lost_since or now
-            if now - self._etcd_lost_since > 3 * self.ft.lease_ttl_seconds:
-                raise AgentExit(4, f"etcd unreachable for too long: {exc}") from None
-            self._last_heartbeat = now  # retry at the next interval, not in a tight loop
+        workers: list = []  # type: ignore[type-arg]
+        generation = 0
+        while not self._stopping.is_set():
+            self._beat_now.wait(timeout=self.ft.heartbeat_interval_seconds)
+            self._beat_now.clear()
+            if self._stopping.is_set():
+                return
+            # A main loop busy for a while (stopping workers) must not hold the lease hostage:
+            # then the last snapshot goes out again.
+            if self._state_lock.acquire(timeout=0.2):
+                try:
+                    workers = self.group.statuses() if self.group else []
+                    generation = self.generation
+                finally:
+                    self._state_lock.release()
+            now = time.time()
+            beat = Heartbeat(node=self.node, generation=generation, sent_at=now, workers=workers)
+            self.metrics.update_workers(workers)
+            self.metrics.record_heartbeat(generation, now)
+            try:
+                self.lease.refresh()
+                self.store.put(keys.node_heartbeat(self.job_name, self.node), beat, lease=self.lease)
+                self._etcd_lost_since = None
+            except LeaseLost:
+                # The controller has already counted this node as lost: we are fenced off.
+                self._fatal = AgentExit(3, "node lease expired; this node has been replaced")
+                return
+            except StoreUnavailable as exc:
+                self._etcd_lost_since = self._etcd_lost_since or now
+                if now - self._etcd_lost_since > 3 * self.ft.lease_ttl_seconds:
+                    self._fatal = AgentExit(4, f"etcd unreachable for too long: {exc}")
+                    return
 
     def _stop_workers(self) -> None:
         if self.group is not None:

@@ -37,6 +37,8 @@ class SlowFileStorage(FileStorage):
 
     def open_writer(self, path: str):  # type: ignore[no-untyped-def]
         inner = super().open_writer(path)
+        if not path.startswith("step-0000000020/"):
+            return inner  # only the save the test kills is slow
         original = inner.write
 
         def slow_write(data):  # type: ignore[no-untyped-def]
