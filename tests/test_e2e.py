@@ -121,3 +121,22 @@ def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: 
     assert wait_for(lambda: not [p for p in tagged_processes() if p.pid not in before], 20), [
         " ".join(p.cmdline()) for p in tagged_processes() if p.pid not in before
     ]
+
+
+def test_preflight_evicts_bad_nodes_before_the_start(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    job = REPO / "tests" / "data" / "jobs" / "e2e-preflight.yaml"
+    summary = tmp_path / "summary.json"
+    argv = [*stalwart_cmd, "run", str(job), "--workdir", str(tmp_path / "run"), "--summary-json", str(summary),
+            "--inject", "corrupt-compute:node=1", "--inject", "collective-hang:node=0", "--timeout", "280"]  # fmt: skip
+    before = {p.pid for p in tagged_processes()}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=320)
+    assert not [p for p in tagged_processes() if p.pid not in before]
+    result = json.loads(summary.read_text())
+    snap = result["snapshot"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert snap["step"] == 20 and snap["restarts"] == 0  # evictions before the start cost no restart
+    evicted = {i["node"]: i for i in snap["incidents"]}
+    assert set(evicted) == {"node-0", "node-1"}, snap["incidents"]
+    assert all(i["failure_class"] == "PreflightFailed" for i in evicted.values())
+    assert any("compute" in r for r in evicted["node-1"]["evidence"]), evicted["node-1"]["evidence"]
+    assert any("time" in r or "hang" in r for r in evicted["node-0"]["evidence"]), evicted["node-0"]["evidence"]

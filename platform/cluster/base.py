@@ -13,6 +13,12 @@ class NodeInfo(BaseModel):
     pid: int | None = None
 
 
+class PreflightVerdict(BaseModel):
+    node: str
+    passed: bool
+    reasons: list[str] = []
+
+
 class Cluster(ABC):
     @abstractmethod
     def start_node(self, name: str) -> None:
@@ -29,6 +35,12 @@ class Cluster(ABC):
     @abstractmethod
     def rendezvous(self, node: str) -> tuple[str, int]:
         """Address and port for torch.distributed's rendezvous, hosted by rank 0 on `node`."""
+
+    def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
+        """Collective (all-to-all, all-reduce, all-gather, bitwise checked) and compute checks across
+        `nodes`. A backend that cannot run them says so rather than inventing health."""
+        return [PreflightVerdict(node=n, passed=True, reasons=["pre-flight not supported by this cluster"])
+                for n in nodes]  # fmt: skip
 
     def close(self) -> None:
         """Release client resources. Does not stop nodes: they outlive a controller restart."""

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
 
-from stalwart.cluster.base import Cluster, NodeInfo
+from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.net import free_port
 from stalwart.processes import kill_session, spawn, wait_for
+
+
+PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
 
 
 class LocalCluster(Cluster):
@@ -85,6 +90,27 @@ class LocalCluster(Cluster):
 
     def rendezvous(self, node: str) -> tuple[str, int]:
         return "127.0.0.1", free_port()
+
+    def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
+        """The checks run as real processes, `procs_per_node` per node, gloo on loopback."""
+        import torch
+
+        from stalwart.health.collective_runner import run_collective_check
+        from stalwart.health.compute_check import compute_digest
+
+        # Injected faults (tests, demos): {"node-1": {"STALWART_FAULT_CORRUPT_COMPUTE": "1"}}.
+        faults: dict[str, dict[str, str]] = json.loads(os.environ.get(PREFLIGHT_FAULTS_ENV, "{}"))
+        rank_env = {i * procs_per_node + local: faults[name]
+                    for i, name in enumerate(nodes) if name in faults for local in range(procs_per_node)}  # fmt: skip
+        report = run_collective_check(self.workdir / "preflight" / time.strftime("%H%M%S"), nodes=len(nodes),
+                                      procs_per_node=procs_per_node, timeout=120.0, collective_timeout=10.0,
+                                      rank_env=rank_env, backend="gloo",
+                                      # the nodes are CPU processes here, so this process knows the answer
+                                      reference_digest=compute_digest(torch.device("cpu"), env={}))  # fmt: skip
+        verdicts = {v.node: v for v in report.nodes}
+        return [PreflightVerdict(node=name, passed=verdicts[i].passed if i in verdicts else False,
+                                 reasons=verdicts[i].reasons if i in verdicts else ["no report"])
+                for i, name in enumerate(nodes)]  # fmt: skip
 
     def stop_all(self) -> None:
         for info in self.list_nodes():

@@ -42,6 +42,7 @@ TICK_SECONDS = 0.1
 STARTUP_TIMEOUT_SECONDS = 300.0
 SHUTDOWN_WAIT_SECONDS = 30.0
 PROGRESS_PERSIST_SECONDS = 5.0
+MAX_PREFLIGHT_ROUNDS = 3
 
 
 @dataclass
@@ -133,10 +134,43 @@ class JobController:
             return
         registered = self._registrations()
         if all(s in registered for s in state.slots):
+            if self.ft.preflight and not state.preflight_passed:
+                self._preflight(state, revision, log)
+                return
             self._start_generation(state, revision, log)
         elif time.monotonic() - self._pending_since > STARTUP_TIMEOUT_SECONDS:
             missing = [s for s in state.slots if s not in registered]
             self._fail(state, revision, "NodesNotReady", f"nodes never registered: {', '.join(missing)}")
+
+    def _preflight(self, state: JobState, revision: int, log: ContextLogger) -> None:
+        """Check every node before the job starts; evict the ones that fail, then check again.
+
+        Evictions here are the infrastructure's fault: they do not count against maxRestarts.
+        """
+        procs = min(2, max(r.processes_per_node for r in self.job.spec.roles))
+        log.info("pre-flight checks", fields={"nodes": state.slots, "round": state.preflight_rounds + 1})
+        verdicts = self.cluster.preflight(list(state.slots), procs)
+        state.preflight_rounds += 1
+        failed = [v for v in verdicts if not v.passed]
+        extra: dict[str, Incident | Assignment] = {}
+        now = time.time()
+        for v in failed:
+            replacement = f"node-{state.next_node_index}"
+            state.next_node_index += 1
+            state.slots = [replacement if s == v.node else s for s in state.slots]
+            incident = Incident(id=f"inc-pre{state.preflight_rounds}-{uuid.uuid4().hex[:6]}", job=self.job_name,
+                                failure_class=FailureClass.PREFLIGHT_FAILED, generation=0, node=v.node,
+                                evidence=v.reasons[:20], action=f"evict {v.node} before the start, replace with "
+                                f"{replacement}", failed_at=now, detected_at=now)  # fmt: skip
+            extra[keys.incident(self.job_name, incident.id)] = incident
+            log.warning("pre-flight failed; evicting", fields={"node": v.node, "reasons": v.reasons[:3]})
+        if not failed:
+            state.preflight_passed = True
+        elif state.preflight_rounds >= MAX_PREFLIGHT_ROUNDS:
+            self._fail(state, revision, "PreflightFailed",
+                       f"nodes kept failing pre-flight checks after {state.preflight_rounds} rounds")  # fmt: skip
+            return
+        self._commit(state, revision, extra)
 
     def _restarting(self, state: JobState, revision: int, log: ContextLogger) -> None:
         # Stop the old generation's workers on the healthy nodes (they may be stuck in a collective).

@@ -12,6 +12,12 @@ class FaultKind(str, Enum):
     KILL_NODE = "kill-node"  # SIGKILL a node's agent and all its workers (node=N: name or slot index)
     KILL_CONTROLLER = "kill-controller"  # SIGKILL the controller process
     HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
+    CORRUPT_COMPUTE = "corrupt-compute"  # pre-flight: the node's compute check gives wrong bits
+    COLLECTIVE_HANG = "collective-hang"  # pre-flight: the node never joins the collective test
+
+    @property
+    def preflight(self) -> bool:
+        return self in (FaultKind.CORRUPT_COMPUTE, FaultKind.COLLECTIVE_HANG)
 
 
 class FaultSpec(BaseModel):
@@ -27,7 +33,20 @@ class FaultSpec(BaseModel):
         return f"{self.kind.value}{target} at step {self.step}"
 
 
-_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.HANG_WORKER: "rank"}
+_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.HANG_WORKER: "rank",
+             FaultKind.CORRUPT_COMPUTE: "node", FaultKind.COLLECTIVE_HANG: "node"}  # fmt: skip
+_PREFLIGHT_ENV = {FaultKind.CORRUPT_COMPUTE: "STALWART_FAULT_CORRUPT_COMPUTE",
+                  FaultKind.COLLECTIVE_HANG: "STALWART_FAULT_COLLECTIVE_HANG"}  # fmt: skip
+
+
+def preflight_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
+    """Pre-flight faults as environment for the named nodes' check processes (node index -> node-N)."""
+    out: dict[str, dict[str, str]] = {}
+    for f in faults:
+        if f.kind.preflight and f.node is not None:
+            node = f"node-{f.node}" if f.node.isdigit() else f.node
+            out.setdefault(node, {})[_PREFLIGHT_ENV[f.kind]] = "1"
+    return out
 
 
 def parse_fault(text: str) -> FaultSpec:

@@ -50,8 +50,14 @@ def _read_report(path: Path, rank: int, per_node: int) -> RankReport:
         return RankReport(rank=rank, node=rank // per_node, local_rank=rank % per_node, phase="not started")
 
 
-def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int]) -> list[NodeVerdict]:
-    """Which nodes failed, and why (pure: tested on constructed reports as well as real runs)."""
+def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int],
+          reference_digest: str | None = None) -> list[NodeVerdict]:  # fmt: skip
+    """Which nodes failed, and why (pure: tested on constructed reports as well as real runs).
+
+    With `reference_digest` (the compute check's result computed where it is known to be right, on
+    the same kind of device), a rank's compute result is judged against it rather than by majority:
+    with two nodes a majority cannot tell which one is wrong.
+    """
     by_rank = {r.rank: r for r in reports}
     nodes = sorted({r.node for r in reports})
     reasons: dict[int, list[str]] = {n: [] for n in nodes}
@@ -61,9 +67,12 @@ def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int]) 
     views = [r.compute_mismatch_ranks for r in reports if r.phase == "done"]
     mismatched = set(max(views, key=len)) if views else set()
     digests = {r.rank: r.compute_digest for r in reports if r.compute_digest}
+    if reference_digest is not None:
+        mismatched = {rank for rank, d in digests.items() if d != reference_digest}
+    against = "the reference" if reference_digest is not None else "the other ranks'"
     for rank in sorted(mismatched):
         suspects.add(rank)
-        reasons[by_rank[rank].node].append(f"rank {rank}: compute result differs from the other ranks' "
+        reasons[by_rank[rank].node].append(f"rank {rank}: compute result differs from {against} "
                                            f"(digest {str(digests.get(rank))[:12]})")  # fmt: skip
 
     # Hangs: unfinished ranks while others finished, or the ranks at the earliest phase.
@@ -125,6 +134,7 @@ def run_collective_check(
     numel: int = 1 << 16,
     rank_env: Mapping[int, Mapping[str, str]] | None = None,
     master_port: int | None = None,
+    reference_digest: str | None = None,
 ) -> CollectiveCheckReport:
     """Run the checks on `nodes` x `procs_per_node` local processes; never longer than `timeout`.
 
@@ -176,7 +186,7 @@ def run_collective_check(
     for r in reports:
         if r.rank in timed_out:
             r.finished = False
-    verdicts = judge(reports, procs_per_node, timed_out)
+    verdicts = judge(reports, procs_per_node, timed_out, reference_digest)
     passed = (all(v.passed for v in verdicts) and all(r.finished and r.phase == "done" for r in reports)
               and all(c.passed for r in reports for c in r.checks))  # fmt: skip
     return CollectiveCheckReport(

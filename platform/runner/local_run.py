@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from stalwart.cluster.local import LocalCluster
-from stalwart.faults import FaultInjector, FaultSpec, FiredFault
+from stalwart.cluster.local import PREFLIGHT_FAULTS_ENV
+from stalwart.faults import FaultInjector, FaultSpec, FiredFault, preflight_fault_env
 from stalwart.logs import configure, get_logger
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
@@ -80,8 +81,9 @@ class LocalRun:
             "--job", self.job.name, "--etcd", endpoint,
             "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
         ]  # fmt: skip
+        env = {**os.environ, PREFLIGHT_FAULTS_ENV: json.dumps(preflight_fault_env(self.faults))}
         with open(self.workdir / "controller.log", "ab") as log:
-            self.controller = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.controller = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.controller_starts += 1
 
     def _kill_controller(self) -> int | None:

@@ -100,6 +100,10 @@ class FaultTolerance(SpecModel):
     stop_grace_seconds: Annotated[
         float, Field(ge=0, le=600, description="SIGTERM-to-SIGKILL grace period for workers.")
     ] = 5.0
+    preflight: Annotated[
+        bool,
+        Field(description="Run collective and compute checks on the nodes before the job starts; evict failures."),
+    ] = True
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> FaultTolerance:

@@ -45,6 +45,8 @@ class JobState(Record):
     # slots[i] is the node holding node rank i; a replacement inherits the lost node's slot.
     slots: list[str] = []
     next_node_index: int = 0
+    preflight_passed: bool = False
+    preflight_rounds: int = 0
     open_incident: str | None = None
     reason: str | None = None
     message: str | None = None
@@ -171,6 +173,7 @@ class AgentCommand(Record):
 class FailureClass(str, Enum):
     WORKER_CRASH = "WorkerCrash"
     LOST_NODE = "LostNode"
+    PREFLIGHT_FAILED = "PreflightFailed"
 
 
 class Incident(Record):
