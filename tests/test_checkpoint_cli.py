@@ -36,7 +36,7 @@ def test_ls_and_inspect(tmp_path: Path, stalwart_cmd: list[str]) -> None:
                              capture_output=True, text=True, check=True)  # fmt: skip
     manifest = json.loads(inspect.stdout)
     assert manifest["tensors"]["model.w"]["shape"] == [40, 30]
-    assert manifest["tensors"]["model.w"]["shards"][0]["crc32"] > 0
+    assert manifest["tensors"]["model.w"]["shards"][0]["checksum"] > 0
     table = subprocess.run([*stalwart_cmd, "checkpoint", "inspect", str(tmp_path), "100"],
                            capture_output=True, text=True, check=True, env={"COLUMNS": "160", "PATH": ""})  # fmt: skip
     assert "model.w" in table.stdout and "float32" in table.stdout

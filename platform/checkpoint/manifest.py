@@ -35,8 +35,8 @@ class ShardEntry(BaseModel):
     blob_length: int
     data_offset: int  # where the raw, row-major bytes start in `file`
     nbytes: int
-    crc32: int  # CRC32 over the block CRCs
-    block_crc32: list[int]  # of each BLOCK_SIZE block of the raw bytes
+    checksum: int  # over the block checksums
+    block_checksums: list[int]  # of each BLOCK_SIZE block of the raw bytes
     rank: int  # the rank that wrote it
 
 
@@ -50,7 +50,7 @@ class ObjectEntry(BaseModel):
     file: str
     offset: int
     length: int
-    crc32: int
+    checksum: int
     rank: int
 
 
@@ -67,6 +67,7 @@ class Manifest(BaseModel):
     step: int
     created_at: float = Field(default_factory=time.time)
     block_size: int = BLOCK_SIZE
+    checksum_algorithm: str = "xxh3_64"
     layout: SavingLayout
     tensors: dict[str, TensorEntry] = {}
     objects: dict[str, ObjectEntry] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import math
-import zlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 
 from stalwart.checkpoint.manifest import Manifest, ShardEntry
 from stalwart.checkpoint.storage.base import Storage
+from stalwart.checkpoint.writer import checksum
 
 
 class ChecksumError(RuntimeError):
@@ -37,11 +38,12 @@ def _strides(shape: list[int]) -> list[int]:
 
 
 class RangedReader:
-    def __init__(self, storage: Storage, folder: str, manifest: Manifest, max_workers: int = 8) -> None:
+    def __init__(self, storage: Storage, folder: str, manifest: Manifest) -> None:
         self.storage = storage
         self.folder = folder
         self.manifest = manifest
-        self.max_workers = max_workers
+        self.max_workers = storage.read_parallelism
+        self._buffers = threading.local()  # one growing scratch buffer per reading thread
         self._shards = {
             (fqn, tuple(s.offsets)): (fqn, t.dtype, s) for fqn, t in manifest.tensors.items() for s in t.shards
         }
@@ -49,46 +51,61 @@ class RangedReader:
     def _path(self, file: str) -> str:
         return f"{self.folder}/{file}"
 
-    def _read_verified(self, fqn: str, shard: ShardEntry, start: int, end: int) -> tuple[bytes, int]:
-        """Bytes [start, end) of the shard's raw data, rounded out to whole blocks and verified.
-        Returns the bytes and the raw offset they begin at."""
+    def _verify(self, fqn: str, shard: ShardEntry, data: memoryview, lo: int) -> None:
+        """Check the blocks of `data`, which holds the shard's raw bytes from `lo` (a block boundary)."""
         block = self.manifest.block_size
-        b0, b1 = start // block, math.ceil(end / block)
-        lo, hi = b0 * block, min(b1 * block, shard.nbytes)
-        data = self.storage.read_range(self._path(shard.file), shard.data_offset + lo, hi - lo)
-        for i in range(b0, b1):
-            chunk = memoryview(data)[(i - b0) * block : (i - b0 + 1) * block]
-            if zlib.crc32(chunk) != shard.block_crc32[i]:
+        first = lo // block
+        for i in range(first, first + math.ceil(len(data) / block)):
+            chunk = data[(i - first) * block : (i - first + 1) * block]
+            if checksum(chunk) != shard.block_checksums[i]:
                 raise ChecksumError(
                     f"checksum mismatch in tensor {fqn!r} (shard at {shard.offsets}), block {i} of "
                     f"{self.storage.describe(self._path(shard.file))}: the checkpoint is corrupt"
                 )
-        return data, lo
 
     def _read_tensor(self, item: ReadItem, planner: LoadPlanner) -> None:
         key = (item.storage_index.fqn, tuple(item.storage_index.offset or ()))
         fqn, dtype_name, shard = self._shards[key]
         dtype = _dtype(dtype_name)
         elem = torch.empty((), dtype=dtype).element_size()
-        shape, strides = shard.lengths, _strides(shard.lengths)
-        first = sum(o * s for o, s in zip(item.storage_offsets, strides, strict=True))
-        last = first + sum((n - 1) * s for n, s in zip(item.lengths, strides, strict=True)) if item.lengths else first
+        strides = _strides(shard.lengths)
         if any(n == 0 for n in item.lengths):
             return
-        data, lo = self._read_verified(fqn, shard, first * elem, (last + 1) * elem)
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        flat = raw.view(dtype) if raw.numel() else raw
-        src = flat.as_strided(list(item.lengths), strides, first - lo // elem) if shape else flat.view(())
+        first = sum(o * s for o, s in zip(item.storage_offsets, strides, strict=True))
+        last = first + sum((n - 1) * s for n, s in zip(item.lengths, strides, strict=True))
+        block = self.manifest.block_size
+        start, end = first * elem, (last + 1) * elem
+        lo, hi = (start // block) * block, min(math.ceil(end / block) * block, shard.nbytes)
         target = planner.resolve_tensor(item).detach()
-        if target.shape != src.shape:
-            raise RuntimeError(f"{fqn}: target {tuple(target.shape)} vs saved box {tuple(src.shape)}")
-        target.copy_(src)
+        if target.dtype != dtype or list(target.shape) != list(item.lengths):
+            raise RuntimeError(f"{fqn}: target {target.dtype} {tuple(target.shape)} vs saved {dtype_name} "
+                               f"box {tuple(item.lengths)}")  # fmt: skip
+        count = math.prod(item.lengths)
+        path = self._path(shard.file)
+        if target.is_contiguous() and count == last - first + 1 and (lo, hi) == (start, end):
+            # The overlap is one contiguous, block-aligned run: read it straight into the target.
+            view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+            self.storage.read_range_into(path, shard.data_offset + lo, view)
+            self._verify(fqn, shard, view, lo)
+        else:
+            # Reused: faulting in fresh pages for every read costs more than the read itself.
+            scratch = getattr(self._buffers, "buf", None)
+            if scratch is None or scratch.numel() < hi - lo:
+                scratch = self._buffers.buf = torch.empty(hi - lo, dtype=torch.uint8)
+            buf = scratch[: hi - lo]
+            view = memoryview(buf.numpy())
+            self.storage.read_range_into(path, shard.data_offset + lo, view)
+            self._verify(fqn, shard, view, lo)
+            flat = buf.view(dtype)
+            src = flat.as_strided(list(item.lengths), strides, first - lo // elem) if item.lengths else flat[
+                first - lo // elem]  # fmt: skip
+            target.copy_(src)
         planner.commit_tensor(item, target)
 
     def _read_bytes(self, item: ReadItem, planner: LoadPlanner) -> None:
         entry = self.manifest.objects[item.storage_index.fqn]
         data = self.storage.read_range(self._path(entry.file), entry.offset, entry.length)
-        if zlib.crc32(data) != entry.crc32:
+        if checksum(data) != entry.checksum:
             raise ChecksumError(f"checksum mismatch in object {item.storage_index.fqn!r} of "
                                 f"{self.storage.describe(self._path(entry.file))}: the checkpoint is corrupt")  # fmt: skip
         planner.load_bytes(item, io.BytesIO(data))

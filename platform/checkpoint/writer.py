@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import struct
-import zlib
+
+import xxhash
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -58,13 +59,17 @@ def raw_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
 
 
+def checksum(data: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
 def block_checksums(data: memoryview, block: int = BLOCK_SIZE) -> list[int]:
-    return [zlib.crc32(data[i : i + block]) for i in range(0, len(data), block)]
+    return [xxhash.xxh3_64_intdigest(data[i : i + block]) for i in range(0, len(data), block)]
 
 
 def shard_checksum(blocks: list[int]) -> int:
-    """The shard's checksum: a CRC over its block CRCs (one pass over the bytes, not two)."""
-    return zlib.crc32(struct.pack(f"<{len(blocks)}I", *blocks))
+    """The shard's checksum: a hash over its block hashes (one pass over the bytes, not two)."""
+    return checksum(struct.pack(f"<{len(blocks)}Q", *blocks))
 
 
 class RankFileWriter:
@@ -100,7 +105,7 @@ class RankFileWriter:
             index.fqn,
             ShardEntry(offsets=offsets, lengths=list(tensor.shape), file=self.file, blob_offset=start,
                        blob_length=length, data_offset=data_offset, nbytes=len(raw),
-                       crc32=shard_checksum(blocks), block_crc32=blocks, rank=self.rank),
+                       checksum=shard_checksum(blocks), block_checksums=blocks, rank=self.rank),
         ))  # fmt: skip
 
     def write_bytes(self, index: MetadataIndex, data: io.BytesIO) -> None:
@@ -111,4 +116,4 @@ class RankFileWriter:
             WriteResult(index=index, size_in_bytes=len(view), storage_data=_StorageInfo(self.file, start, len(view)))
         )
         self.objects[index.fqn] = ObjectEntry(file=self.file, offset=start, length=len(view),
-                                              crc32=zlib.crc32(view), rank=self.rank)  # fmt: skip
+                                              checksum=checksum(view), rank=self.rank)  # fmt: skip

@@ -92,19 +92,19 @@ def inspect(
               + (f"  parallelism {lay.parallelism}" if lay.parallelism else ""), highlight=False)  # fmt: skip
     out.print("  bytes per rank: " + ", ".join(_human(b) for b in lay.per_rank_bytes), highlight=False)
     t = Table(title="tensors", title_justify="left")
-    for col in ("name", "dtype", "shape", "shards (offsets → file @ rank)", "crc32"):
+    for col in ("name", "dtype", "shape", "shards (offsets → file @ rank)", "xxh3"):
         t.add_column(col)
     for name, entry in sorted(manifest.tensors.items()):
         shards = "\n".join(f"{s.offsets} {s.lengths} → {s.file} @{s.rank}" for s in entry.shards)
-        crcs = "\n".join(f"{s.crc32:08x}" for s in entry.shards)
+        crcs = "\n".join(f"{s.checksum:016x}" for s in entry.shards)
         t.add_row(name, entry.dtype, str(tuple(entry.shape)), shards, crcs)
     out.print(t)
     if manifest.objects:
         o = Table(title="objects", title_justify="left")
-        for col in ("name", "file", "bytes", "crc32"):
+        for col in ("name", "file", "bytes", "xxh3"):
             o.add_column(col)
         for name, obj in sorted(manifest.objects.items()):
-            o.add_row(name, obj.file, str(obj.length), f"{obj.crc32:08x}")
+            o.add_row(name, obj.file, str(obj.length), f"{obj.checksum:016x}")
         out.print(o)
 
 

@@ -37,6 +37,8 @@ class Storage(ABC):
     #: smaller is faster; loading prefers the fastest tier that has the newest checkpoint
     tier_rank: int = 100
     name: str = "storage"
+    #: concurrent ranged reads worth issuing: a disk gains little from more, S3 hides latency with them
+    read_parallelism: int = 4
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -56,6 +58,10 @@ class Storage(ABC):
 
     @abstractmethod
     def read_range(self, path: str, offset: int, length: int) -> bytes: ...
+
+    def read_range_into(self, path: str, offset: int, out: memoryview) -> None:
+        """Read len(out) bytes at `offset` into `out` (a tier that can, avoids the copy)."""
+        out[:] = self.read_range(path, offset, len(out))
 
     @abstractmethod
     def write_bytes(self, path: str, data: bytes) -> None:

@@ -76,6 +76,7 @@ class _MultipartWriter(ObjectWriter):
 
 
 class S3Storage(Storage):
+    read_parallelism = 8
     tier_rank = 90
     name = "s3"
 
