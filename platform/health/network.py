@@ -196,22 +196,19 @@ def error_deltas(now: NetReadings, previous: NetReadings | None) -> dict[str, in
         b = before_nics.get(n.name)
         if b is None:
             continue
-        for k, v in n.counters.items():
-            d = v - b.counters.get(k, v)
-            if d > 0:
-                out[f"{n.name}:{k}"] = d
+        out.update(_grown(n.name, b.counters, n.counters))
         if n.carrier_changes is not None and b.carrier_changes is not None and n.carrier_changes > b.carrier_changes:
             out[f"{n.name}:carrier_changes"] = n.carrier_changes - b.carrier_changes
     before_ports = {p.key: p for p in previous.ib_ports}
     for p in now.ib_ports:
-        bp = before_ports.get(p.key)
-        if bp is None:
-            continue
-        for k, v in p.counters.items():
-            d = v - bp.counters.get(k, v)
-            if d > 0:
-                out[f"{p.key}:{k}"] = d
+        if (bp := before_ports.get(p.key)) is not None:
+            out.update(_grown(p.key, bp.counters, p.counters))
     return out
+
+
+def _grown(label: str, before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
+    """Counters that grew, as 'label:counter' -> growth (a counter missing before counts as unchanged)."""
+    return {f"{label}:{k}": v - before.get(k, v) for k, v in now.items() if v - before.get(k, v) > 0}
 
 
 def evaluate_network(

@@ -67,24 +67,9 @@ class FileStorage(Storage):
             raise StorageError(f"creating {self._p(path)}: {exc.strerror}") from exc
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        p = self._p(path)
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError as exc:
-            raise StorageError(f"opening {p}: {exc.strerror}") from exc
-        try:
-            chunks = []
-            got = 0
-            while got < length:
-                chunk = os.pread(fd, length - got, offset + got)
-                if not chunk:
-                    raise StorageError(f"{p} is truncated: wanted bytes {offset}..{offset + length}")
-                chunks.append(chunk)
-                got += len(chunk)
-        finally:
-            os.close(fd)
-        self._count_read(length)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        out = bytearray(length)
+        self.read_range_into(path, offset, memoryview(out))
+        return bytes(out)
 
     def read_range_into(self, path: str, offset: int, out: memoryview) -> None:
         p = self._p(path)
