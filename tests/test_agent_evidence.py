@@ -88,3 +88,18 @@ def test_the_agent_serves_metrics(store: Store, tmp_path: Path, stalwart_cmd: li
         assert f'job="{job}"' in text and 'node="node-0"' in text
     finally:
         stop_process(agent, grace=10)
+
+
+def test_heartbeats_carry_the_node_metric_vector(store: Store, tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    job, agent = start_agent(store, tmp_path, stalwart_cmd, 2, ["python", "env_worker.py"], {"OUT_DIR": str(tmp_path)})
+    try:
+        def with_vector() -> bool:
+            hb = store.get(keys.node_heartbeat(job, "node-0"), Heartbeat)
+            return hb is not None and hb.vector is not None and hb.vector.get("cpu_percent") is not None
+
+        assert wait_for(with_vector, 60)
+        hb = store.get(keys.node_heartbeat(job, "node-0"), Heartbeat)
+        assert hb.vector["node"] == "node-0"  # type: ignore[index,union-attr]
+        assert hb.machine_faults == []  # type: ignore[union-attr]  # a healthy machine reports none
+    finally:
+        stop_process(agent, grace=10)

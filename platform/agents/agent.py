@@ -18,7 +18,9 @@ from pathlib import Path
 import threading
 
 from stalwart.agents.metrics import MetricsExporter
+from stalwart.agents.probe_loop import ProbeLoop
 from stalwart.agents.progress_inbox import ProgressInbox
+from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.workers import WorkerGroup
 from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV
@@ -77,6 +79,7 @@ class NodeAgent:
         self.metrics = MetricsExporter(job, node)
         self.stack_requests: queue.Queue[StackRequest] = queue.Queue()
         self.shadow_loader = None  # ShadowLoaderSupervisor when the job has a data section
+        self.probes = ProbeLoop(self.metrics)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -115,6 +118,7 @@ class NodeAgent:
         self.log.info("registered", fields={"lease": f"{self.lease.id:x}"})
         self._beat_thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
         self._beat_thread.start()
+        self.probes.start()
         # A command written before our watch started is not replayed by the watch: read it once.
         current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
         if current is not None:
@@ -170,6 +174,7 @@ class NodeAgent:
             self._beat_thread.join(timeout=10)
         self._stop_workers()
         self.inbox.close()
+        self.probes.stop()
         self.metrics.stop()
         if self.shadow_loader is not None:
             self.shadow_loader.close()
@@ -295,7 +300,10 @@ class NodeAgent:
                 finally:
                     self._state_lock.release()
             now = time.time()
-            beat = Heartbeat(node=self.node, generation=generation, sent_at=now, workers=workers)
+            vector = node_metric_vector(self.node, workers, host=self.probes.host, net_now=self.probes.net_now,
+                                        net_previous=self.probes.net_previous, now=now)  # fmt: skip
+            beat = Heartbeat(node=self.node, generation=generation, sent_at=now, workers=workers,
+                             vector=vector.model_dump(mode="json"), machine_faults=self.probes.machine_faults())  # fmt: skip
             self.metrics.update_workers(workers)
             self.metrics.record_heartbeat(generation, now)
             try:

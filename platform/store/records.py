@@ -133,6 +133,10 @@ class Heartbeat(Record):
     generation: int
     sent_at: float
     workers: list[WorkerStatus] = []
+    # The compact per-node metric vector for metric-based diagnosis (stalwart.health NodeMetricVector).
+    vector: dict | None = None  # type: ignore[type-arg]
+    # Machine faults the probes found (Xid 79, uncorrectable ECC, NIC down, disk full...): evict now.
+    machine_faults: list[str] = []
 
 
 class NodeAssignment(Record):
