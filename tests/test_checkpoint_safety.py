@@ -194,3 +194,21 @@ def test_the_memory_tier_survives_the_loss_of_one_node(tmp_path: Path) -> None:
     finally:
         stop_process(node_a, grace=1)
         stop_process(node_b, grace=1)
+
+
+def test_memory_peers_share_no_parallel_group() -> None:
+    from stalwart.checkpoint.peers import choose_peers
+
+    # 4 nodes x 2 ranks; TP=2 inside a node; DP groups pair node 0 with 1 and node 2 with 3.
+    rank_to_node = {r: f"n{r // 2}" for r in range(8)}
+    tp = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    dp = [[0, 2], [1, 3], [4, 6], [5, 7]]
+    peers = choose_peers(rank_to_node, tp + dp)
+    assert set(peers) == {"n0", "n1", "n2", "n3"}
+    for node, peer in peers.items():
+        assert peer != node
+        assert {node, peer} not in ({"n0", "n1"}, {"n2", "n3"})  # never inside its DP pair
+    assert sorted(peers.values()) == ["n0", "n1", "n2", "n3"]  # each node holds one copy
+    # With one DP group spanning every node there is no outside: the next node still holds a copy.
+    assert choose_peers({0: "a", 1: "b"}, [[0, 1]]) == {"a": "b", "b": "a"}
+    assert choose_peers({0: "a", 1: "a"}, [[0, 1]]) == {}
