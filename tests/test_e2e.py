@@ -53,6 +53,7 @@ def test_killed_worker_resumes_from_the_checkpoint(tmp_path: Path, stalwart_cmd:
     code, result, output = run_job(tmp_path, stalwart_cmd, "kill-worker:rank=1,step=25")
     snap = result["snapshot"]
     assert code == 0, output
+    assert "[fault] kill-worker rank=1 at step 25: killed rank 1" in output
     assert snap["step"] == STEPS and snap["restarts"] == 1
     [incident] = snap["incidents"]
     assert incident["failure_class"] == "WorkerCrash"

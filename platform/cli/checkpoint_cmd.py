@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(help="List, inspect and import checkpoints.", no_args_is_help=True)
@@ -22,7 +23,7 @@ def _open(uri: str):  # type: ignore[no-untyped-def]
     try:
         return open_storage(uri)
     except ValueError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -48,7 +49,7 @@ def list_checkpoints(
     try:
         infos = Checkpointer(_open(uri)).catalog()
     except StorageError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
     if output == "json":
         print(json.dumps([i.model_dump() for i in infos], indent=2))
@@ -82,7 +83,7 @@ def inspect(
     try:
         _, manifest = Checkpointer(_open(uri)).manifest(step)
     except NoCheckpoint as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
     if output == "json":
         print(manifest.model_dump_json(indent=2))
@@ -123,9 +124,9 @@ def import_torchsnapshot_cmd(
     try:
         result = import_torchsnapshot(source, _open(uri), step)
     except (ValueError, RuntimeError) as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
     if not result.committed:
-        err.print(f"[bold red]error:[/] import failed: {result.error}")
+        err.print(f"[bold red]error:[/] import failed: {escape(str(result.error))}")
         raise typer.Exit(1)
     out.print(f"imported {source} as step {step} ({_human(result.total_bytes)}) into {uri}", highlight=False)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from stalwart.logs import configure
 
@@ -34,7 +35,7 @@ _register_groups()
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 

@@ -118,7 +118,7 @@ class ProgressView:
             self._last_plain, self._last_phase = now, s.phase
 
     def note(self, message: str) -> None:
-        self.console.print(message, highlight=False)
+        self.console.print(message, highlight=False, markup=False)  # "[fault] ..." is text, not a style
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
