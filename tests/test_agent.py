@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator

@@ -37,7 +37,6 @@ from stalwart.checkpoint.manifest import (
     Manifest,
     ObjectEntry,
     SavingLayout,
-    ShardEntry,
     TensorEntry,
     parse_step_dir,
     step_dir,

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from stalwart.controller.ettr import EttrReport, compute_ettr
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import Heartbeat, Incident, JobPhase, JobState, NodeRegistration, WorkerStatus
+from stalwart.store.records import Heartbeat, Incident, JobPhase, JobState, WorkerStatus
 
 
 class JobSnapshot(BaseModel):
