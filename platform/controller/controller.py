@@ -83,7 +83,9 @@ class JobController:
         try:
             while True:
                 self.leader.keep()
-                state = self.tick()
+                self.tick()
+                # Decide from what etcd holds, never from an object a failed commit left changed.
+                state = self.store.get(keys.job_state(self.job_name), JobState)
                 if state is not None and state.phase.terminal:
                     self._finish(state)
                     return state.phase
@@ -189,7 +191,8 @@ class JobController:
         beats = self._heartbeats()
         workers = [w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation
                    for w in b.workers]  # fmt: skip
-        self._track_progress(state, revision, workers, log)
+        if self._track_progress(state, revision, workers, log):
+            return  # it committed: the state's revision moved, so decide the rest on the next tick
 
         lost = [n for n in state.slots if n not in registered]
         crashed = sorted((w for w in workers if w.exit_code not in (None, 0)), key=lambda w: w.exited_at or 0)
@@ -216,11 +219,12 @@ class JobController:
             if self._commit(state, revision):
                 log.info("job succeeded")
 
-    def _track_progress(self, state: JobState, revision: int, workers: list[WorkerStatus], log: ContextLogger) -> None:
-        """Record the job's first step and close the open incident at the first step after recovery."""
+    def _track_progress(self, state: JobState, revision: int, workers: list[WorkerStatus], log: ContextLogger) -> bool:
+        """Record the job's first step and close the open incident at the first step after recovery.
+        True if it committed (the caller must then re-read before committing anything else)."""
         stepped = [w for w in workers if w.first_step_at is not None]
         if not stepped:
-            return
+            return False
         changed = self._note_progress(state, workers)
         extra: dict[str, Incident | Assignment] = {}
         if state.first_step_at is None:
@@ -241,6 +245,7 @@ class JobController:
             changed = True
         if changed:
             self._commit(state, revision, extra)
+        return changed
 
     def _note_progress(self, state: JobState, workers: list[WorkerStatus], force: bool = False) -> bool:
         """Copy step and loss into the job state now and then, so they outlive the heartbeats."""

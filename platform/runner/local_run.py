@@ -174,6 +174,7 @@ class LocalRun:
                     view.update(snap)
                 assert self.controller is not None
                 if self.controller.poll() is not None:
+                    state = store.get(keys.job_state(self.job.name), JobState)  # as of now, not of the loop's start
                     if state is not None and state.phase.terminal:
                         break
                     if self.controller_starts >= MAX_CONTROLLER_STARTS:
