@@ -10,8 +10,8 @@ from pathlib import Path
 from conftest import REPO
 from stalwart.controller.stack_collection import collect_stacks, request_stacks
 from stalwart.processes import wait_for
-from stalwart.runner.summary import read_heartbeats
 from stalwart.store import Store, keys
+from stalwart.store.nodes import read_nodes
 from stalwart.store.records import JobState
 
 JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
@@ -22,7 +22,7 @@ def stalled(store: Store, job: str, since_step: int) -> bool:
     state = store.get(keys.job_state(job), JobState)
     if state is None:
         return False
-    workers = [w for b in read_heartbeats(store, job).values() if b.generation == state.generation for w in b.workers]
+    workers = [w for b in read_nodes(store, job).heartbeats.values() if b.generation == state.generation for w in b.workers]
     now = time.time()
     return (len(workers) == 4 and all((w.step or 0) >= since_step for w in workers)
             and all(w.exit_code is None and now - (w.last_progress_at or now) > 2 for w in workers))  # fmt: skip

@@ -33,7 +33,4 @@ def load(state: Mapping[str, Any], uri: str, step: int | None = None, *, fallbac
 
 def latest(uri: str) -> int | None:
     """The newest committed step at `uri`, or None. Needs no process group."""
-    from stalwart.checkpoint.engine import Checkpointer as _C
-
-    storage = open_storage(uri)
-    return max((c.step for c in _C.list_committed(storage)), default=None)
+    return max((c.step for c in Checkpointer.list_committed(open_storage(uri))), default=None)

@@ -25,6 +25,7 @@ from stalwart.logs import ContextLogger, get_logger
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
 from stalwart.store.client import LeaseLost, Store
+from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentAction,
     AgentCommand,
@@ -187,8 +188,7 @@ class JobController:
     def _running(self, state: JobState, revision: int, log: ContextLogger) -> None:
         for node in state.slots:
             self._command(node, state.generation, AgentAction.RUN)
-        registered = self._registrations()
-        beats = self._heartbeats()
+        registered, beats = self._read_nodes()
         workers = [w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation
                    for w in b.workers]  # fmt: skip
         if self._track_progress(state, revision, workers, log):
@@ -364,19 +364,13 @@ class JobController:
         return [n for n in state.slots if (b := beats.get(n)) is None or b.sent_at < t]
 
     def _registrations(self) -> dict[str, NodeRegistration]:
-        out: dict[str, NodeRegistration] = {}
-        for key, raw in self.store.get_prefix_raw(keys.nodes_prefix(self.job_name)):
-            parsed = keys.parse_node_key(self.job_name, key)
-            if parsed and parsed[1] == "registration":
-                out[parsed[0]] = NodeRegistration.loads(raw)
-        return out
+        return read_nodes(self.store, self.job_name).registrations
 
-    def _heartbeats(self) -> dict[str, Heartbeat]:
-        for key, raw in self.store.get_prefix_raw(keys.nodes_prefix(self.job_name)):
-            parsed = keys.parse_node_key(self.job_name, key)
-            if parsed and parsed[1] == "heartbeat":
-                self._last_beats[parsed[0]] = Heartbeat.loads(raw)
-        return dict(self._last_beats)
+    def _read_nodes(self) -> tuple[dict[str, NodeRegistration], dict[str, Heartbeat]]:
+        """Registrations, and heartbeats including the last one of nodes whose lease lapsed."""
+        nodes = read_nodes(self.store, self.job_name)
+        self._last_beats.update(nodes.heartbeats)
+        return nodes.registrations, dict(self._last_beats)
 
     def _finish(self, state: JobState) -> None:
         """Tell every agent the job is over, wait for them to go, then take their machines away."""

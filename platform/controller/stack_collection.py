@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from stalwart.processes import wait_for
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import StackReport, StackRequest
@@ -18,9 +19,9 @@ def request_stacks(store: Store, job: str) -> str:
 
 def collect_stacks(store: Store, job: str, request_id: str, nodes: list[str], timeout: float = 15.0) -> list[StackReport]:
     """Reports from `nodes`, waiting up to `timeout` seconds; a node that does not answer is missing."""
-    deadline = time.monotonic() + timeout
-    while True:
-        reports = store.get_prefix(keys.stacks_prefix(job, request_id), StackReport)
-        if {r.node for r in reports} >= set(nodes) or time.monotonic() >= deadline:
-            return sorted(reports, key=lambda r: r.node)
-        time.sleep(0.1)
+
+    def reports() -> list[StackReport]:
+        return store.get_prefix(keys.stacks_prefix(job, request_id), StackReport)
+
+    wait_for(lambda: {r.node for r in reports()} >= set(nodes), timeout)
+    return sorted(reports(), key=lambda r: r.node)

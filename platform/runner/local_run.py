@@ -23,11 +23,12 @@ from stalwart.faults import FaultInjector, FaultSpec, FiredFault, preflight_faul
 from stalwart.logs import configure, get_logger
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
-from stalwart.runner.summary import JobSnapshot, read_heartbeats, snapshot
+from stalwart.runner.summary import JobSnapshot, snapshot
 from stalwart.spec import TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.etcd_server import EtcdServer
+from stalwart.store.nodes import read_nodes
 from stalwart.store.records import JobPhase, JobState
 
 POLL_SECONDS = 0.25
@@ -166,7 +167,7 @@ class LocalRun:
                     view.note(f"interrupted (signal {self._interrupted}): stopping the job")
                     break
                 state = store.get(keys.job_state(self.job.name), JobState)
-                for fired in injector.poll(state, read_heartbeats(store, self.job.name)):
+                for fired in injector.poll(state, read_nodes(store, self.job.name).heartbeats):
                     verb = "hung" if fired.fault.startswith("hang") else "killed"
                     view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
                 snap = snapshot(store, self.job.name)

@@ -9,7 +9,8 @@ from pydantic import BaseModel
 from stalwart.controller.ettr import EttrReport, compute_ettr
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import Heartbeat, Incident, JobPhase, JobState, WorkerStatus
+from stalwart.store.nodes import read_nodes
+from stalwart.store.records import Incident, JobPhase, JobState, WorkerStatus
 
 
 class JobSnapshot(BaseModel):
@@ -30,23 +31,13 @@ class JobSnapshot(BaseModel):
     workers: list[WorkerStatus]
 
 
-def read_heartbeats(store: Store, job: str) -> dict[str, Heartbeat]:
-    beats: dict[str, Heartbeat] = {}
-    for key, raw in store.get_prefix_raw(keys.nodes_prefix(job)):
-        parsed = keys.parse_node_key(job, key)
-        if parsed and parsed[1] == "heartbeat":
-            beats[parsed[0]] = Heartbeat.loads(raw)
-    return beats
-
-
 def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | None:
     now = now or time.time()
     state = store.get(keys.job_state(job), JobState)
     if state is None:
         return None
-    beats = read_heartbeats(store, job)
-    regs = store.get_prefix_raw(keys.nodes_prefix(job))
-    registered = {keys.parse_node_key(job, k)[0] for k, _ in regs if k.endswith("/registration")}  # type: ignore[index]
+    nodes = read_nodes(store, job)
+    beats, registered = nodes.heartbeats, nodes.registrations
     workers = sorted(
         (w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation for w in b.workers),
         key=lambda w: w.rank,
