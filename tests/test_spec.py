@@ -19,7 +19,8 @@ spec:
   roles:
     - {name: actor, replicas: 2, processesPerNode: 8, command: [python, actor.py], restartScope: Job}
     - {name: reward, replicas: 1, command: [python, reward.py], restartScope: Role, env: {MODE: rm}}
-  faultTolerance: {heartbeatIntervalSeconds: 0.5, leaseTtlSeconds: 3, maxRestarts: 5}
+  faultTolerance: {heartbeatIntervalSeconds: 0.5, leaseTtlSeconds: 3}
+  failurePolicy: {maxRestarts: 5, rules: [{event: NaNLoss, action: Fail}]}
   checkpoint: {uri: s3://bucket/ckpt, intervalSteps: 100}
 """
 
@@ -42,7 +43,7 @@ def test_several_roles_for_rlhf(tmp_path: Path) -> None:
     assert [r.name for r in job.spec.roles] == ["actor", "reward"]
     assert job.spec.roles[1].restart_scope is RestartScope.ROLE
     assert job.spec.world_size == 17
-    assert job.spec.fault_tolerance.max_restarts == 5
+    assert job.spec.failure_policy.max_restarts == 5
 
 
 def test_round_trips_through_the_wire_shape(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ class NodeInfo(BaseModel):
     name: str
     alive: bool
     pid: int | None = None
+    machine: str | None = None  # the host (Kubernetes node) it runs on, where the cluster knows it
 
 
 class PreflightVerdict(BaseModel):
@@ -41,6 +42,13 @@ class Cluster(ABC):
         `nodes`. A backend that cannot run them says so rather than inventing health."""
         return [PreflightVerdict(node=n, passed=True, reasons=["pre-flight not supported by this cluster"])
                 for n in nodes]  # fmt: skip
+
+    def cordon(self, node: str, reason: str) -> None:
+        """Keep the machine under `node` out of future placements until uncordoned (a Kubernetes
+        taint; locally a no-op: a replacement always gets a fresh process)."""
+
+    def uncordon(self, node: str) -> None:
+        """Undo `cordon`."""
 
     def close(self) -> None:
         """Release client resources. Does not stop nodes: they outlive a controller restart."""

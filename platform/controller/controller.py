@@ -283,7 +283,7 @@ class JobController:
             mean_step_time=sum(step_times) / len(step_times) if step_times else None,
         )
         log = log.bind(incident=incident.id, node=failure.node, rank=failure.rank)
-        if state.restarts >= self.ft.max_restarts:
+        if state.restarts >= self.job.spec.failure_policy.max_restarts:
             incident.action = "fail"
             self._fail(state, revision, "RestartBudgetExhausted",
                        f"{failure.failure_class.value} on {failure.node} after {state.restarts} restarts",

@@ -47,6 +47,14 @@ class RestartScope(str, Enum):
     ROLE = "Role"  # only this role's workers restart (e.g. an RLHF reward model)
 
 
+class Resources(SpecModel):
+    """Per-node resources the operator requests for each pod."""
+
+    gpus: Annotated[int, Field(ge=0, le=64, description="GPUs per node (nvidia.com/gpu).")] = 0
+    cpu: Annotated[str | None, Field(description="CPU request, e.g. '32'.")] = None
+    memory: Annotated[str | None, Field(description="Memory request, e.g. '512Gi'.")] = None
+
+
 class Role(SpecModel):
     """A group of identical nodes running the same command (trainer, actor, rollout, ...)."""
 
@@ -70,6 +78,10 @@ class Role(SpecModel):
     restart_scope: Annotated[
         RestartScope, Field(description="What restarts when a worker of this role fails: Job or Role.")
     ] = RestartScope.JOB
+    image: Annotated[
+        str | None, Field(description="Container image of the role's pods (Kubernetes only).")
+    ] = None
+    resources: Annotated[Resources, Field(description="Per-node resources (Kubernetes only).")] = Resources()
 
     @field_validator("name")
     @classmethod
@@ -86,7 +98,7 @@ class Role(SpecModel):
 
 
 class FaultTolerance(SpecModel):
-    """How failures are detected and how much restarting the job may do."""
+    """How failures are detected: heartbeats, leases, hang and slowdown thresholds, checks."""
 
     heartbeat_interval_seconds: Annotated[
         float, Field(gt=0, le=60, description="How often each node agent renews its lease and reports.")
@@ -94,9 +106,6 @@ class FaultTolerance(SpecModel):
     lease_ttl_seconds: Annotated[
         int, Field(ge=2, le=600, description="A node whose lease lapses for this long is lost.")
     ] = 5
-    max_restarts: Annotated[
-        int, Field(ge=0, le=10_000, description="Restarts allowed before the job fails.")
-    ] = 3
     stop_grace_seconds: Annotated[
         float, Field(ge=0, le=600, description="SIGTERM-to-SIGKILL grace period for workers.")
     ] = 5.0
@@ -104,6 +113,38 @@ class FaultTolerance(SpecModel):
         bool,
         Field(description="Run collective and compute checks on the nodes before the job starts; evict failures."),
     ] = True
+    stop_time_checks: Annotated[
+        bool,
+        Field(description="After a crash, a NaN or a hang with no clear suspect, run the collective and "
+              "compute checks on the job's nodes and evict the ones that fail."),
+    ] = True
+    hang_timeout_multiplier: Annotated[
+        float, Field(ge=2, le=1000, description="A job is hung when no rank progresses for this many recent "
+                     "step times (never less than hangTimeoutFloorSeconds).")
+    ] = 10.0
+    hang_timeout_floor_seconds: Annotated[
+        float, Field(ge=0.5, le=86_400, description="The shortest hang timeout, whatever the step time.")
+    ] = 60.0
+    first_step_timeout_seconds: Annotated[
+        float, Field(ge=1, le=86_400, description="Time a new generation may take to reach its first step "
+                     "(process start, imports, checkpoint load) before it counts as hung.")
+    ] = 600.0
+    slowdown_factor: Annotated[
+        float, Field(gt=1, le=100, description="A node whose step time is this many times the median is slow.")
+    ] = 2.0
+    slowdown_rounds: Annotated[
+        int, Field(ge=1, le=100, description="Consecutive diagnosis rounds that must flag the same node "
+                   "before a slow node is evicted.")
+    ] = 3
+    loss_spike_factor: Annotated[
+        float, Field(gt=1, le=1000, description="A loss this many times the recent mean is a spike.")
+    ] = 5.0
+    nic_flap_count: Annotated[
+        int, Field(ge=1, le=100, description="NIC-down events within nicFlapWindowSeconds that evict a node.")
+    ] = 2
+    nic_flap_window_seconds: Annotated[
+        float, Field(gt=0, le=86_400, description="Window for counting NIC-down events.")
+    ] = 300.0
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> FaultTolerance:
@@ -113,6 +154,129 @@ class FaultTolerance(SpecModel):
                 f"got {self.lease_ttl_seconds} and {self.heartbeat_interval_seconds}"
             )
         return self
+
+
+class FailureEvent(str, Enum):
+    """What went wrong, as the controller classifies it (ByteRobust's ladder, cheapest signal first)."""
+
+    MACHINE_FAULT = "MachineFault"  # GPU lost, Xid, ECC, disk full, NIC flapping: a machine signal
+    LOST_NODE = "LostNode"  # the node's lease lapsed
+    WORKER_CRASH = "WorkerCrash"  # a worker exited non-zero, no more specific class
+    USER_CODE_ERROR = "UserCodeError"  # the same Python exception on every failing rank
+    NAN_LOSS = "NaNLoss"
+    LOSS_SPIKE = "LossSpike"
+    HANG = "Hang"  # no progress for longer than the adaptive timeout
+    SLOWDOWN = "Slowdown"  # one node persistently slower than the rest
+    PREFLIGHT_FAILED = "PreflightFailed"
+
+
+class FailureAction(str, Enum):
+    RESTART = "Restart"  # new generation on the same nodes (after stop-time checks, if enabled)
+    EVICT = "Evict"  # evict the suspect node(s), hot-swap standbys in, restart the rest in place
+    ROLLBACK = "Rollback"  # restart from a checkpoint before the newest one, after stop-time checks
+    FAIL = "Fail"  # fail the job with the event as its reason
+    IGNORE = "Ignore"  # record an incident, do nothing (e.g. slowdowns you tolerate)
+
+
+# Machine-caused events never count against maxRestarts: the job did nothing wrong.
+INFRASTRUCTURE_EVENTS = frozenset(
+    {FailureEvent.MACHINE_FAULT, FailureEvent.LOST_NODE, FailureEvent.PREFLIGHT_FAILED,
+     FailureEvent.HANG, FailureEvent.SLOWDOWN}
+)  # fmt: skip
+
+DEFAULT_ACTIONS: dict[FailureEvent, FailureAction] = {
+    FailureEvent.MACHINE_FAULT: FailureAction.EVICT,
+    FailureEvent.LOST_NODE: FailureAction.EVICT,
+    FailureEvent.WORKER_CRASH: FailureAction.RESTART,
+    FailureEvent.USER_CODE_ERROR: FailureAction.RESTART,  # retried userCodeRetries times, then Fail
+    FailureEvent.NAN_LOSS: FailureAction.ROLLBACK,
+    FailureEvent.LOSS_SPIKE: FailureAction.ROLLBACK,
+    FailureEvent.HANG: FailureAction.EVICT,
+    FailureEvent.SLOWDOWN: FailureAction.EVICT,
+    FailureEvent.PREFLIGHT_FAILED: FailureAction.EVICT,
+}
+
+
+class FailurePolicyRule(SpecModel):
+    """One rung of the ladder: on `event`, take `action`."""
+
+    event: Annotated[FailureEvent, Field(description="The failure event this rule matches.")]
+    action: Annotated[FailureAction, Field(description="What the controller does: Restart, Evict, Rollback, Fail or Ignore.")]
+
+
+class FailurePolicy(SpecModel):
+    """What the controller does about each kind of failure, and how much restarting it may do."""
+
+    max_restarts: Annotated[
+        int, Field(ge=0, le=10_000, description="Restarts the job's own failures may cause before it fails. "
+                   "Restarts caused by the infrastructure (machine faults, lost nodes, hangs) do not count.")
+    ] = 3
+    user_code_retries: Annotated[
+        int, Field(ge=0, le=100, description="Restarts after a user-code exception before the job fails with "
+                   "UserCodeError.")
+    ] = 1
+    rollback_checkpoints: Annotated[
+        int, Field(ge=1, le=100, description="On Rollback, skip this many of the newest checkpoints.")
+    ] = 1
+    rules: Annotated[
+        list[FailurePolicyRule],
+        Field(max_length=32, description="Event to action rules; events without a rule take the default ladder."),
+    ] = []
+
+    @field_validator("rules")
+    @classmethod
+    def _one_rule_per_event(cls, rules: list[FailurePolicyRule]) -> list[FailurePolicyRule]:
+        seen: set[FailureEvent] = set()
+        for rule in rules:
+            if rule.event in seen:
+                raise ValueError(f"event {rule.event.value!r} has more than one rule")
+            seen.add(rule.event)
+        return rules
+
+    def action_for(self, event: FailureEvent) -> FailureAction:
+        return next((r.action for r in self.rules if r.event is event), DEFAULT_ACTIONS[event])
+
+
+class StandbySettings(SpecModel):
+    """Warm standby nodes: pre-flight checked, checkpoint pre-loaded, waiting to take a failed node's ranks."""
+
+    count: Annotated[
+        int | None, Field(ge=0, le=1024, description="Standby nodes to keep warm. Default: sized from "
+                          "nodeFailureProbability as the 99th percentile of concurrent failures.")
+    ] = None
+    node_failure_probability: Annotated[
+        float, Field(gt=0, lt=1, description="Chance that one node fails within one replacement window; "
+                     "the default matches ByteRobust's table (2 standbys for 128-256 nodes, 4 for 1,024).")
+    ] = 0.0012
+    minimum: Annotated[int, Field(ge=0, le=1024, description="Never keep fewer standbys than this.")] = 1
+
+
+class CleanPodPolicy(str, Enum):
+    ALL = "All"  # delete every pod when the job finishes
+    RUNNING = "Running"  # delete the pods still running; keep finished ones for their logs
+    NONE = "None"  # keep every pod
+
+
+class Toleration(SpecModel):
+    key: str | None = None
+    operator: Annotated[str, Field(pattern=r"^(Exists|Equal)$")] = "Equal"
+    value: str | None = None
+    effect: Annotated[str | None, Field(pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$")] = None
+    toleration_seconds: int | None = None
+
+
+class Scheduling(SpecModel):
+    """Placement hints for the Kubernetes operator (ignored by `stalwart run`)."""
+
+    node_selector: Annotated[dict[str, str], Field(max_length=64, description="Node labels the pods require.")] = {}
+    tolerations: Annotated[list[Toleration], Field(max_length=64, description="Taints the pods tolerate.")] = []
+    priority_class_name: Annotated[str | None, Field(description="PriorityClass of the pods.")] = None
+    scheduler_name: Annotated[
+        str | None, Field(description="Scheduler for gang scheduling, e.g. volcano; default: the cluster's.")
+    ] = None
+    queue: Annotated[
+        str | None, Field(description="Volcano queue or Kueue LocalQueue name for gang admission.")
+    ] = None
 
 
 class CheckpointSettings(SpecModel):
@@ -149,8 +313,26 @@ class TrainingJobSpec(SpecModel):
         list[Role], Field(min_length=1, max_length=16, description="The job's roles, as a named list.")
     ]
     fault_tolerance: FaultTolerance = FaultTolerance()
+    failure_policy: FailurePolicy = FailurePolicy()
+    standbys: StandbySettings = StandbySettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     data: DataSettings | None = None
+    code_version: Annotated[
+        str | None, Field(max_length=128, description="Version of the training code. Changing it updates the "
+                          "workers lazily, at the next restart, or at hotUpdateDeadlineSeconds at the latest.")
+    ] = None
+    hot_update_deadline_seconds: Annotated[
+        float | None, Field(gt=0, le=7 * 86_400, description="Force a restart this long after codeVersion "
+                            "changed if no failure restarted the job first. Default: wait for a restart.")
+    ] = None
+    suspend: Annotated[bool, Field(description="Stop the job's pods and keep its state; resume by unsetting.")] = False
+    ttl_seconds_after_finished: Annotated[
+        int | None, Field(ge=0, le=365 * 86_400, description="Delete the finished job this long after it ends.")
+    ] = None
+    clean_pod_policy: Annotated[
+        CleanPodPolicy, Field(description="Which pods to delete when the job finishes: All, Running or None.")
+    ] = CleanPodPolicy.ALL
+    scheduling: Scheduling = Scheduling()
 
     @field_validator("roles")
     @classmethod

@@ -12,6 +12,14 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/nodes/{node}/command       AgentCommand, written by the controller
     /stalwart/v1/jobs/{job}/stack-request              StackRequest: every agent dumps its workers' stacks
     /stalwart/v1/jobs/{job}/stacks/{request}/{node}    StackReport, written by each agent
+    /stalwart/v1/jobs/{job}/log-request                LogRequest: every agent reports its workers' log tails
+    /stalwart/v1/jobs/{job}/logs/{request}/{node}      LogReport, written by each agent
+    /stalwart/v1/jobs/{job}/requests/{id}              OperatorRequest (evict, cordon, check...), from the CLI
+                                                       or the operator; the controller carries it out and
+                                                       writes the outcome into the same record
+    /stalwart/v1/jobs/{job}/checkpoints/{step:012d}    CheckpointEntry: the job's checkpoint catalog
+    /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
+    /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
 """
 
 from __future__ import annotations
@@ -106,3 +114,51 @@ def parse_node_key(job: str, key: str) -> tuple[str, str] | None:
     if len(rest) != 2:
         return None
     return rest[0], rest[1]
+
+
+def log_request(job: str) -> str:
+    return job_prefix(job) + "log-request"
+
+
+def logs_prefix(job: str, request_id: str) -> str:
+    return f"{job_prefix(job)}logs/{_seg(request_id)}/"
+
+
+def log_report(job: str, request_id: str, node: str) -> str:
+    return logs_prefix(job, request_id) + _seg(node)
+
+
+def requests_prefix(job: str) -> str:
+    return job_prefix(job) + "requests/"
+
+
+def request(job: str, request_id: str) -> str:
+    return requests_prefix(job) + _seg(request_id)
+
+
+def checkpoints_prefix(job: str) -> str:
+    return job_prefix(job) + "checkpoints/"
+
+
+def checkpoint_entry(job: str, step: int) -> str:
+    return f"{checkpoints_prefix(job)}{step:012d}"
+
+
+def cordons_prefix() -> str:
+    return f"{ROOT}/cordons/"
+
+
+def cordon(node: str) -> str:
+    return cordons_prefix() + _seg(node)
+
+
+def service(name: str) -> str:
+    return f"{ROOT}/services/{_seg(name)}"
+
+
+def job_name_from_key(key: str) -> str | None:
+    """'/stalwart/v1/jobs/demo/state' -> 'demo'."""
+    prefix = jobs_prefix()
+    if not key.startswith(prefix):
+        return None
+    return key[len(prefix) :].split("/", 1)[0] or None

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stalwart.spec.model import FailureAction, FailureEvent
+
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -47,6 +49,18 @@ class JobState(Record):
     next_node_index: int = 0
     preflight_passed: bool = False
     preflight_rounds: int = 0
+    # Warm standbys: started, checked, waiting to take a failed node's slot (and its ranks).
+    standbys: list[str] = []
+    # Nodes taken out of the job for a machine fault; never given a slot again.
+    evicted: list[str] = []
+    # Restarts caused by the infrastructure: they do not count against maxRestarts.
+    infra_restarts: int = 0
+    user_code_failures: int = 0
+    # On the next generation, resume from a checkpoint no newer than this step (rollback).
+    resume_max_step: int | None = None
+    # The spec's codeVersion the running generation was started with, and when a newer one arrived.
+    code_version: str | None = None
+    code_update_seen_at: float | None = None
     open_incident: str | None = None
     reason: str | None = None
     message: str | None = None
@@ -174,10 +188,8 @@ class AgentCommand(Record):
     issued_at: float
 
 
-class FailureClass(str, Enum):
-    WORKER_CRASH = "WorkerCrash"
-    LOST_NODE = "LostNode"
-    PREFLIGHT_FAILED = "PreflightFailed"
+# An incident's class is the failure-policy event that it triggered: one vocabulary for both.
+FailureClass = FailureEvent
 
 
 class Incident(Record):
@@ -192,8 +204,18 @@ class Incident(Record):
     exit_code: int | None = None
     evidence: list[str] = []
     action: str = "restart"
+    # The rung of the ladder that was taken, the nodes it evicted and who replaced them.
+    policy_action: FailureAction | None = None
+    suspects: list[str] = []
+    evicted: list[str] = []
+    replacements: dict[str, str] = {}
+    counted: bool = True  # against maxRestarts; infrastructure failures are not
+    # The diagnosis service's verdict (stalwart.diagnosis.models.Verdict), when it was asked.
+    verdict: dict | None = None  # type: ignore[type-arg]
+    runbook: str | None = None  # runbooks/<runbook>.md
     failed_at: float
     detected_at: float
+    diagnosed_at: float | None = None
     restarted_at: float | None = None
     first_step_at: float | None = None
     step_at_failure: int | None = None
@@ -231,3 +253,77 @@ class ProgressReport(Record):
     tokens: int | None = None
     step_time: float | None = None
     sent_at: float = Field(default=0.0)
+
+
+class LogRequest(Record):
+    """Ask every agent of a job for its workers' recent output (written by the CLI)."""
+
+    id: str
+    rank: int | None = None  # None: every rank
+    lines: int = Field(default=100, ge=1, le=10_000)
+    requested_at: float
+
+
+class WorkerLog(Record):
+    rank: int
+    local_rank: int
+    lines: list[str]
+
+
+class LogReport(Record):
+    request_id: str
+    node: str
+    generation: int
+    workers: list[WorkerLog]
+
+
+class RequestKind(str, Enum):
+    EVICT = "evict"  # evict the node now and hot-swap a standby in
+    CORDON = "cordon"  # keep the machine out of the job's future slots and standbys
+    UNCORDON = "uncordon"
+    CHECK = "check"  # run the collective and compute checks on the node (or every node) now
+
+
+class RequestStatus(str, Enum):
+    PENDING = "Pending"
+    DONE = "Done"
+    FAILED = "Failed"
+
+
+class OperatorRequest(Record):
+    """An action asked of the controller by a person (CLI) or the Kubernetes operator."""
+
+    id: str
+    kind: RequestKind
+    node: str | None = None  # None with CHECK: every node of the job
+    reason: str = ""
+    requested_by: str = ""
+    requested_at: float
+    status: RequestStatus = RequestStatus.PENDING
+    message: str | None = None
+    finished_at: float | None = None
+    result: dict | None = None  # type: ignore[type-arg]
+
+
+class Cordon(Record):
+    node: str
+    reason: str
+    incident: str | None = None
+    cordoned_at: float
+    by: str = "controller"
+
+
+class CheckpointEntry(Record):
+    """One committed checkpoint in the job's catalog."""
+
+    step: int
+    uri: str
+    committed_at: float
+    tier: str = "storage"  # storage | memory
+    bytes: int | None = None
+
+
+class ServiceEndpoint(Record):
+    name: str
+    url: str
+    registered_at: float

@@ -1,0 +1,1 @@
+"""Diagnosis: localize the faulty machine from stacks, metrics and logs."""
