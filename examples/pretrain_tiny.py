@@ -80,6 +80,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos)")
+    parser.add_argument("--nan-at-step", type=int, default=None,
+                        help="fault demo: the loss turns NaN at this step, in the first generation only (transient)")
+    parser.add_argument("--raise-at-step", type=int, default=None,
+                        help="fault demo: a bug in the training code raises at this step, every time")
     parser.add_argument("--shards", default=os.path.join(os.path.dirname(__file__), "data", "shards", "*.stok"),
                         help="token shards when not run by Stalwart")  # fmt: skip
     args = parser.parse_args()
@@ -92,6 +96,7 @@ def main() -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
 
+    generation = int(os.environ.get("STALWART_GENERATION", "1"))
     config = data_config(args.shards, args.seq, args.seed)
     micro_batch = int(os.environ.get("STALWART_DATA_MICRO_BATCH", args.batch))
     loader = open_loader(config, dp_rank=rank, dp_size=world, micro_batch=micro_batch)
@@ -102,10 +107,7 @@ def main() -> None:
     ckpt = Checkpointer(open_storage(os.environ.get("STALWART_CHECKPOINT_URI", "checkpoints/pretrain-tiny")),
                         retention=RetentionPolicy(keep_last=keep))  # fmt: skip
     state = {"train": TrainState(model, optim), "rng": RNGState(), "data": loader}
-    try:
-        start = ckpt.load(state, fallback=True)  # the newest checkpoint that passes its checksums
-    except NoCheckpoint:
-        start = 0
+    start = resume(ckpt, state)
     pending = None
     if rank == 0:
         print(f"world={world} device={device} resuming_from_step={start} steps={args.steps}", flush=True)
@@ -115,6 +117,10 @@ def main() -> None:
         data = loader.next_batch().tokens.to(device)
         logits = model(data[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+        if step == args.nan_at_step and generation == 1 and rank == world - 1:
+            loss = loss * float("nan")  # a transient numerical fault: gone after the rollback
+        if step == args.raise_at_step:
+            raise ValueError(f"shapes do not match in my_custom_layer at step {step} (a bug in the training code)")
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
@@ -140,6 +146,21 @@ def main() -> None:
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def resume(ckpt: Checkpointer, state: dict) -> int:  # type: ignore[type-arg]
+    """The newest checkpoint that passes its checksums; after a rollback, the newest no later than
+    the step the controller allows (STALWART_RESUME_MAX_STEP)."""
+    limit = os.environ.get("STALWART_RESUME_MAX_STEP")
+    steps = sorted({c.step for c in ckpt.catalog()}, reverse=True)
+    if limit is not None:
+        steps = [s for s in steps if s <= int(limit)]
+    if not steps:
+        return 0
+    try:
+        return ckpt.load(state, steps[0], fallback=True)
+    except NoCheckpoint:
+        return 0
 
 
 def report_save(result, rank: int) -> None:  # type: ignore[no-untyped-def]

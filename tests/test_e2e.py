@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import REPO, tagged_processes
 from stalwart.processes import wait_for
@@ -23,9 +24,25 @@ INITIAL_LOSS = 5.0  # ln(256) ≈ 5.55 for an untrained byte-level model
 pytestmark = pytest.mark.e2e
 
 
-def run_job(tmp_path: Path, stalwart_cmd: list[str], *inject: str) -> tuple[int, dict[str, Any], str]:
+def job_variant(tmp_path: Path, *, args: list[str] = (), fault_tolerance: dict[str, Any] | None = None,  # type: ignore[assignment]
+                failure_policy: dict[str, Any] | None = None) -> Path:  # fmt: skip
+    """e2e.yaml with extra worker arguments or policy settings, written where the test can use it."""
+    doc = yaml.safe_load(JOB.read_text())
+    role = doc["spec"]["roles"][0]
+    role["command"] += list(args)
+    role["workingDir"] = str((JOB.parent / role["workingDir"]).resolve())
+    for source in doc["spec"]["data"]["sources"]:
+        source["shards"] = [str((JOB.parent / s).resolve()) for s in source["shards"]]
+    doc["spec"]["faultTolerance"].update(fault_tolerance or {})
+    doc["spec"]["failurePolicy"].update(failure_policy or {})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_job(tmp_path: Path, stalwart_cmd: list[str], *inject: str, job: Path = JOB) -> tuple[int, dict[str, Any], str]:
     summary = tmp_path / "summary.json"
-    argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run"), "--summary-json", str(summary),
+    argv = [*stalwart_cmd, "run", str(job), "--workdir", str(tmp_path / "run"), "--summary-json", str(summary),
             "--timeout", "240"]  # fmt: skip
     for fault in inject:
         argv += ["--inject", fault]
@@ -38,17 +55,6 @@ def run_job(tmp_path: Path, stalwart_cmd: list[str], *inject: str) -> tuple[int,
     return proc.returncode, json.loads(summary.read_text()), output
 
 
-def test_clean_run_completes(tmp_path: Path, stalwart_cmd: list[str]) -> None:
-    code, result, output = run_job(tmp_path, stalwart_cmd)
-    snap = result["snapshot"]
-    assert code == 0, output
-    assert result["phase"] == "Succeeded"
-    assert snap["step"] == STEPS and snap["restarts"] == 0 and snap["incidents"] == []
-    assert snap["loss"] < 3.0  # it learned something
-    assert snap["ettr"]["ettr"] == pytest.approx(1.0)
-    assert "Succeeded" in output and "ETTR" in output
-
-
 def test_killed_worker_resumes_from_the_checkpoint(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     code, result, output = run_job(tmp_path, stalwart_cmd, "kill-worker:rank=1,step=25")
     snap = result["snapshot"]
@@ -58,6 +64,10 @@ def test_killed_worker_resumes_from_the_checkpoint(tmp_path: Path, stalwart_cmd:
     [incident] = snap["incidents"]
     assert incident["failure_class"] == "WorkerCrash"
     assert incident["rank"] == 1 and incident["exit_code"] == -9
+    # No machine was named, so nothing was evicted: the stop-time checks ran, passed, and the same
+    # nodes restarted their workers.
+    assert incident["evicted"] == [] and "stop-time checks" in incident["action"]
+    assert snap["evicted"] == [] and snap["slots"] == ["node-0", "node-1"]
     # Every timestamp is there, in order: failed <= detected <= restarted <= first step after restart.
     times = [incident[k] for k in ("failed_at", "detected_at", "restarted_at", "first_step_at")]
     assert None not in times and times == sorted(times), incident
@@ -70,18 +80,28 @@ def test_killed_worker_resumes_from_the_checkpoint(tmp_path: Path, stalwart_cmd:
     assert abs(incident["loss_after"] - incident["loss_before"]) < 1.0
 
 
-def test_lost_node_is_detected_by_lease_expiry_and_replaced(tmp_path: Path, stalwart_cmd: list[str]) -> None:
-    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-node:node=1,step=25")
+def test_lost_node_is_hot_swapped_even_when_the_controller_dies_mid_recovery(
+    tmp_path: Path, stalwart_cmd: list[str]
+) -> None:
+    """A killed node's slot goes to the warm standby; the healthy node keeps its agent (same pid) and
+    only restarts its workers. The first controller dies right after committing the eviction: its
+    successor finishes the recovery without evicting again or losing the incident."""
+    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-node:node=1,step=25", "kill-controller-mid-recovery")
     snap = result["snapshot"]
     assert code == 0, output
-    assert snap["step"] == STEPS and snap["restarts"] == 1
+    assert result["controller_starts"] == 2, output
+    assert snap["step"] == STEPS
+    assert snap["restarts"] == 0 and snap["infra_restarts"] == 1  # the machine's fault, not the job's
     [incident] = snap["incidents"]
-    assert incident["failure_class"] == "LostNode"
-    assert incident["node"] == "node-1"
-    assert "node-2" in incident["action"]  # the replacement took node-1's slot
+    assert incident["failure_class"] == "LostNode" and incident["policy_action"] == "Evict"
+    assert incident["evicted"] == ["node-1"] and incident["replacements"] == {"node-1": "node-2"}
+    assert snap["evicted"] == ["node-1"] and snap["slots"] == ["node-0", "node-2"]
+    assert snap["standbys"] == ["node-3"]  # the pool was replenished
     assert incident["detected_at"] - incident["failed_at"] > 1.0  # it waited for the lease, as it must
-    assert incident["resumed_step"] > 1
-    assert (tmp_path / "run" / "nodes" / "node-2").is_dir()
+    assert incident["resumed_step"] > 1 and incident["first_step_at"] is not None
+    agents = {int(g): pids for g, pids in result["agents_by_generation"].items()}
+    assert agents[1]["node-0"] == agents[2]["node-0"], agents  # the healthy agent was kept
+    assert "node-1" not in agents[2] and agents[2]["node-2"] != agents[1].get("node-1")
 
 
 def test_a_new_controller_finishes_the_job_without_a_second_restart(tmp_path: Path, stalwart_cmd: list[str]) -> None:
@@ -92,16 +112,49 @@ def test_a_new_controller_finishes_the_job_without_a_second_restart(tmp_path: Pa
     assert [f["fault"] for f in result["faults"]] == ["kill-controller at step 20"]
     assert snap["step"] == STEPS
     assert snap["restarts"] == 0 and snap["generation"] == 1 and snap["incidents"] == []
+    assert result["phase"] == "Succeeded"
+    assert snap["loss"] < 3.0  # it learned something
+    assert snap["ettr"]["ettr"] == pytest.approx(1.0)
+    assert "Succeeded" in output and "ETTR" in output
 
 
 def test_restart_budget_is_enforced(tmp_path: Path, stalwart_cmd: list[str]) -> None:
-    faults = [f"kill-worker:rank={r},step={s}" for r, s in ((1, 15), (2, 25), (3, 35), (0, 45))]
-    code, result, output = run_job(tmp_path, stalwart_cmd, *faults)
+    job = job_variant(tmp_path, failure_policy={"maxRestarts": 1})
+    faults = [f"kill-worker:rank={r},step={s}" for r, s in ((1, 15), (2, 30))]
+    code, result, output = run_job(tmp_path, stalwart_cmd, *faults, job=job)
     snap = result["snapshot"]
     assert code == 1, output
     assert result["phase"] == "Failed" and snap["reason"] == "RestartBudgetExhausted"
-    assert snap["restarts"] == 3 and len(snap["incidents"]) == 4
-    assert snap["incidents"][-1]["action"] == "fail"
+    assert snap["restarts"] == 1 and len(snap["incidents"]) == 2
+    assert snap["incidents"][-1]["action"].startswith("fail")
+
+
+def test_nan_loss_rolls_back_to_an_earlier_checkpoint(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    job = job_variant(tmp_path, args=["--nan-at-step", "35"])
+    code, result, output = run_job(tmp_path, stalwart_cmd, job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "NaNLoss" and incident["policy_action"] == "Rollback"
+    assert incident["evicted"] == [] and "roll back" in incident["action"]
+    # Checkpoints at 10, 20, 30 existed; the newest (30) was skipped: training resumed at step 21.
+    assert incident["resumed_step"] == 21, incident
+    assert incident["runbook"] == "nan_loss"
+
+
+def test_user_code_error_fails_the_job_after_one_retry(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    job = job_variant(tmp_path, args=["--raise-at-step", "15"])
+    code, result, output = run_job(tmp_path, stalwart_cmd, job=job)
+    snap = result["snapshot"]
+    assert code == 1, output
+    assert result["phase"] == "Failed" and snap["reason"] == "UserCodeError"
+    assert "shapes do not match in my_custom_layer" in snap["message"]  # the traceback, for the user
+    first, second = snap["incidents"]
+    assert first["failure_class"] == second["failure_class"] == "UserCodeError"
+    assert first["policy_action"] == "Restart" and second["policy_action"] == "Fail"
+    assert snap["evicted"] == [] and first["evicted"] == [] and second["evicted"] == []  # no machine blamed
+    assert snap["restarts"] == 1 and snap["infra_restarts"] == 0
 
 
 def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: list[str]) -> None:

@@ -12,17 +12,16 @@ import os
 import queue
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
-
-import threading
 
 from stalwart.agents.metrics import MetricsExporter
 from stalwart.agents.probe_loop import ProbeLoop
 from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
-from stalwart.agents.workers import WorkerGroup
+from stalwart.agents.workers import WorkerGroup, tail_lines
 from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV
 from stalwart.logs import get_logger
 from stalwart.spec import TrainingJob, parse_job
@@ -33,14 +32,18 @@ from stalwart.store.records import (
     AgentCommand,
     Assignment,
     Heartbeat,
+    LogReport,
+    LogRequest,
     NodeRegistration,
     StackReport,
     StackRequest,
+    WorkerLog,
 )
 
 LOOP_INTERVAL = 0.05
 METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
 STACK_TIMEOUT_SECONDS = 8.0
+RESUME_MAX_STEP_ENV = "STALWART_RESUME_MAX_STEP"  # a rollback: load no checkpoint newer than this
 
 
 class AgentExit(Exception):
@@ -64,6 +67,7 @@ class NodeAgent:
         self.ft = self.job.spec.fault_tolerance
         self.commands: queue.Queue[AgentCommand] = queue.Queue()
         self.group: WorkerGroup | None = None
+        self._last_group: WorkerGroup | None = None  # for log requests between generations
         self.generation = 0
         self.lease: Lease | None = None
         self.inbox = ProgressInbox()
@@ -78,6 +82,7 @@ class NodeAgent:
         self._beat_thread: threading.Thread | None = None
         self.metrics = MetricsExporter(job, node)
         self.stack_requests: queue.Queue[StackRequest] = queue.Queue()
+        self.log_requests: queue.Queue[LogRequest] = queue.Queue()
         self.shadow_loader = None  # ShadowLoaderSupervisor when the job has a data section
         self.probes = ProbeLoop(self.metrics)
 
@@ -115,6 +120,7 @@ class NodeAgent:
         self.store.put(keys.node_registration(self.job_name, self.node), reg, lease=self.lease)
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
         self.store.watch_prefix(keys.stack_request(self.job_name), self._on_stack_request)
+        self.store.watch_prefix(keys.log_request(self.job_name), self._on_log_request)
         self.log.info("registered", fields={"lease": f"{self.lease.id:x}"})
         self._beat_thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
         self._beat_thread.start()
@@ -131,6 +137,22 @@ class NodeAgent:
     def _on_stack_request(self, _key: str, value: bytes | None) -> None:
         if value is not None:
             self.stack_requests.put(StackRequest.loads(value))
+
+    def _on_log_request(self, _key: str, value: bytes | None) -> None:
+        if value is not None:
+            self.log_requests.put(LogRequest.loads(value))
+
+    def _report_logs(self, request: LogRequest) -> None:
+        """The tail of each worker's output (the running generation's, or the last one's)."""
+        group = self.group or self._last_group
+        workers = [WorkerLog(rank=w.rank, local_rank=w.local_rank,
+                             lines=tail_lines(w.log_path, lines=request.lines, max_bytes=256 * 1024))
+                   for w in (group.workers if group else []) if request.rank is None or w.rank == request.rank]  # fmt: skip
+        report = LogReport(request_id=request.id, node=self.node, generation=self.generation, workers=workers)
+        try:
+            self.store.put(keys.log_report(self.job_name, request.id, self.node), report)
+        except StoreUnavailable as exc:
+            self.log.warning("could not store logs", fields={"request": request.id, "error": str(exc)})
 
     def _capture_stacks(self, request: StackRequest) -> None:
         """Runs on its own thread: capturing takes seconds, and heartbeats must not wait for it."""
@@ -201,6 +223,12 @@ class NodeAgent:
             except queue.Empty:
                 break
             threading.Thread(target=self._capture_stacks, args=(request,), name="stacks", daemon=True).start()
+        while True:
+            try:
+                log_request = self.log_requests.get_nowait()
+            except queue.Empty:
+                break
+            self._report_logs(log_request)
         if self.group is not None:
             for report in self.inbox.drain():
                 self.group.record(report)
@@ -234,6 +262,8 @@ class NodeAgent:
             return False
         self._stop_workers()
         self.generation = cmd.generation
+        if assignment.code_version != self.job.spec.code_version:
+            self._reload_spec()  # a lazy hot update: the new code starts with this generation
         role = next(r for r in self.job.spec.roles if r.name == mine.role)
         working_dir = Path(role.working_dir) if role.working_dir else self.job_dir
         if not working_dir.is_absolute():
@@ -249,6 +279,10 @@ class NodeAgent:
             "STALWART_CHECKPOINT_INTERVAL": str(self.job.spec.checkpoint.interval_steps),
             "STALWART_CHECKPOINT_KEEP": str(self.job.spec.checkpoint.keep_last),
         }
+        if assignment.resume_max_step is not None:
+            env[RESUME_MAX_STEP_ENV] = str(assignment.resume_max_step)
+        if assignment.code_version is not None:
+            env["STALWART_CODE_VERSION"] = assignment.code_version
         if self.shadow_loader is not None:
             from stalwart.agents.data_plane import CONFIG_ENV
             from stalwart.dataloader import SHM_ENV
@@ -273,6 +307,12 @@ class NodeAgent:
             },
         )
         return True
+
+    def _reload_spec(self) -> None:
+        raw = self.store.get_raw(keys.job_spec(self.job_name))
+        if raw is not None:
+            self.job = parse_job(json.loads(raw), keys.job_spec(self.job_name))
+            self.log.info("job spec reloaded", fields={"code_version": self.job.spec.code_version})
 
     def _checkpoint_uri(self) -> str:
         uri = self.job.spec.checkpoint.uri
@@ -323,4 +363,4 @@ class NodeAgent:
     def _stop_workers(self) -> None:
         if self.group is not None:
             self.group.stop(self.ft.stop_grace_seconds)
-            self.group = None
+            self._last_group, self.group = self.group, None

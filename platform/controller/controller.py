@@ -6,9 +6,17 @@ Side effects on nodes (commands, starting and stopping machines) are derived fro
 state and are idempotent, so a controller killed at any point is replaced by one that carries on
 from etcd: it neither repeats a restart nor forgets an incident.
 
-    Pending --all nodes registered--> Running --worker exit != 0 / lost lease--> Restarting
-    Restarting --replacements registered--> Running (generation + 1)
-    Running --every worker exited 0--> Succeeded      any --restart budget spent--> Failed
+    Pending --all nodes registered, pre-flight passed--> Running
+    Running --failure: classified, then the policy's rung (policy.decide)--> Restarting
+    Restarting --workers stopped, stop-time checks passed, slots registered--> Running (generation + 1)
+    Running --every worker exited 0--> Succeeded      any --budget spent / Fail rule--> Failed
+
+Failures are handled by ByteRobust's ladder (stalwart.controller.policy): machine faults evict at
+once; an evicted node's slot (and so its ranks) goes to a warm standby while the healthy nodes keep
+their agents and restart only their workers; crashes are classified from the logs; hangs are
+found by an adaptive timeout, then diagnosed from every rank's stack. Every eviction is committed
+together with the slot change and the incident, so a controller killed mid-recovery never evicts
+twice nor loses an incident.
 """
 
 from __future__ import annotations
@@ -18,9 +26,27 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import math
+import os
+import threading
+
 from stalwart.cluster import Cluster
+from stalwart.controller.diagnosis_link import diagnose_crash, diagnose_hang, diagnosis_url
 from stalwart.controller.leader import Leadership
+from stalwart.controller.policy import (
+    Classified,
+    Counters,
+    NicHistory,
+    classify_crash,
+    decide,
+    hang_timeout,
+    is_loss_spike,
+    machine_fault_suspects,
+)
 from stalwart.controller.ranks import assign, slot_roles
+from stalwart.controller.standby_pool import standbys_for
+from stalwart.faults.spec import CONTROLLER_CRASH_ENV
+from stalwart.spec.model import FailureAction, FailureEvent
 from stalwart.logs import ContextLogger, get_logger
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
@@ -30,12 +56,16 @@ from stalwart.store.records import (
     AgentAction,
     AgentCommand,
     Assignment,
+    Cordon,
     FailureClass,
     Heartbeat,
     Incident,
     JobPhase,
     JobState,
     NodeRegistration,
+    OperatorRequest,
+    RequestKind,
+    RequestStatus,
     WorkerStatus,
 )
 
@@ -44,16 +74,8 @@ STARTUP_TIMEOUT_SECONDS = 300.0
 SHUTDOWN_WAIT_SECONDS = 30.0
 PROGRESS_PERSIST_SECONDS = 5.0
 MAX_PREFLIGHT_ROUNDS = 3
-
-
-@dataclass
-class Failure:
-    failure_class: FailureClass
-    node: str
-    failed_at: float
-    rank: int | None = None
-    exit_code: int | None = None
-    evidence: list[str] | None = None
+LOSS_HISTORY = 20
+Extra = dict[str, "Incident | Assignment | Cordon | OperatorRequest"]
 
 
 class NotLeader(RuntimeError):
@@ -61,20 +83,31 @@ class NotLeader(RuntimeError):
 
 
 class JobController:
-    def __init__(self, store: Store, cluster: Cluster, job_name: str) -> None:
+    def __init__(self, store: Store, cluster: Cluster, job_name: str, diagnosis_url: str | None = None) -> None:
         self.store = store
         self.cluster = cluster
         self.job_name = job_name
-        raw = store.get_raw(keys.job_spec(job_name))
-        if raw is None:
-            raise ValueError(f"job {job_name!r} not found in etcd ({keys.job_spec(job_name)})")
-        self.job: TrainingJob = parse_job(json.loads(raw), keys.job_spec(job_name))
+        self.job: TrainingJob = self._read_spec()
         self.ft = self.job.spec.fault_tolerance
+        self.policy = self.job.spec.failure_policy
         self.leader = Leadership(store, job_name, ttl=self.ft.lease_ttl_seconds)
         self.log: ContextLogger = get_logger("stalwart.controller", job=job_name)
+        self._diagnosis_url = diagnosis_url
         # Last heartbeat seen per node: when a lease lapses its heartbeat key vanishes with it.
         self._last_beats: dict[str, Heartbeat] = {}
         self._pending_since = time.monotonic()
+        self._nics: dict[str, NicHistory] = {}
+        self._losses: list[float] = []
+        self._cordoned: set[str] = set()
+        # Standbys that join after the pre-flight are checked on a thread; results land here.
+        self._standby_checks: dict[str, tuple[bool, list[str]]] = {}
+        self._checking: set[str] = set()
+
+    def _read_spec(self) -> TrainingJob:
+        raw = self.store.get_raw(keys.job_spec(self.job_name))
+        if raw is None:
+            raise ValueError(f"job {self.job_name!r} not found in etcd ({keys.job_spec(self.job_name)})")
+        return parse_job(json.loads(raw), keys.job_spec(self.job_name))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, leader_timeout: float = 60.0) -> JobPhase:
@@ -102,6 +135,8 @@ class JobController:
             self._create(time.time())
             return None
         log = self.log.bind(generation=state.generation, phase=state.phase.value)
+        if not state.phase.terminal and self._serve_requests(state, revision, log):
+            return state
         handler = {
             JobPhase.PENDING: self._pending,
             JobPhase.RUNNING: self._running,
@@ -111,14 +146,15 @@ class JobController:
             handler(state, revision, log)
         return state
 
-    def _commit(self, state: JobState, revision: int, extra: dict[str, Incident | Assignment] | None = None) -> bool:
+    def _commit(self, state: JobState, revision: int, extra: Extra | None = None, deletes: list[str] | None = None) -> bool:
         state.updated_at = time.time()
-        puts: dict[str, JobState | Incident | Assignment] = {keys.job_state(self.job_name): state}
+        puts: dict[str, object] = {keys.job_state(self.job_name): state}
         puts.update(extra or {})
         ok = self.store.commit(
             puts,  # type: ignore[arg-type]
             expect_value=self.leader.guard,
             expect_revision={keys.job_state(self.job_name): revision},
+            deletes=deletes,
         )
         if not ok:
             self.log.warning("state changed under us; re-reading")
@@ -126,11 +162,14 @@ class JobController:
 
     # -- phases --------------------------------------------------------------------------------
     def _create(self, now: float) -> None:
-        slots = [f"node-{i}" for i in range(len(slot_roles(self.job.spec)))]
-        state = JobState(job=self.job_name, slots=slots, next_node_index=len(slots), created_at=now, updated_at=now)
+        count = len(slot_roles(self.job.spec))
+        slots = [f"node-{i}" for i in range(count)]
+        standbys = [f"node-{count + i}" for i in range(standbys_for(self.job.spec.standbys, count))]
+        state = JobState(job=self.job_name, slots=slots, standbys=standbys, next_node_index=count + len(standbys),
+                         code_version=self.job.spec.code_version, created_at=now, updated_at=now)  # fmt: skip
         if self.store.commit({keys.job_state(self.job_name): state}, expect_value=self.leader.guard,
                              expect_revision={keys.job_state(self.job_name): 0}):  # fmt: skip
-            self.log.info("job created", fields={"slots": slots})
+            self.log.info("job created", fields={"slots": slots, "standbys": standbys})
 
     def _pending(self, state: JobState, revision: int, log: ContextLogger) -> None:
         if not self._ensure_nodes(state, revision):
@@ -138,37 +177,45 @@ class JobController:
         registered = self._registrations()
         if all(s in registered for s in state.slots):
             if self.ft.preflight and not state.preflight_passed:
-                self._preflight(state, revision, log)
+                # Standbys are checked with the job's nodes when they are up; late ones on their own.
+                waiting = [s for s in state.standbys if s not in registered]
+                if waiting and time.monotonic() - self._pending_since < STARTUP_TIMEOUT_SECONDS / 10:
+                    return
+                self._preflight(state, revision, log, [s for s in state.standbys if s in registered])
                 return
             self._start_generation(state, revision, log)
         elif time.monotonic() - self._pending_since > STARTUP_TIMEOUT_SECONDS:
             missing = [s for s in state.slots if s not in registered]
             self._fail(state, revision, "NodesNotReady", f"nodes never registered: {', '.join(missing)}")
 
-    def _preflight(self, state: JobState, revision: int, log: ContextLogger) -> None:
+    def _preflight(self, state: JobState, revision: int, log: ContextLogger, standbys: list[str]) -> None:
         """Check every node before the job starts; evict the ones that fail, then check again.
 
         Evictions here are the infrastructure's fault: they do not count against maxRestarts.
         """
-        procs = min(2, max(r.processes_per_node for r in self.job.spec.roles))
-        log.info("pre-flight checks", fields={"nodes": state.slots, "round": state.preflight_rounds + 1})
-        verdicts = self.cluster.preflight(list(state.slots), procs)
+        nodes = list(state.slots) + standbys
+        log.info("pre-flight checks", fields={"nodes": nodes, "round": state.preflight_rounds + 1})
+        verdicts = self.cluster.preflight(nodes, self._check_procs())
         state.preflight_rounds += 1
         failed = [v for v in verdicts if not v.passed]
-        extra: dict[str, Incident | Assignment] = {}
+        extra: Extra = {}
         now = time.time()
+        bad = {v.node for v in failed}
+        state.standbys_checked = sorted(set(state.standbys_checked) | {n for n in standbys if n not in bad})
         for v in failed:
-            replacement = f"node-{state.next_node_index}"
-            state.next_node_index += 1
-            state.slots = [replacement if s == v.node else s for s in state.slots]
             incident = Incident(id=f"inc-pre{state.preflight_rounds}-{uuid.uuid4().hex[:6]}", job=self.job_name,
                                 failure_class=FailureClass.PREFLIGHT_FAILED, generation=0, node=v.node,
-                                evidence=v.reasons[:20], action=f"evict {v.node} before the start, replace with "
-                                f"{replacement}", failed_at=now, detected_at=now)  # fmt: skip
+                                suspects=[v.node], evidence=v.reasons[:20], counted=False,
+                                policy_action=FailureAction.EVICT, runbook="preflight_failed",
+                                failed_at=now, detected_at=now)  # fmt: skip
+            self._evict(state, [v.node], incident, extra, exclude=bad)
+            incident.action = f"evict {v.node} before the start" + (
+                f", replace with {incident.replacements[v.node]}" if v.node in incident.replacements else "")
             extra[keys.incident(self.job_name, incident.id)] = incident
             log.warning("pre-flight failed; evicting", fields={"node": v.node, "reasons": v.reasons[:3]})
-        if not failed:
-            state.preflight_passed = True
+        passed = {v.node for v in verdicts if v.passed}
+        if all(s in passed for s in state.slots):
+            state.preflight_passed = True  # replacements, if any, were standbys that passed with them
         elif state.preflight_rounds >= MAX_PREFLIGHT_ROUNDS:
             self._fail(state, revision, "PreflightFailed",
                        f"nodes kept failing pre-flight checks after {state.preflight_rounds} rounds")  # fmt: skip
@@ -181,9 +228,36 @@ class JobController:
             self._command(node, state.generation, AgentAction.STOP)
         if not self._ensure_nodes(state, revision):
             return
-        registered = self._registrations()
-        if all(s in registered for s in state.slots):
-            self._start_generation(state, revision, log)
+        registered, beats = self._read_nodes()
+        if not all(s in registered for s in state.slots):
+            return
+        if state.checks_pending:
+            still = [n for n in state.slots if (b := beats.get(n)) is not None
+                     and any(w.exit_code is None for w in b.workers)]  # fmt: skip
+            if still:
+                return  # the checks need the machines to themselves
+            self._stop_time_checks(state, revision, log)
+            return
+        self._start_generation(state, revision, log)
+
+    def _stop_time_checks(self, state: JobState, revision: int, log: ContextLogger) -> None:
+        """Collective and compute checks on the job's nodes after a fault with no machine named:
+        evict what fails (standbys step in); if all pass, the fault was transient."""
+        log.info("stop-time checks", fields={"nodes": state.slots})
+        verdicts = self.cluster.preflight(list(state.slots), self._check_procs())
+        failed = [v for v in verdicts if not v.passed]
+        extra: Extra = {}
+        if failed and state.open_incident is not None:
+            incident = self.store.get(keys.incident(self.job_name, state.open_incident), Incident)
+            if incident is not None:
+                incident.evidence += [f"stop-time check failed on {v.node}: {'; '.join(v.reasons[:3])}" for v in failed]
+                incident.suspects = sorted(set(incident.suspects) | {v.node for v in failed})
+                self._evict(state, [v.node for v in failed], incident, extra)
+                incident.action += f"; stop-time checks evicted {', '.join(v.node for v in failed)}"
+                extra[keys.incident(self.job_name, incident.id)] = incident
+        state.checks_pending = False
+        if self._commit(state, revision, extra):
+            log.info("stop-time checks done", fields={"failed": [v.node for v in failed]})
 
     def _running(self, state: JobState, revision: int, log: ContextLogger) -> None:
         for node in state.slots:
@@ -193,6 +267,21 @@ class JobController:
                    for w in b.workers]  # fmt: skip
         if self._track_progress(state, revision, workers, log):
             return  # it committed: the state's revision moved, so decide the rest on the next tick
+        if self._maintain_pool(state, revision, registered, beats, log):
+            return
+        if self._code_update_due(state, revision, log):
+            return
+        now = time.time()
+
+        # Rung 1: machine signals from the probes evict at once, no diagnosis.
+        faults = {n: b.machine_faults for n, b in beats.items() if n in state.slots and n in registered}
+        condemned = machine_fault_suspects(faults, self._nics, now, nic_count=self.ft.nic_flap_count,
+                                           nic_window=self.ft.nic_flap_window_seconds)  # fmt: skip
+        if condemned:
+            evidence = [f"{n}: {line}" for n, lines in sorted(condemned.items()) for line in lines]
+            self._handle(state, revision, workers, Classified(FailureEvent.MACHINE_FAULT, sorted(condemned),
+                         evidence), now, log)  # fmt: skip
+            return
 
         lost = [n for n in state.slots if n not in registered]
         crashed = sorted((w for w in workers if w.exit_code not in (None, 0)), key=lambda w: w.exited_at or 0)
@@ -202,23 +291,90 @@ class JobController:
             # silent is a lost node, and that is the failure to handle.
             return
         if lost:
-            node = lost[0]
-            last = self._last_beats.get(node)
-            failed_at = last.sent_at if last else time.time() - self.ft.lease_ttl_seconds
-            self._on_failure(state, revision, workers, Failure(FailureClass.LOST_NODE, node, failed_at), log)
+            last = [self._last_beats[n].sent_at for n in lost if n in self._last_beats]
+            failed_at = min(last) if last else now - self.ft.lease_ttl_seconds
+            evidence = [f"{n}: node lease lapsed (no heartbeat for {self.ft.lease_ttl_seconds}s)" for n in lost]
+            self._handle(state, revision, workers, Classified(FailureEvent.LOST_NODE, lost, evidence), failed_at, log)
         elif crashed:
-            w = crashed[0]
-            node = next(n for n in state.slots if any(x.rank == w.rank for x in beats[n].workers))
-            failure = Failure(FailureClass.WORKER_CRASH, node, w.exited_at or time.time(), w.rank, w.exit_code,
-                              w.log_tail)  # fmt: skip
-            self._on_failure(state, revision, workers, failure, log)
+            owner = {w.rank: n for n in state.slots if (b := beats.get(n)) for w in b.workers}
+            pairs = [(owner[w.rank], w) for w in crashed if w.rank in owner]
+            classified = classify_crash(pairs)
+            self._refine_crash(state, pairs, classified, log)
+            self._handle(state, revision, workers, classified, crashed[0].exited_at or now, log)
         elif len(workers) == self.job.spec.world_size and all(w.exit_code == 0 for w in workers):
             self._note_progress(state, workers, force=True)
             state.phase, state.finished_at = JobPhase.SUCCEEDED, time.time()
             state.reason, state.message = "Completed", f"all {len(workers)} workers exited 0"
             if self._commit(state, revision):
                 log.info("job succeeded")
+        else:
+            self._watch_progress(state, revision, workers, now, log)
 
+    def _refine_crash(self, state: JobState, pairs: list[tuple[str, WorkerStatus]], classified: Classified,
+                      log: ContextLogger) -> None:  # fmt: skip
+        """Ask diagnosis to read the crash logs too; its verdict rides in the incident, and a machine
+        it names (a signature the agent's scan missed) upgrades a plain crash to a machine fault."""
+        assignment = self.store.get(keys.generation(self.job_name, state.generation), Assignment)
+        if assignment is None:
+            return
+        finding = diagnose_crash(self.job_name, assignment, pairs, self._url(), log)
+        if finding is None:
+            return
+        classified.verdict = finding.verdict
+        blame = (finding.verdict or {}).get("blame")
+        if classified.event is FailureEvent.WORKER_CRASH and blame == "node" and finding.suspects:
+            classified.event, classified.suspects = FailureEvent.MACHINE_FAULT, finding.suspects
+            classified.runbook = finding.runbook or "machine_fault"
+            classified.evidence += finding.evidence
+
+    def _watch_progress(self, state: JobState, revision: int, workers: list[WorkerStatus], now: float,
+                        log: ContextLogger) -> None:  # fmt: skip
+        """Rungs 3-4 for a job that is running: loss spikes, and hangs past the adaptive timeout."""
+        rank0 = next((w for w in workers if w.rank == 0), None)
+        if rank0 is not None and rank0.loss is not None and rank0.step is not None:
+            if is_loss_spike(rank0.loss, self._losses[-LOSS_HISTORY:], self.ft.loss_spike_factor):
+                evidence = [f"loss {rank0.loss:.4g} at step {rank0.step}, recent mean "
+                            f"{sum(self._losses[-LOSS_HISTORY:]) / len(self._losses[-LOSS_HISTORY:]):.4g}"]  # fmt: skip
+                self._handle(state, revision, workers, Classified(FailureEvent.LOSS_SPIKE, [], evidence), now, log)
+                return
+            if not self._losses or self._losses[-1] != rank0.loss:
+                self._losses.append(rank0.loss)
+        running = [w for w in workers if w.exit_code is None]
+        if not running:
+            return
+        progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
+        if progress:
+            timeout = hang_timeout([w.step_time for w in running if w.step_time],
+                                   self.ft.hang_timeout_multiplier, self.ft.hang_timeout_floor_seconds)  # fmt: skip
+            since = max(progress)
+        else:
+            timeout = self.ft.first_step_timeout_seconds
+            since = state.generation_started_at or state.updated_at
+        if now - since <= timeout:
+            return
+        assignment = self.store.get(keys.generation(self.job_name, state.generation), Assignment)
+        if assignment is None:
+            return
+        log.warning("no progress; capturing stacks", fields={"stalled_for": round(now - since, 1),
+                                                             "timeout": round(timeout, 1)})  # fmt: skip
+        detected = time.time()
+        try:
+            finding = diagnose_hang(self.store, self.job_name, assignment, self._url(), log)
+        except ImportError:
+            finding = None
+        classified = Classified(FailureEvent.HANG, finding.suspects if finding else [],
+                                [f"no progress for {now - since:.1f}s (timeout {timeout:.1f}s)"]
+                                + (finding.evidence if finding else []),
+                                runbook=(finding.runbook if finding else None) or "hang")  # fmt: skip
+        classified.verdict = finding.verdict if finding else None
+        classified.diagnosed_at = time.time()
+        # Re-read: the capture took seconds, and a commit needs the state's current revision.
+        state, revision = self.store.get_with_revision(keys.job_state(self.job_name), JobState)
+        if state is None or state.phase is not JobPhase.RUNNING:
+            return
+        self._handle(state, revision, workers, classified, since, log, detected_at=detected)
+
+    # -- progress ------------------------------------------------------------------------------
     def _track_progress(self, state: JobState, revision: int, workers: list[WorkerStatus], log: ContextLogger) -> bool:
         """Record the job's first step and close the open incident at the first step after recovery.
         True if it committed (the caller must then re-read before committing anything else)."""
@@ -226,9 +382,13 @@ class JobController:
         if not stepped:
             return False
         changed = self._note_progress(state, workers)
-        extra: dict[str, Incident | Assignment] = {}
+        extra: Extra = {}
         if state.first_step_at is None:
             state.first_step_at = min(w.first_step_at for w in stepped)  # type: ignore[type-var]
+            changed = True
+        if state.resume_max_step is not None and any((w.last_checkpoint_step or 0) > state.resume_max_step
+                                                     for w in workers):  # fmt: skip
+            state.resume_max_step = None  # a checkpoint newer than the rollback point exists: it is good
             changed = True
         if state.open_incident is not None:
             incident = self.store.get(keys.incident(self.job_name, state.open_incident), Incident)
@@ -256,65 +416,294 @@ class JobController:
             return False
         rank0 = next((w for w in workers if w.rank == 0 and w.loss is not None), None)
         state.last_step = max(steps)
-        state.last_loss = rank0.loss if rank0 else state.last_loss
+        state.last_loss = rank0.loss if rank0 and math.isfinite(rank0.loss) else state.last_loss  # type: ignore[arg-type]
         return True
 
     # -- failures ------------------------------------------------------------------------------
-    def _on_failure(
-        self, state: JobState, revision: int, workers: list[WorkerStatus], failure: Failure, log: ContextLogger
+    def _handle(
+        self,
+        state: JobState,
+        revision: int,
+        workers: list[WorkerStatus],
+        classified: Classified,
+        failed_at: float,
+        log: ContextLogger,
+        detected_at: float | None = None,
     ) -> None:
+        """Take the policy's rung for a classified failure, in one guarded commit with its incident."""
         now = time.time()
+        decision = decide(classified, self.policy, Counters(state.restarts, state.user_code_failures),
+                          checks_enabled=self.ft.stop_time_checks)  # fmt: skip
         steps = [w.step for w in workers if w.step is not None]
         step_times = [w.step_time for w in workers if w.step_time]
         rank0 = next((w for w in workers if w.rank == 0), None)
         incident = Incident(
             id=f"inc-{state.generation:04d}-{uuid.uuid4().hex[:6]}",
             job=self.job_name,
-            failure_class=failure.failure_class,
+            failure_class=classified.event,
             generation=state.generation,
-            node=failure.node,
-            rank=failure.rank,
-            exit_code=failure.exit_code,
-            evidence=failure.evidence or [],
-            failed_at=failure.failed_at,
-            detected_at=now,
+            node=(classified.suspects or [None])[0],
+            rank=classified.rank,
+            exit_code=classified.exit_code,
+            evidence=classified.evidence[:60],
+            suspects=classified.suspects,
+            policy_action=decision.action,
+            counted=decision.counted,
+            verdict=classified.verdict,
+            runbook=classified.runbook,
+            failed_at=failed_at,
+            detected_at=detected_at or now,
+            diagnosed_at=classified.diagnosed_at,
             step_at_failure=max(steps) if steps else None,
-            loss_before=rank0.loss if rank0 else None,
+            loss_before=rank0.loss if rank0 and rank0.loss is not None and math.isfinite(rank0.loss) else None,
             mean_step_time=sum(step_times) / len(step_times) if step_times else None,
         )
-        log = log.bind(incident=incident.id, node=failure.node, rank=failure.rank)
-        if state.restarts >= self.job.spec.failure_policy.max_restarts:
-            incident.action = "fail"
-            self._fail(state, revision, "RestartBudgetExhausted",
-                       f"{failure.failure_class.value} on {failure.node} after {state.restarts} restarts",
-                       incident)  # fmt: skip
-            log.error("restart budget exhausted; job failed")
+        if incident.node is None and classified.rank is not None:
+            incident.node = next((n for n in state.slots if (b := self._last_beats.get(n))
+                                  and any(w.rank == classified.rank for w in b.workers)), None)  # fmt: skip
+        log = log.bind(incident=incident.id, event=classified.event.value, action=decision.action.value)
+        extra: Extra = {keys.incident(self.job_name, incident.id): incident}
+        if decision.action is FailureAction.FAIL:
+            incident.action = f"fail the job: {decision.reason}"
+            message = decision.message
+            if classified.event is FailureEvent.USER_CODE_ERROR:
+                tail = [ln for ln in classified.evidence if ln.strip()][-12:]
+                message = f"{decision.message}\n" + "\n".join(tail)
+            self._fail(state, revision, decision.reason or classified.event.value, message, incident)
+            log.error("job failed", fields={"reason": decision.reason})
             return
-        if failure.failure_class is FailureClass.LOST_NODE:
-            replacement = f"node-{state.next_node_index}"
-            state.slots = [replacement if s == failure.node else s for s in state.slots]
-            state.next_node_index += 1
-            incident.action = f"replace {failure.node} with {replacement}, restart"
+        if decision.action is FailureAction.IGNORE:
+            incident.action = "ignored (failure policy)"
+            incident.first_step_at = now
+            if self._commit(state, revision, extra):
+                log.warning("failure ignored by policy")
+            return
+        actions = []
+        if decision.action is FailureAction.EVICT:
+            self._evict(state, decision.suspects, incident, extra)
+            actions.append("evict " + ", ".join(f"{s} (standby {r})" for s, r in incident.replacements.items()))
+        if decision.action is FailureAction.ROLLBACK:
+            # Skip the newest checkpoints: the fault may have been brewing before it surfaced. The
+            # newest is the last interval boundary before the failure (or a later one a worker
+            # reported, if the job saves off-interval).
+            interval = self.job.spec.checkpoint.interval_steps
+            newest = max([(incident.step_at_failure or 0) // interval * interval,
+                          *(w.last_checkpoint_step or 0 for w in workers)])  # fmt: skip
+            state.resume_max_step = max(0, newest - self.policy.rollback_checkpoints * interval)
+            actions.append(f"roll back to a checkpoint at or before step {state.resume_max_step}")
+        if decision.stop_time_checks:
+            state.checks_pending = True
+            actions.append("run stop-time checks")
+        actions.append("restart the workers in place")
+        incident.action = "; ".join(actions)
+        if classified.event is FailureEvent.USER_CODE_ERROR:
+            state.user_code_failures += 1
         self._note_progress(state, workers, force=True)
         state.phase = JobPhase.RESTARTING
-        state.restarts += 1
+        if decision.counted:
+            state.restarts += 1
+        else:
+            state.infra_restarts += 1
         state.open_incident = incident.id
-        if self._commit(state, revision, {keys.incident(self.job_name, incident.id): incident}):
-            log.warning("failure detected", fields={"class": failure.failure_class.value, "action": incident.action,
-                                                    "exit_code": failure.exit_code})  # fmt: skip
+        if self._commit(state, revision, extra):
+            log.warning("failure handled", fields={"suspects": classified.suspects, "action": incident.action,
+                                                   "exit_code": classified.exit_code})  # fmt: skip
+            if incident.evicted and os.environ.get(CONTROLLER_CRASH_ENV) == "after-evict":
+                log.warning("fault injection: controller dies right after committing an eviction")
+                os._exit(17)
+
+    def _evict(self, state: JobState, nodes: list[str], incident: Incident, extra: Extra,
+               exclude: set[str] | None = None) -> None:  # fmt: skip
+        """Hot-swap: each evicted node's slot (and so its ranks) goes to a standby, the readiest
+        first, or to a new node when the pool is empty. The node is cordoned in the same commit."""
+        now = time.time()
+        registered = self._registrations()
+        for node in nodes:
+            if node in state.evicted:
+                continue
+            state.evicted.append(node)
+            cordon = Cordon(node=node, reason=f"{incident.failure_class.value}: {'; '.join(incident.evidence[:1])}"[:300],
+                            incident=incident.id, cordoned_at=now)  # fmt: skip
+            extra[keys.cordon(node)] = cordon
+            if node in state.standbys:
+                state.standbys.remove(node)
+                continue
+            if node not in state.slots:
+                continue
+            ready = sorted((s for s in state.standbys if s not in (exclude or set()) and s not in nodes),
+                           key=lambda s: (s not in state.standbys_checked, s not in registered))  # fmt: skip
+            if ready:
+                replacement = ready[0]
+                state.standbys.remove(replacement)
+            else:
+                replacement = f"node-{state.next_node_index}"
+                state.next_node_index += 1
+            state.slots = [replacement if s == node else s for s in state.slots]
+            incident.replacements[node] = replacement
+            incident.evicted.append(node)
+        # Replenish the pool at once: new standbys start while the job restarts.
+        self._top_up_standbys(state)
+
+    def _top_up_standbys(self, state: JobState) -> bool:
+        target = standbys_for(self.job.spec.standbys, len(state.slots))
+        added = False
+        while len(state.standbys) < target:
+            state.standbys.append(f"node-{state.next_node_index}")
+            state.next_node_index += 1
+            added = True
+        return added
 
     def _fail(self, state: JobState, revision: int, reason: str, message: str, incident: Incident | None = None) -> None:
         state.phase, state.reason, state.message, state.finished_at = JobPhase.FAILED, reason, message, time.time()
-        extra = {keys.incident(self.job_name, incident.id): incident} if incident else {}
-        self._commit(state, revision, extra)  # type: ignore[arg-type]
+        extra: Extra = {keys.incident(self.job_name, incident.id): incident} if incident else {}
+        self._commit(state, revision, extra)
+
+    # -- standbys ------------------------------------------------------------------------------
+    def _maintain_pool(self, state: JobState, revision: int, registered: dict[str, NodeRegistration],
+                       beats: dict[str, Heartbeat], log: ContextLogger) -> bool:  # fmt: skip
+        """Keep the pool at its target: drop dead or faulty standbys, add new ones, check newcomers
+        on a thread. True if it committed."""
+        known = {n.name: n for n in self.cluster.list_nodes()}
+        drop = {s: "died" for s in state.standbys if s in known and not known[s].alive and s not in registered}
+        drop.update({s: "; ".join(beats[s].machine_faults[:2]) for s in state.standbys
+                     if s in registered and s in beats and beats[s].machine_faults})  # fmt: skip
+        drop.update({s: "; ".join(self._standby_checks[s][1][:2]) or "failed its check"
+                     for s in state.standbys if s in self._standby_checks and not self._standby_checks[s][0]})  # fmt: skip
+        passed = [s for s in state.standbys if s in self._standby_checks and self._standby_checks[s][0]
+                  and s not in state.standbys_checked]  # fmt: skip
+        changed = bool(passed)
+        state.standbys_checked = sorted(set(state.standbys_checked) | set(passed))
+        extra: Extra = {}
+        for s, why in drop.items():
+            state.standbys.remove(s)
+            state.evicted.append(s)
+            extra[keys.cordon(s)] = Cordon(node=s, reason=f"standby {why}"[:300], cordoned_at=time.time())
+            log.warning("dropping a standby", fields={"node": s, "why": why})
+            changed = True
+        changed |= self._top_up_standbys(state)
+        if changed:
+            self._commit(state, revision, extra)
+            return True
+        for s in state.standbys:
+            if s in registered and s not in state.standbys_checked and s not in self._checking and self.ft.preflight:
+                self._checking.add(s)
+                threading.Thread(target=self._check_standby, args=(s,), name=f"check-{s}", daemon=True).start()
+        return False
+
+    def _check_standby(self, node: str) -> None:
+        try:
+            verdict = self.cluster.preflight([node], self._check_procs())[0]
+            self._standby_checks[node] = (verdict.passed, verdict.reasons)
+        except Exception as exc:  # noqa: BLE001 - a broken check must not kill the controller
+            self._standby_checks[node] = (False, [f"check could not run: {exc}"])
+
+    def _check_procs(self) -> int:
+        return min(2, max(r.processes_per_node for r in self.job.spec.roles))
+
+    # -- operator requests ---------------------------------------------------------------------
+    def _serve_requests(self, state: JobState, revision: int, log: ContextLogger) -> bool:
+        """Carry out the oldest pending request (evict, cordon, uncordon, check). True if it
+        committed: the tick then stops, like after any commit."""
+        pending = [r for r in self.store.get_prefix(keys.requests_prefix(self.job_name), OperatorRequest)
+                   if r.status is RequestStatus.PENDING]  # fmt: skip
+        if not pending:
+            return False
+        request = min(pending, key=lambda r: r.requested_at)
+        log = log.bind(request=request.id, kind=request.kind.value, node=request.node)
+        request.finished_at = time.time()
+        extra: Extra = {keys.request(self.job_name, request.id): request}
+        deletes: list[str] = []
+        known = set(state.slots) | set(state.standbys)
+        if request.kind is not RequestKind.CHECK or request.node is not None:
+            if request.node is None or (request.node not in known and request.kind is not RequestKind.UNCORDON):
+                request.status, request.message = RequestStatus.FAILED, (
+                    f"node {request.node!r} is not part of job {self.job_name} "
+                    f"(nodes: {', '.join(state.slots)}; standbys: {', '.join(state.standbys) or 'none'})")
+                return self._commit(state, revision, extra)
+        if request.kind is RequestKind.EVICT:
+            if state.phase is not JobPhase.RUNNING and request.node in state.slots:
+                return False  # evict between recoveries, not in the middle of one
+            now = time.time()
+            incident = Incident(id=f"inc-{state.generation:04d}-{uuid.uuid4().hex[:6]}", job=self.job_name,
+                                failure_class=FailureEvent.MACHINE_FAULT, generation=state.generation,
+                                node=request.node, suspects=[request.node],  # type: ignore[list-item]
+                                evidence=[f"evicted by {request.requested_by or 'an operator'}: {request.reason}"],
+                                policy_action=FailureAction.EVICT, counted=False, runbook="machine_fault",
+                                failed_at=now, detected_at=now)  # fmt: skip
+            self._evict(state, [request.node], incident, extra)  # type: ignore[list-item]
+            incident.action = f"evict {request.node} on request" + (
+                f", standby {incident.replacements[request.node]} takes its ranks"  # type: ignore[index]
+                if request.node in incident.replacements else "")
+            extra[keys.incident(self.job_name, incident.id)] = incident
+            if request.node in incident.replacements:
+                state.phase, state.open_incident = JobPhase.RESTARTING, incident.id
+                state.infra_restarts += 1
+            else:
+                incident.first_step_at = now  # a standby left the pool: no downtime
+            request.status, request.message = RequestStatus.DONE, incident.action
+            request.result = {"incident": incident.id, "replacements": incident.replacements}
+        elif request.kind is RequestKind.CORDON:
+            extra[keys.cordon(request.node)] = Cordon(node=request.node, reason=request.reason or "cordoned by hand",  # type: ignore[arg-type]
+                                                      cordoned_at=time.time(), by=request.requested_by or "cli")  # fmt: skip
+            if request.node in state.standbys:
+                state.standbys.remove(request.node)  # type: ignore[arg-type]
+                state.evicted.append(request.node)  # type: ignore[arg-type]
+                self._top_up_standbys(state)
+            request.status, request.message = RequestStatus.DONE, f"{request.node} cordoned" + (
+                "; it keeps running its ranks until evicted" if request.node in state.slots else "")
+        elif request.kind is RequestKind.UNCORDON:
+            deletes.append(keys.cordon(request.node))  # type: ignore[arg-type]
+            self.cluster.uncordon(request.node)  # type: ignore[arg-type]
+            self._cordoned.discard(request.node)  # type: ignore[arg-type]
+            request.status, request.message = RequestStatus.DONE, f"{request.node} uncordoned"
+        elif request.kind is RequestKind.CHECK:
+            nodes = [request.node] if request.node else list(state.slots)
+            log.info("checks on request", fields={"nodes": nodes})
+            verdicts = self.cluster.preflight(nodes, self._check_procs())  # type: ignore[arg-type]
+            failed = [v.node for v in verdicts if not v.passed]
+            request.status = RequestStatus.DONE
+            request.message = f"{len(nodes) - len(failed)}/{len(nodes)} nodes passed" + (
+                f"; failed: {', '.join(failed)}" if failed else "")
+            request.result = {v.node: {"passed": v.passed, "reasons": v.reasons[:10]} for v in verdicts}
+        if self._commit(state, revision, extra, deletes):
+            log.info("request done", fields={"status": request.status.value, "message": request.message})
+        return True
+
+    # -- code updates ----------------------------------------------------------------------------
+    def _code_update_due(self, state: JobState, revision: int, log: ContextLogger) -> bool:
+        """Lazy hot update: a new codeVersion is applied at the next restart, or forced once the
+        spec's deadline passes. True if it committed."""
+        try:
+            latest = self._read_spec()
+        except Exception:  # noqa: BLE001 - a bad spec edit must not stop the running job
+            return False
+        if latest.spec.code_version == state.code_version:
+            return False
+        if state.code_update_seen_at is None:
+            state.code_update_seen_at = time.time()
+            log.info("new code version; applying at the next restart",
+                     fields={"from": state.code_version, "to": latest.spec.code_version})  # fmt: skip
+            return self._commit(state, revision)
+        deadline = latest.spec.hot_update_deadline_seconds
+        if deadline is None or time.time() - state.code_update_seen_at < deadline:
+            return False
+        evidence = [f"codeVersion {state.code_version} -> {latest.spec.code_version}: deadline of {deadline:.0f}s passed"]
+        self._handle(state, revision, [], Classified(FailureEvent.CODE_UPDATE, [], evidence), time.time(), log)
+        return True
 
     # -- generations and nodes -----------------------------------------------------------------
     def _start_generation(self, state: JobState, revision: int, log: ContextLogger) -> None:
+        if state.code_update_seen_at is not None:
+            self.job = self._read_spec()  # the lazy hot update takes effect now
+            self.ft, self.policy = self.job.spec.fault_tolerance, self.job.spec.failure_policy
+            state.code_version, state.code_update_seen_at = self.job.spec.code_version, None
         generation = state.generation + 1
         assignment = assign(self.job_name, self.job.spec, state.slots, generation,
                             self.cluster.rendezvous(state.slots[0]))  # fmt: skip
+        assignment.resume_max_step = state.resume_max_step
+        assignment.code_version = state.code_version
         now = time.time()
-        extra: dict[str, Incident | Assignment] = {keys.generation(self.job_name, generation): assignment}
+        extra: Extra = {keys.generation(self.job_name, generation): assignment}
         if state.open_incident is not None:
             incident = self.store.get(keys.incident(self.job_name, state.open_incident), Incident)
             if incident is not None:
@@ -322,21 +711,29 @@ class JobController:
                 extra[keys.incident(self.job_name, incident.id)] = incident
         state.generation, state.phase = generation, JobPhase.RUNNING
         state.started_at = state.started_at or now
+        state.generation_started_at = now
         if self._commit(state, revision, extra):
+            self._losses = []
             log.info("generation started", fields={"generation": generation, "slots": state.slots,
+                                                   "standbys": state.standbys,
                                                    "master": f"{assignment.master_addr}:{assignment.master_port}"})  # fmt: skip
             for node in state.slots:
                 self._command(node, generation, AgentAction.RUN)
 
     def _ensure_nodes(self, state: JobState, revision: int) -> bool:
-        """Start slot nodes never started; stop nodes without a slot; give the slot of a node that
-        died before (re)joining to a new node. True if the state is settled (nothing committed)."""
+        """Start slot and standby nodes never started; stop nodes with neither; give the slot of a
+        node that died before (re)joining to a new node. True if settled (nothing committed)."""
         known = {n.name: n for n in self.cluster.list_nodes()}
         registered = self._registrations()
+        wanted = set(state.slots) | set(state.standbys)
         for name in known:
-            if name not in state.slots:
+            if name not in wanted:
                 self.log.info("stopping node without a slot", fields={"node": name})
                 self.cluster.stop_node(name)
+        for name in state.evicted:
+            if name not in self._cordoned:
+                self.cluster.cordon(name, "evicted by the controller")
+                self._cordoned.add(name)
         dead = [s for s in state.slots if s in known and not known[s].alive and s not in registered]
         if dead:
             for slot in dead:
@@ -346,10 +743,10 @@ class JobController:
                 self.log.warning("node died before joining; replacing it", fields={"node": slot, "replacement": replacement})
             self._commit(state, revision)
             return False
-        for slot in state.slots:
-            if slot not in known:
-                self.log.info("starting node", fields={"node": slot})
-                self.cluster.start_node(slot)
+        for name in [*state.slots, *state.standbys]:
+            if name not in known:
+                self.log.info("starting node", fields={"node": name, "standby": name in state.standbys})
+                self.cluster.start_node(name)
         return True
 
     def _command(self, node: str, generation: int, action: AgentAction) -> None:
@@ -372,9 +769,12 @@ class JobController:
         self._last_beats.update(nodes.heartbeats)
         return nodes.registrations, dict(self._last_beats)
 
+    def _url(self) -> str | None:
+        return diagnosis_url(self.store, self._diagnosis_url)
+
     def _finish(self, state: JobState) -> None:
         """Tell every agent the job is over, wait for them to go, then take their machines away."""
-        for node in state.slots:
+        for node in [*state.slots, *state.standbys]:
             self._command(node, state.generation, AgentAction.SHUTDOWN)
         deadline = time.monotonic() + SHUTDOWN_WAIT_SECONDS
         while time.monotonic() < deadline and any(n.alive for n in self.cluster.list_nodes()):

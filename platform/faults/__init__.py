@@ -1,6 +1,13 @@
 """Fault injection for tests and demos."""
 
 from stalwart.faults.injector import FaultInjector, FiredFault
-from stalwart.faults.spec import FaultKind, FaultSpec, parse_fault, preflight_fault_env
+from stalwart.faults.spec import (
+    CONTROLLER_CRASH_ENV,
+    FaultKind,
+    FaultSpec,
+    controller_fault_env,
+    parse_fault,
+    preflight_fault_env,
+)
 
-__all__ = ["FaultInjector", "FaultKind", "FaultSpec", "FiredFault", "parse_fault", "preflight_fault_env"]
+__all__ = ["CONTROLLER_CRASH_ENV", "controller_fault_env", "FaultInjector", "FaultKind", "FaultSpec", "FiredFault", "parse_fault", "preflight_fault_env"]

@@ -25,7 +25,7 @@ class FiredFault(BaseModel):
 
 class FaultInjector:
     def __init__(self, faults: list[FaultSpec], cluster: LocalCluster, kill_controller: Callable[[], int | None]) -> None:
-        self.pending = [f for f in faults if not f.kind.preflight]  # those act through the environment
+        self.pending = [f for f in faults if not f.kind.through_environment]
         self.fired: list[FiredFault] = []
         self.cluster = cluster
         self.kill_controller = kill_controller

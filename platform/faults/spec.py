@@ -14,10 +14,17 @@ class FaultKind(str, Enum):
     HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
     CORRUPT_COMPUTE = "corrupt-compute"  # pre-flight: the node's compute check gives wrong bits
     COLLECTIVE_HANG = "collective-hang"  # pre-flight: the node never joins the collective test
+    # The first controller dies right after it commits an eviction, before it restarts anything.
+    KILL_CONTROLLER_MID_RECOVERY = "kill-controller-mid-recovery"
 
     @property
     def preflight(self) -> bool:
         return self in (FaultKind.CORRUPT_COMPUTE, FaultKind.COLLECTIVE_HANG)
+
+    @property
+    def through_environment(self) -> bool:
+        """Faults that act through a process's environment, not through the injector's poll."""
+        return self.preflight or self is FaultKind.KILL_CONTROLLER_MID_RECOVERY
 
 
 class FaultSpec(BaseModel):
@@ -47,6 +54,16 @@ def preflight_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
             node = f"node-{f.node}" if f.node.isdigit() else f.node
             out.setdefault(node, {})[_PREFLIGHT_ENV[f.kind]] = "1"
     return out
+
+
+CONTROLLER_CRASH_ENV = "STALWART_FAULT_CONTROLLER_CRASH"  # "after-evict"
+
+
+def controller_fault_env(faults: list[FaultSpec]) -> dict[str, str]:
+    """Environment for the first controller process only (the one meant to die)."""
+    if any(f.kind is FaultKind.KILL_CONTROLLER_MID_RECOVERY for f in faults):
+        return {CONTROLLER_CRASH_ENV: "after-evict"}
+    return {}
 
 
 def parse_fault(text: str) -> FaultSpec:

@@ -30,13 +30,13 @@ def progress_line(s: JobSnapshot) -> str:
     return (
         f"[{s.elapsed_seconds:6.1f}s] {s.job} {s.phase.value:<10} gen={s.generation} step={s.step or 0} "
         f"loss={_fmt(s.loss, '.4f')} tokens/s={_fmt(s.tokens_per_second, ',.0f')} "
-        f"nodes={s.nodes_up}/{s.nodes_total} restarts={s.restarts}"
+        f"nodes={s.nodes_up}/{s.nodes_total} standbys={len(s.standbys)} restarts={s.restarts}+{s.infra_restarts}"
     )
 
 
 def progress_table(s: JobSnapshot) -> Table:
     t = Table(title=f"stalwart run · {s.job}", title_justify="left", expand=False)
-    for col in ("phase", "gen", "step", "loss", "tokens/s", "nodes", "restarts", "elapsed"):
+    for col in ("phase", "gen", "step", "loss", "tokens/s", "nodes", "standbys", "restarts", "elapsed"):
         t.add_column(col, justify="right" if col not in ("phase",) else "left")
     t.add_row(
         Text(s.phase.value, style=PHASE_STYLE[s.phase]),
@@ -45,7 +45,8 @@ def progress_table(s: JobSnapshot) -> Table:
         _fmt(s.loss, ".4f"),
         _fmt(s.tokens_per_second, ",.0f"),
         f"{s.nodes_up}/{s.nodes_total}",
-        str(s.restarts),
+        str(len(s.standbys)),
+        f"{s.restarts}+{s.infra_restarts}",
         f"{s.elapsed_seconds:.0f}s",
     )
     return t
@@ -78,7 +79,7 @@ def summary_view(s: JobSnapshot) -> Group:
         Text(f"  reason     {s.reason or '-'}: {s.message or ''}"),
         Text(f"  steps      {s.step or 0}"),
         Text(f"  final loss {_fmt(s.loss, '.4f')}"),
-        Text(f"  restarts   {s.restarts}"),
+        Text(f"  restarts   {s.restarts} counted, {s.infra_restarts} caused by the infrastructure"),
         Text(f"  incidents  {len(s.incidents)}"),
         Text(f"  ETTR       {_fmt(None if ettr is None else ettr * 100, '.1f')}% "
              f"(downtime {s.ettr.downtime_seconds:.1f}s, redone work {s.ettr.lost_work_seconds:.1f}s "

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from stalwart.cluster.local import LocalCluster
 from stalwart.cluster.local import PREFLIGHT_FAULTS_ENV
-from stalwart.faults import FaultInjector, FaultSpec, FiredFault, preflight_fault_env
+from stalwart.faults import FaultInjector, FaultSpec, FiredFault, controller_fault_env, preflight_fault_env
 from stalwart.logs import configure, get_logger
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
@@ -43,6 +43,8 @@ class RunResult(BaseModel):
     snapshot: JobSnapshot | None
     faults: list[FiredFault]
     controller_starts: int
+    # generation -> node -> agent pid, as seen while the job ran: shows which agents survived.
+    agents_by_generation: dict[int, dict[str, int]] = {}
 
 
 class JobAlreadyExists(RuntimeError):
@@ -73,6 +75,7 @@ class LocalRun:
         self.etcd: EtcdServer | None = None
         self.controller: subprocess.Popen[bytes] | None = None
         self.controller_starts = 0
+        self.agents_by_generation: dict[int, dict[str, int]] = {}
         self._interrupted: int | None = None
 
     # -- pieces ----------------------------------------------------------------------------------
@@ -83,6 +86,8 @@ class LocalRun:
             "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
         ]  # fmt: skip
         env = {**os.environ, PREFLIGHT_FAULTS_ENV: json.dumps(preflight_fault_env(self.faults))}
+        if self.controller_starts == 0:
+            env.update(controller_fault_env(self.faults))
         with open(self.workdir / "controller.log", "ab") as log:
             self.controller = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.controller_starts += 1
@@ -144,6 +149,7 @@ class LocalRun:
                 snapshot=snap,
                 faults=injector.fired,
                 controller_starts=self.controller_starts,
+                agents_by_generation=self.agents_by_generation,
             )
         finally:
             if self.controller is not None:
@@ -173,6 +179,9 @@ class LocalRun:
                 snap = snapshot(store, self.job.name)
                 if snap is not None:
                     view.update(snap)
+                    if snap.phase is JobPhase.RUNNING:
+                        seen = self.agents_by_generation.setdefault(snap.generation, {})
+                        seen.update({n: pid for n, pid in snap.agents.items() if n in snap.slots})
                 assert self.controller is not None
                 if self.controller.poll() is not None:
                     state = store.get(keys.job_state(self.job.name), JobState)  # as of now, not of the loop's start

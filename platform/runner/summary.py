@@ -17,7 +17,12 @@ class JobSnapshot(BaseModel):
     job: str
     phase: JobPhase
     generation: int
-    restarts: int
+    restarts: int  # counted against maxRestarts
+    infra_restarts: int  # caused by the infrastructure (evictions, lost nodes, hangs): not counted
+    slots: list[str]
+    standbys: list[str]
+    evicted: list[str]
+    agents: dict[str, int]  # node -> agent pid, for the nodes registered now
     step: int | None
     loss: float | None
     tokens_per_second: float | None
@@ -51,6 +56,11 @@ def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | 
         phase=state.phase,
         generation=state.generation,
         restarts=state.restarts,
+        infra_restarts=state.infra_restarts,
+        slots=state.slots,
+        standbys=state.standbys,
+        evicted=state.evicted,
+        agents={n: r.agent_pid for n, r in registered.items()},
         step=max(steps) if steps else state.last_step,
         loss=rank0.loss if rank0 else state.last_loss,
         tokens_per_second=sum(tps) if tps else None,

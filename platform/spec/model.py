@@ -168,6 +168,7 @@ class FailureEvent(str, Enum):
     HANG = "Hang"  # no progress for longer than the adaptive timeout
     SLOWDOWN = "Slowdown"  # one node persistently slower than the rest
     PREFLIGHT_FAILED = "PreflightFailed"
+    CODE_UPDATE = "CodeUpdate"  # not a failure: a forced restart to apply a new codeVersion
 
 
 class FailureAction(str, Enum):
@@ -181,7 +182,7 @@ class FailureAction(str, Enum):
 # Machine-caused events never count against maxRestarts: the job did nothing wrong.
 INFRASTRUCTURE_EVENTS = frozenset(
     {FailureEvent.MACHINE_FAULT, FailureEvent.LOST_NODE, FailureEvent.PREFLIGHT_FAILED,
-     FailureEvent.HANG, FailureEvent.SLOWDOWN}
+     FailureEvent.HANG, FailureEvent.SLOWDOWN, FailureEvent.CODE_UPDATE}
 )  # fmt: skip
 
 DEFAULT_ACTIONS: dict[FailureEvent, FailureAction] = {
@@ -194,6 +195,7 @@ DEFAULT_ACTIONS: dict[FailureEvent, FailureAction] = {
     FailureEvent.HANG: FailureAction.EVICT,
     FailureEvent.SLOWDOWN: FailureAction.EVICT,
     FailureEvent.PREFLIGHT_FAILED: FailureAction.EVICT,
+    FailureEvent.CODE_UPDATE: FailureAction.RESTART,
 }
 
 

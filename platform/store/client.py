@@ -136,8 +136,9 @@ class Store:
         *,
         expect_value: dict[str, str] | None = None,
         expect_revision: dict[str, int] | None = None,
+        deletes: list[str] | None = None,
     ) -> bool:
-        """Write several keys atomically, only if the expectations hold (values equal, mod revisions equal).
+        """Write (and delete) several keys atomically, only if the expectations hold (values equal, mod revisions equal).
 
         This is how two writers that could race (two controllers, a controller and an operator) stay
         consistent: the loser's commit returns False and it re-reads.
@@ -146,6 +147,7 @@ class Store:
         compare = [tx.value(k) == v for k, v in (expect_value or {}).items()]
         compare += [tx.mod(k) == rev for k, rev in (expect_revision or {}).items()]
         success = [tx.put(k, v if isinstance(v, str) else v.dumps()) for k, v in puts.items()]
+        success += [tx.delete(k) for k in deletes or []]
         with _translate_errors(self.endpoint):
             ok, _ = self._client.transaction(compare=compare, success=success, failure=[])
         return bool(ok)

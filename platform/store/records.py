@@ -56,8 +56,13 @@ class JobState(Record):
     # Restarts caused by the infrastructure: they do not count against maxRestarts.
     infra_restarts: int = 0
     user_code_failures: int = 0
-    # On the next generation, resume from a checkpoint no newer than this step (rollback).
+    # Standbys that passed their checks (pre-flight, or the check run when they joined).
+    standbys_checked: list[str] = []
+    # Run the stop-time checks (collectives, compute) before the next generation starts.
+    checks_pending: bool = False
+    # Resume from a checkpoint no newer than this step (a rollback), until a newer one is saved.
     resume_max_step: int | None = None
+    generation_started_at: float | None = None
     # The spec's codeVersion the running generation was started with, and when a newer one arrived.
     code_version: str | None = None
     code_update_seen_at: float | None = None
@@ -171,6 +176,8 @@ class Assignment(Record):
     master_port: int
     nodes: list[NodeAssignment]
     created_at: float
+    resume_max_step: int | None = None  # rollback: load no checkpoint newer than this
+    code_version: str | None = None
 
     def for_node(self, node: str) -> NodeAssignment | None:
         return next((n for n in self.nodes if n.node == node), None)

@@ -1,0 +1,103 @@
+"""The controller's side of diagnosis: gather evidence from the agents, ask for a verdict.
+
+The diagnosis service is asked over HTTP when the controller knows its URL (`stalwart run` hosts
+one and publishes it in etcd); without one, or when it does not answer, the same engine runs in
+this process, so a hang is never left undiagnosed because a service is down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stalwart.controller.stack_collection import collect_stacks, request_stacks
+from stalwart.logs import ContextLogger
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.records import Assignment, ServiceEndpoint, WorkerStatus
+
+STACK_COLLECT_SECONDS = 15.0
+
+
+@dataclass
+class Finding:
+    suspects: list[str]
+    evidence: list[str] = field(default_factory=list)
+    verdict: dict[str, Any] | None = None
+    runbook: str | None = None
+
+
+def diagnosis_url(store: Store, configured: str | None) -> str | None:
+    if configured:
+        return configured
+    endpoint = store.get(keys.service("diagnosis"), ServiceEndpoint)
+    return endpoint.url if endpoint else None
+
+
+def _verdict(bundle: Any, url: str | None, log: ContextLogger) -> Any:
+    from stalwart.diagnosis.engine import diagnose
+
+    if url:
+        from stalwart.diagnosis.client import DiagnosisClient, DiagnosisUnavailable
+
+        try:
+            return DiagnosisClient(url).diagnose(bundle)
+        except DiagnosisUnavailable as exc:
+            log.warning("diagnosis service unavailable; diagnosing in process", fields={"url": url, "error": str(exc)})
+    return diagnose(bundle)
+
+
+def _topology(assignment: Assignment) -> Any:
+    from stalwart.diagnosis.models import Topology
+
+    rank_nodes = {n.first_rank + i: n.node for n in assignment.nodes for i in range(n.local_world_size)}
+    return Topology(world_size=assignment.world_size, tp=1, pp=1, dp=assignment.world_size, rank_nodes=rank_nodes)
+
+
+def _finding(verdict: Any) -> Finding:
+    data = verdict.model_dump(mode="json")
+    suspects = [s.node for s in verdict.suspects if s.score > 0]
+    evidence = [verdict.summary] + [f"{s.node}: {'; '.join(s.reasons[:2])}" for s in verdict.suspects[:4]]
+    return Finding(suspects=suspects, evidence=evidence, verdict=data, runbook=verdict.runbook or None)
+
+
+def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger) -> Finding:
+    """Capture every worker's stack now, group them, and name the node(s) the outliers share."""
+    from stalwart.diagnosis.models import EvidenceBundle, RankStack
+
+    request_id = request_stacks(store, job)
+    nodes = [n.node for n in assignment.nodes]
+    reports = collect_stacks(store, job, request_id, nodes, timeout=STACK_COLLECT_SECONDS)
+    stacks = [
+        RankStack(rank=d["rank"], node=r.node, text=d.get("text") or "", method=d.get("method") or "none")
+        for r in reports for d in r.stacks if d.get("rank") is not None
+    ]  # fmt: skip
+    missing = sorted(set(nodes) - {r.node for r in reports})
+    if missing:
+        log.warning("no stacks from some nodes", fields={"nodes": missing})
+    bundle = EvidenceBundle(job=job, generation=assignment.generation, kind="hang", topology=_topology(assignment),
+                            stacks=stacks)  # fmt: skip
+    finding = _finding(_verdict(bundle, url, log))
+    if missing and not finding.suspects:
+        # A node that cannot even report its stacks is the likeliest culprit.
+        finding.suspects = missing
+        finding.evidence.append(f"no stack report from {', '.join(missing)}")
+    return finding
+
+
+def diagnose_crash(
+    job: str, assignment: Assignment, crashed: list[tuple[str, WorkerStatus]], url: str | None, log: ContextLogger
+) -> Finding | None:
+    """The service's reading of the crashed workers' logs (None if diagnosis is not installed)."""
+    try:
+        from stalwart.diagnosis.models import EvidenceBundle, RankLog
+    except ImportError:
+        return None
+    logs = [RankLog(rank=w.rank, node=n, exit_code=w.exit_code, lines=w.log_tail[-40:]) for n, w in crashed]
+    bundle = EvidenceBundle(job=job, generation=assignment.generation, kind="crash", topology=_topology(assignment),
+                            logs=logs)  # fmt: skip
+    try:
+        return _finding(_verdict(bundle, url, log))
+    except Exception as exc:  # noqa: BLE001 - a diagnosis bug must not stop recovery
+        log.warning("crash diagnosis failed", fields={"error": str(exc)})
+        return None
