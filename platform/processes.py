@@ -38,6 +38,7 @@ def spawn(
     stderr: IO[bytes] | int | None = subprocess.STDOUT,
     die_with_parent: bool = True,
     new_session: bool = False,
+    stdin: int | None = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
     """Start argv in its own process group (or session), killed with us unless told otherwise."""
     command = list(argv)
@@ -47,7 +48,7 @@ def spawn(
         command,
         env=dict(env) if env is not None else None,
         cwd=cwd,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         stdout=stdout,
         stderr=stderr,
         start_new_session=new_session,

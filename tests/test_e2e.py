@@ -157,6 +157,24 @@ def test_user_code_error_fails_the_job_after_one_retry(tmp_path: Path, stalwart_
     assert snap["restarts"] == 1 and snap["infra_restarts"] == 0
 
 
+def test_a_hung_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """Rank 1 (on node-0) stops before a collective; the others wait in it. No progress past the
+    adaptive timeout: the controller captures every rank's stack, diagnosis names node-0 (its rank
+    is the outlier), and the standby takes node-0's ranks."""
+    job = job_variant(tmp_path, fault_tolerance={"hangTimeoutFloorSeconds": 4, "hangTimeoutMultiplier": 10})
+    code, result, output = run_job(tmp_path, stalwart_cmd, "hang-worker:rank=1,step=20", job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "Hang" and incident["policy_action"] == "Evict", incident
+    assert incident["suspects"] == ["node-0"] and incident["evicted"] == ["node-0"], incident
+    assert snap["slots"] == ["node-2", "node-1"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
+    verdict = incident["verdict"]
+    assert verdict["failure_class"] == "hang" and 1 in verdict["suspects"][0]["ranks"], verdict
+    assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
+
+
 def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     before = {p.pid for p in tagged_processes()}
     argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run")]

@@ -21,6 +21,7 @@ from stalwart.agents.probe_loop import ProbeLoop
 from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
+from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup, tail_lines
 from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV
 from stalwart.logs import get_logger
@@ -85,6 +86,7 @@ class NodeAgent:
         self.log_requests: queue.Queue[LogRequest] = queue.Queue()
         self.shadow_loader = None  # ShadowLoaderSupervisor when the job has a data section
         self.probes = ProbeLoop(self.metrics)
+        self.warm = WarmPool(max(r.processes_per_node for r in self.job.spec.roles), enabled=self.ft.warm_workers)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -195,6 +197,7 @@ class NodeAgent:
         if self._beat_thread is not None:
             self._beat_thread.join(timeout=10)
         self._stop_workers()
+        self.warm.close()
         self.inbox.close()
         self.probes.stop()
         self.metrics.stop()
@@ -211,6 +214,7 @@ class NodeAgent:
     def _tick(self) -> bool:
         """One pass over commands, requests and workers; True if a heartbeat should go out now."""
         dirty = False
+        self.warm.maintain()
         while True:
             try:
                 cmd = self.commands.get_nowait()
@@ -297,6 +301,7 @@ class NodeAgent:
             env,
             working_dir,
             self.workdir / "nodes" / self.node / f"gen-{cmd.generation:04d}",
+            launcher=self.warm.launch,
         )
         self.log.info(
             "workers started",
@@ -304,6 +309,7 @@ class NodeAgent:
                 "generation": cmd.generation,
                 "ranks": [w.rank for w in self.group.workers],
                 "pids": [w.proc.pid for w in self.group.workers],
+                "warm": self.group.warm_starts,
             },
         )
         return True

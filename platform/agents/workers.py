@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from stalwart.store.records import (
     WorkerState,
     WorkerStatus,
 )
+
+# (argv, env, cwd, log) -> a started worker, or None to spawn it cold.
+Launcher = Callable[[list[str], dict[str, str], Path, Path], "subprocess.Popen[bytes] | None"]
 
 LOG_TAIL_LINES = 40
 MAX_MATCHES_KEPT = 20  # per worker, the most recent: a heartbeat stays small
@@ -114,9 +118,13 @@ class WorkerGroup:
         env: dict[str, str],
         working_dir: Path,
         log_dir: Path,
+        launcher: Launcher | None = None,
     ) -> None:
+        """`launcher` may start a worker faster than a cold spawn (a warm worker); when it returns
+        None the worker is spawned cold."""
         self.generation = assignment.generation
         self.workers: list[Worker] = []
+        self.warm_starts = 0
         log_dir.mkdir(parents=True, exist_ok=True)
         # Workers find `python` (and the project's tools) in the agent's own environment.
         path = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.environ.get("PATH", ""))])
@@ -125,8 +133,11 @@ class WorkerGroup:
             worker_env.setdefault("OMP_NUM_THREADS", "1")
             worker_env.setdefault("PYTHONUNBUFFERED", "1")
             log_path = log_dir / f"rank-{node.first_rank + local_rank}.log"
-            with open(log_path, "ab") as log:
-                proc = spawn(command, env=worker_env, cwd=working_dir, stdout=log)
+            proc = launcher(list(command), worker_env, working_dir, log_path) if launcher else None
+            self.warm_starts += proc is not None
+            if proc is None:
+                with open(log_path, "ab") as log:
+                    proc = spawn(command, env=worker_env, cwd=working_dir, stdout=log)
             self.workers.append(Worker(local_rank, node.first_rank + local_rank, proc, log_path))
 
     def scan(self) -> list[SignatureMatch]:

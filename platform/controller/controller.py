@@ -38,6 +38,7 @@ from stalwart.controller.policy import (
     Counters,
     NicHistory,
     classify_crash,
+    count,
     decide,
     hang_timeout,
     is_loss_spike,
@@ -46,7 +47,7 @@ from stalwart.controller.policy import (
 from stalwart.controller.ranks import assign, slot_roles
 from stalwart.controller.standby_pool import standbys_for
 from stalwart.faults.spec import CONTROLLER_CRASH_ENV
-from stalwart.spec.model import FailureAction, FailureEvent
+from stalwart.spec.model import FailureAction, FailureEvent, RecoveryMode
 from stalwart.logs import ContextLogger, get_logger
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
@@ -494,16 +495,20 @@ class JobController:
         if decision.stop_time_checks:
             state.checks_pending = True
             actions.append("run stop-time checks")
-        actions.append("restart the workers in place")
+        if self.policy.recovery is RecoveryMode.REQUEUE:
+            # The baseline: every node relaunched from scratch (fresh agents, cold workers).
+            fresh = [f"node-{state.next_node_index + i}" for i in range(len(state.slots))]
+            state.next_node_index += len(fresh)
+            state.slots = fresh
+            actions.append("requeue: relaunch every node")
+        else:
+            actions.append("restart the workers in place")
         incident.action = "; ".join(actions)
-        if classified.event is FailureEvent.USER_CODE_ERROR:
-            state.user_code_failures += 1
+        counters = count(Counters(state.restarts, state.user_code_failures), decision)
+        state.restarts, state.user_code_failures = counters.restarts, counters.user_code_failures
+        state.infra_restarts += 0 if decision.counted else 1
         self._note_progress(state, workers, force=True)
         state.phase = JobPhase.RESTARTING
-        if decision.counted:
-            state.restarts += 1
-        else:
-            state.infra_restarts += 1
         state.open_incident = incident.id
         if self._commit(state, revision, extra):
             log.warning("failure handled", fields={"suspects": classified.suspects, "action": incident.action,

@@ -56,7 +56,7 @@ def _topology(assignment: Assignment) -> Any:
 
 def _finding(verdict: Any) -> Finding:
     data = verdict.model_dump(mode="json")
-    suspects = [s.node for s in verdict.suspects if s.score > 0]
+    suspects = list(verdict.flagged) or [s.node for s in verdict.suspects if s.score >= 0.5]
     evidence = [verdict.summary] + [f"{s.node}: {'; '.join(s.reasons[:2])}" for s in verdict.suspects[:4]]
     return Finding(suspects=suspects, evidence=evidence, verdict=data, runbook=verdict.runbook or None)
 

@@ -126,6 +126,17 @@ def decide(classified: Classified, policy: FailurePolicy, counters: Counters, *,
     return Decision(event, action, counted, suspects, stop_time_checks=checks)
 
 
+def count(counters: Counters, decision: Decision) -> Counters:
+    """The counters after `decision` is carried out: a counted restart spends the budget, and a
+    user-code error that is retried spends one retry. Fail and Ignore spend nothing."""
+    restarted = decision.action not in (FailureAction.FAIL, FailureAction.IGNORE)
+    return Counters(
+        restarts=counters.restarts + (1 if restarted and decision.counted else 0),
+        user_code_failures=counters.user_code_failures
+        + (1 if restarted and decision.event is FailureEvent.USER_CODE_ERROR else 0),
+    )
+
+
 def hang_timeout(step_times: Sequence[float], multiplier: float, floor: float) -> float:
     """No progress for this long is a hang: a multiple of the recent step time, never below `floor`
     (NCCL's 30-minute default would waste half an hour per hang)."""

@@ -29,7 +29,8 @@ from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
-from stalwart.store.records import JobPhase, JobState
+from stalwart.net import free_port
+from stalwart.store.records import JobPhase, JobState, ServiceEndpoint
 
 POLL_SECONDS = 0.25
 MAX_CONTROLLER_STARTS = 20
@@ -74,6 +75,7 @@ class LocalRun:
         self.log = get_logger("stalwart.run", job=job.name)
         self.etcd: EtcdServer | None = None
         self.controller: subprocess.Popen[bytes] | None = None
+        self.diagnosis: subprocess.Popen[bytes] | None = None
         self.controller_starts = 0
         self.agents_by_generation: dict[int, dict[str, int]] = {}
         self._interrupted: int | None = None
@@ -91,6 +93,16 @@ class LocalRun:
         with open(self.workdir / "controller.log", "ab") as log:
             self.controller = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.controller_starts += 1
+
+    def _start_diagnosis(self, store: Store, endpoint: str) -> None:
+        """Host the diagnosis service, as a cluster would run it, and publish its URL in etcd."""
+        port = free_port()
+        argv = [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port),
+                "--etcd", endpoint]  # fmt: skip
+        with open(self.workdir / "diagnosis.log", "ab") as log:
+            self.diagnosis = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+        store.put(keys.service("diagnosis"),
+                  ServiceEndpoint(name="diagnosis", url=f"http://127.0.0.1:{port}", registered_at=time.time()))  # fmt: skip
 
     def _kill_controller(self) -> int | None:
         if self.controller is None or self.controller.poll() is not None:
@@ -128,6 +140,7 @@ class LocalRun:
                 endpoint = self.etcd.endpoint
             store = Store(endpoint)
             self._submit(store)
+            self._start_diagnosis(store, endpoint)
             cluster = LocalCluster(self.job.name, endpoint, self.workdir, self.job_dir)
             injector = FaultInjector(self.faults, cluster, self._kill_controller)
             self._start_controller(endpoint)
@@ -154,6 +167,13 @@ class LocalRun:
         finally:
             if self.controller is not None:
                 stop_process(self.controller, grace=10.0)
+            if self.diagnosis is not None:
+                stop_process(self.diagnosis, grace=5.0)
+                if store is not None:
+                    try:
+                        store.delete(keys.service("diagnosis"))  # the URL would point at nothing now
+                    except Exception:  # noqa: BLE001 - etcd may be gone already; nothing to clean then
+                        pass
             if cluster is not None:
                 cluster.stop_all()
             if store is not None:

@@ -118,6 +118,11 @@ class FaultTolerance(SpecModel):
         Field(description="After a crash, a NaN or a hang with no clear suspect, run the collective and "
               "compute checks on the job's nodes and evict the ones that fail."),
     ] = True
+    warm_workers: Annotated[
+        bool,
+        Field(description="Keep a Python process per worker with torch already imported, so a restart "
+              "skips the import (only for commands of the form `python script.py ...`)."),
+    ] = True
     hang_timeout_multiplier: Annotated[
         float, Field(ge=2, le=1000, description="A job is hung when no rank progresses for this many recent "
                      "step times (never less than hangTimeoutFloorSeconds).")
@@ -199,6 +204,11 @@ DEFAULT_ACTIONS: dict[FailureEvent, FailureAction] = {
 }
 
 
+class RecoveryMode(str, Enum):
+    HOT_SWAP = "HotSwap"  # healthy nodes keep their agents; evicted nodes' ranks go to warm standbys
+    REQUEUE = "Requeue"  # every node is relaunched, as a resubmitted job would be (the baseline)
+
+
 class FailurePolicyRule(SpecModel):
     """One rung of the ladder: on `event`, take `action`."""
 
@@ -224,6 +234,10 @@ class FailurePolicy(SpecModel):
         list[FailurePolicyRule],
         Field(max_length=32, description="Event to action rules; events without a rule take the default ladder."),
     ] = []
+    recovery: Annotated[
+        RecoveryMode, Field(description="HotSwap (default) restarts workers in place and swaps standbys in; "
+                            "Requeue relaunches every node, as resubmitting the job would (for comparison).")
+    ] = RecoveryMode.HOT_SWAP
 
     @field_validator("rules")
     @classmethod

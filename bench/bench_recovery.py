@@ -1,0 +1,170 @@
+"""Recovery benchmark: hot-swap against requeue, in the same run, on this machine.
+
+    .venv/bin/python bench/bench_recovery.py              # about 8 minutes on 2 cores
+    .venv/bin/python bench/bench_recovery.py --repeats 1  # a quicker single pass
+
+Each scenario is a real `stalwart run` of the example job (2 nodes x 2 gloo workers, real etcd,
+agents, controller and diagnosis service) with one injected fault, and every figure comes from the
+incident the controller recorded: failure -> detected -> restarted -> first completed step after.
+
+- Lost node, hot-swap: the node is SIGKILLed (agent and workers); the warm standby takes its ranks,
+  the healthy node keeps its agent and restarts its workers from warm processes (torch imported).
+- Lost node, requeue (the anchor): the same fault with `failurePolicy.recovery: Requeue`, no standby
+  and no warm workers: every node is relaunched from scratch and loads the checkpoint from storage,
+  as a resubmitted job would.
+- Detection latency per class: a worker crash, a lost node (lease TTL), a hang (adaptive timeout,
+  then stacks and diagnosis) and NaN loss.
+
+Writes docs/recovery-measured.json (read by the ETTR simulator) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "pretrain-tiny.yaml"
+OUT = REPO / "docs" / "recovery-measured.json"
+
+
+def job_file(folder: Path, *, requeue: bool = False, args: list[str] = (), ft: dict[str, Any] | None = None) -> Path:  # type: ignore[assignment]
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    role = doc["spec"]["roles"][0]
+    role["command"] = [c for c in role["command"]]
+    role["command"][role["command"].index("--steps") + 1] = "100"
+    role["command"] += list(args)
+    role["workingDir"] = str(EXAMPLE.parent)
+    for source in doc["spec"]["data"]["sources"]:
+        source["shards"] = [str(EXAMPLE.parent / s) for s in source["shards"]]
+    doc["spec"]["faultTolerance"].update({"preflight": False, "heartbeatIntervalSeconds": 0.5,
+                                          "leaseTtlSeconds": 3, "stopGraceSeconds": 2, **(ft or {})})  # fmt: skip
+    if requeue:
+        doc["spec"]["failurePolicy"]["recovery"] = "Requeue"
+        doc["spec"]["standbys"] = {"count": 0, "minimum": 0}
+        doc["spec"]["faultTolerance"]["warmWorkers"] = False
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run(name: str, job: Path, folder: Path, *inject: str) -> dict[str, Any]:
+    summary = folder / "summary.json"
+    argv = [sys.executable, "-m", "stalwart.cli.main", "run", str(job), "--workdir", str(folder / "run"),
+            "--summary-json", str(summary), "--timeout", "400"]  # fmt: skip
+    for fault in inject:
+        argv += ["--inject", fault]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=500)
+    if not summary.exists():
+        raise SystemExit(f"{name}: no summary\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result = json.loads(summary.read_text())
+    snap = result["snapshot"]
+    if result["phase"] != "Succeeded" or not snap["incidents"]:
+        raise SystemExit(f"{name}: phase {result['phase']}, incidents {len(snap['incidents'])}\n{proc.stdout[-3000:]}")
+    inc = snap["incidents"][0]
+    out = {
+        "scenario": name,
+        "class": inc["failure_class"],
+        "action": inc["action"],
+        "detect": inc["detected_at"] - inc["failed_at"],
+        "restart": (inc["restarted_at"] or inc["detected_at"]) - inc["failed_at"],
+        "first_step": inc["first_step_at"] - inc["failed_at"],
+        "after_detect": inc["first_step_at"] - inc["detected_at"],
+        "diagnose": (inc["diagnosed_at"] - inc["detected_at"]) if inc.get("diagnosed_at") else None,
+        "wall": time.monotonic() - t0,
+        "warm_starts": _warm_starts(folder / "run"),
+    }
+    print(f"  {name:<22} {out['class']:<10} detect {out['detect']:6.2f}s  restart {out['restart']:6.2f}s  "
+          f"first step {out['first_step']:6.2f}s  (run {out['wall']:.0f}s)", flush=True)
+    return out
+
+
+def _warm_starts(run_dir: Path) -> int:
+    """Workers started from warm processes, from the agents' logs."""
+    total = 0
+    for log in run_dir.glob("nodes/*/agent.log"):
+        for line in log.read_text().splitlines():
+            if '"workers started"' in line:
+                total += json.loads(line).get("warm", 0)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=OUT)
+    args = parser.parse_args()
+    subprocess.run(["make", "-s", "-C", str(REPO), "examples/data/shards/stories-00000.stok",
+                    "examples/data/shards/logs-00000.stok"], check=True)  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="stalwart-bench-recovery-") as tmp:
+        root = Path(tmp)
+
+        def scenario(name: str, *inject: str, **kw: Any) -> dict[str, Any]:
+            folder = root / f"{name}-{len(rows)}"
+            folder.mkdir()
+            row = run(name, job_file(folder, **kw), folder, *inject)
+            rows.append(row)
+            return row
+
+        print("recovery from a lost node, time after the failure (s):")
+        for _ in range(args.repeats):
+            scenario("lost-node/hot-swap", "kill-node:node=1,step=60")
+            scenario("lost-node/requeue", "kill-node:node=1,step=60", requeue=True)
+        print("detection latency per class:")
+        scenario("worker-crash", "kill-worker:rank=3,step=60")
+        scenario("hang", "hang-worker:rank=1,step=60", ft={"hangTimeoutFloorSeconds": 4})
+        scenario("nan", args=["--nan-at-step", "65"])
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["scenario"] == name)
+
+    hot, req = med("lost-node/hot-swap", "first_step"), med("lost-node/requeue", "first_step")
+    hot_after, req_after = med("lost-node/hot-swap", "after_detect"), med("lost-node/requeue", "after_detect")
+    measured = {
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.platform()}",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": "python bench/bench_recovery.py" + (f" --repeats {args.repeats}" if args.repeats != 2 else ""),
+        "hot_swap_seconds": hot,
+        "requeue_seconds": req,
+        "hot_swap_after_detection_seconds": hot_after,
+        "requeue_after_detection_seconds": req_after,
+        "ratio": req / hot,
+        "ratio_after_detection": req_after / hot_after,
+        "detect_seconds": {
+            "WorkerCrash": med("worker-crash", "detect"),
+            "LostNode": med("lost-node/hot-swap", "detect"),
+            "Hang": med("hang", "detect"),
+            "NaNLoss": med("nan", "detect"),
+        },
+        "hang_diagnosis_seconds": med("hang", "diagnose") if any(r["diagnose"] for r in rows) else None,
+        "runs": rows,
+    }
+    args.output.write_text(json.dumps(measured, indent=2) + "\n")
+    print()
+    print("| | hot-swap | requeue | ratio |")
+    print("|---|---|---|---|")
+    print(f"| failure -> first step (s) | {hot:.2f} | {req:.2f} | {req / hot:.1f}x |")
+    print(f"| detection -> first step (s) | {hot_after:.2f} | {req_after:.2f} | {req_after / hot_after:.1f}x |")
+    print()
+    print("| class | detect (s) |")
+    print("|---|---|")
+    for cls, value in measured["detect_seconds"].items():
+        print(f"| {cls} | {value:.2f} |")
+    print(f"\nwrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
