@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stalwart.controller.ettr import compute_ettr
+from stalwart.controller.ettr import compute_ettr, mttr_by_class
 from stalwart.controller.ranks import assign
 from stalwart.faults import FaultKind, parse_fault
 from stalwart.spec import Role, TrainingJobSpec
@@ -72,3 +72,18 @@ def test_fault_specs_parse() -> None:
 def test_bad_fault_specs_say_why(text: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         parse_fault(text)
+
+
+def test_ettr_over_a_window_and_mttr_per_class() -> None:
+    state = JobState(job="j", created_at=0.0, updated_at=0.0, first_step_at=100.0, finished_at=1100.0)
+    a = Incident(id="a", job="j", failure_class=FailureClass.LOST_NODE, generation=1, failed_at=200.0,
+                 detected_at=203.0, first_step_at=210.0)  # fmt: skip
+    b = Incident(id="b", job="j", failure_class=FailureClass.HANG, generation=2, failed_at=600.0,
+                 detected_at=610.0, first_step_at=640.0)  # fmt: skip
+    whole = compute_ettr(state, [a, b], now=2000.0)
+    assert whole.window_seconds == 1000 and whole.downtime_seconds == 50 and whole.ettr == pytest.approx(0.95)
+    late = compute_ettr(state, [a, b], now=2000.0, since=620.0)  # the hang's tail only
+    assert late.window_seconds == 480 and late.downtime_seconds == 20
+    rows = {r.failure_class: r for r in mttr_by_class([a, b])}
+    assert rows["LostNode"].mttr_seconds == 10 and rows["LostNode"].mean_detect_seconds == 3
+    assert rows["Hang"].mttr_seconds == 40 and [r.failure_class for r in mttr_by_class([a, b], since=500)] == ["Hang"]

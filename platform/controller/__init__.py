@@ -1,6 +1,6 @@
 """The job controller: state machine, rank assignment, election, incidents and ETTR."""
 
 from stalwart.controller.controller import JobController, NotLeader
-from stalwart.controller.ettr import EttrReport, compute_ettr
+from stalwart.controller.ettr import ClassMttr, EttrReport, compute_ettr, mttr_by_class
 
-__all__ = ["EttrReport", "JobController", "NotLeader", "compute_ettr"]
+__all__ = ["ClassMttr", "EttrReport", "JobController", "NotLeader", "compute_ettr", "mttr_by_class"]

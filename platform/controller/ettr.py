@@ -1,11 +1,15 @@
-"""Effective training time ratio, computed from recorded incidents rather than estimated.
+"""Effective training time ratio and per-class MTTR, computed from recorded incidents, not estimated.
 
-Window: from the job's first training step to its end (or now). Unproductive time in it is each
-incident's downtime (failure to first step after recovery) plus the work it made the job redo
+Window: from the job's first training step to its end (or now), optionally narrowed to
+[since, until] (e.g. the last 24 hours). Unproductive time in it is each incident's downtime
+(failure to first step after recovery) clipped to the window, plus the work it made the job redo
 (steps between the restored checkpoint and the failure, at the mean step time).
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
 
 from pydantic import BaseModel
 
@@ -20,21 +24,31 @@ class EttrReport(BaseModel):
     ettr: float | None
 
 
-def compute_ettr(state: JobState, incidents: list[Incident], now: float) -> EttrReport:
+class ClassMttr(BaseModel):
+    failure_class: str
+    incidents: int
+    recovered: int
+    mttr_seconds: float | None  # mean failure-to-first-step of the recovered ones
+    mean_detect_seconds: float | None
+    downtime_seconds: float
+
+
+def compute_ettr(state: JobState, incidents: list[Incident], now: float, *, since: float | None = None,
+                 until: float | None = None) -> EttrReport:  # fmt: skip
     if state.first_step_at is None:
-        return EttrReport(
-            window_seconds=0, downtime_seconds=0, lost_work_seconds=0, productive_seconds=0, ettr=None
-        )
-    end = state.finished_at or now
-    window = max(0.0, end - state.first_step_at)
+        return EttrReport(window_seconds=0, downtime_seconds=0, lost_work_seconds=0, productive_seconds=0, ettr=None)
+    start = max(state.first_step_at, since if since is not None else state.first_step_at)
+    end = min(state.finished_at or now, until if until is not None else now)
+    window = max(0.0, end - start)
     downtime = 0.0
     lost = 0.0
     for inc in incidents:
-        if inc.failed_at < state.first_step_at:
+        if inc.failed_at < state.first_step_at or inc.failed_at >= end:
             continue
         down_end = inc.first_step_at if inc.first_step_at is not None else end
-        downtime += max(0.0, min(down_end, end) - inc.failed_at)
-        lost += inc.lost_work_seconds
+        downtime += max(0.0, min(down_end, end) - max(inc.failed_at, start))
+        if inc.failed_at >= start:
+            lost += inc.lost_work_seconds
     productive = max(0.0, window - downtime - lost)
     return EttrReport(
         window_seconds=window,
@@ -43,3 +57,19 @@ def compute_ettr(state: JobState, incidents: list[Incident], now: float) -> Ettr
         productive_seconds=productive,
         ettr=(productive / window) if window > 0 else None,
     )
+
+
+def mttr_by_class(incidents: list[Incident], *, since: float | None = None, until: float | None = None) -> list[ClassMttr]:
+    """Per failure class: how many, how fast detected, how long until training resumed."""
+    groups: dict[str, list[Incident]] = defaultdict(list)
+    for inc in incidents:
+        if (since is None or inc.failed_at >= since) and (until is None or inc.failed_at < until):
+            groups[inc.failure_class.value].append(inc)
+    out = []
+    for cls, incs in sorted(groups.items()):
+        downs = [d for i in incs if (d := i.downtime) is not None]
+        out.append(ClassMttr(failure_class=cls, incidents=len(incs), recovered=len(downs),
+                             mttr_seconds=mean(downs) if downs else None,
+                             mean_detect_seconds=mean(i.detected_at - i.failed_at for i in incs),
+                             downtime_seconds=sum(downs)))  # fmt: skip
+    return out
