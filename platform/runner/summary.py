@@ -6,7 +6,7 @@ import time
 
 from pydantic import BaseModel
 
-from stalwart.controller.ettr import EttrReport, compute_ettr
+from stalwart.controller.ettr import ClassMttr, EttrReport, compute_ettr, mttr_by_class
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
@@ -33,6 +33,7 @@ class JobSnapshot(BaseModel):
     elapsed_seconds: float
     incidents: list[Incident]
     ettr: EttrReport
+    mttr: list[ClassMttr]
     workers: list[WorkerStatus]
 
 
@@ -71,5 +72,6 @@ def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | 
         elapsed_seconds=(state.finished_at or now) - state.created_at,
         incidents=incidents,
         ettr=compute_ettr(state, incidents, now),
+        mttr=mttr_by_class(incidents),
         workers=workers,
     )
