@@ -104,13 +104,18 @@ def main() -> None:
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
     interval = int(os.environ.get("STALWART_CHECKPOINT_INTERVAL", "10"))
     keep = int(os.environ.get("STALWART_CHECKPOINT_KEEP", "3"))
-    ckpt = Checkpointer(open_storage(os.environ.get("STALWART_CHECKPOINT_URI", "checkpoints/pretrain-tiny")),
-                        retention=RetentionPolicy(keep_last=keep))  # fmt: skip
+    # Under Stalwart: host memory (this node and a peer) first, then storage; a restart reads the
+    # fastest tier that holds the checkpoint whole.
+    tiers = [open_storage(os.environ.get("STALWART_CHECKPOINT_URI", "checkpoints/pretrain-tiny"))]
+    if os.environ.get("STALWART_CHECKPOINT_MEMORY_URI"):
+        tiers.insert(0, open_storage(os.environ["STALWART_CHECKPOINT_MEMORY_URI"]))
+    ckpt = Checkpointer(tiers, retention=RetentionPolicy(keep_last=keep))
     state = {"train": TrainState(model, optim), "rng": RNGState(), "data": loader}
     start = resume(ckpt, state)
     pending = None
     if rank == 0:
-        print(f"world={world} device={device} resuming_from_step={start} steps={args.steps}", flush=True)
+        print(f"world={world} device={device} resuming_from_step={start} tier={ckpt.last_load_tier or '-'} "
+              f"steps={args.steps}", flush=True)
 
     for step in range(start + 1, args.steps + 1):
         t0 = time.perf_counter()

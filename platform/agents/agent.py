@@ -12,6 +12,8 @@ import os
 import queue
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -25,6 +27,9 @@ from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup, tail_lines
 from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV
 from stalwart.logs import get_logger
+from stalwart.net import free_port
+from stalwart.processes import spawn, stop_process
+from stalwart.store.nodes import read_nodes
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
 from stalwart.store.client import Lease, LeaseLost, Store, StoreUnavailable
@@ -44,7 +49,8 @@ from stalwart.store.records import (
 LOOP_INTERVAL = 0.05
 METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
 STACK_TIMEOUT_SECONDS = 8.0
-RESUME_MAX_STEP_ENV = "STALWART_RESUME_MAX_STEP"  # a rollback: load no checkpoint newer than this
+RESUME_MAX_STEP_ENV = "STALWART_RESUME_MAX_STEP"
+MEMORY_URI_ENV = "STALWART_CHECKPOINT_MEMORY_URI"  # a rollback: load no checkpoint newer than this
 
 
 class AgentExit(Exception):
@@ -86,6 +92,8 @@ class NodeAgent:
         self.log_requests: queue.Queue[LogRequest] = queue.Queue()
         self.shadow_loader = None  # ShadowLoaderSupervisor when the job has a data section
         self.probes = ProbeLoop(self.metrics)
+        self.address = os.environ.get("STALWART_NODE_ADDRESS", "127.0.0.1")
+        self.memory_store: subprocess.Popen[bytes] | None = None
         self.warm = WarmPool(max(r.processes_per_node for r in self.job.spec.roles), enabled=self.ft.warm_workers)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -105,8 +113,22 @@ class NodeAgent:
             raise AgentExit(2, f"cannot start the shadow data loader: {exc}") from None
         self.log.info("shadow loader started", fields={"segment": self.shadow_loader.name})
 
+    def _start_memory_store(self) -> int | None:
+        """The node's host-memory checkpoint store: it outlives worker restarts, not the node."""
+        if not self.job.spec.checkpoint.memory:
+            return None
+        port = free_port()
+        argv = [sys.executable, "-m", "stalwart.checkpoint.memory_server", "--host", self.address, "--port", str(port),
+                "--capacity-gib", str(self.job.spec.checkpoint.memory_capacity_gib)]  # fmt: skip
+        (self.workdir / "nodes" / self.node).mkdir(parents=True, exist_ok=True)
+        log = open(self.workdir / "nodes" / self.node / "memory-store.log", "ab")
+        self.memory_store = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return port
+
     def register(self) -> None:
         self._start_data_plane()
+        memory_port = self._start_memory_store()
         metrics_port = self.metrics.start(port=int(os.environ.get(METRICS_PORT_ENV, "0")),
                                           host=os.environ.get("STALWART_METRICS_HOST", "127.0.0.1"))  # fmt: skip
         self.lease = self.store.lease(self.ft.lease_ttl_seconds)
@@ -118,6 +140,8 @@ class NodeAgent:
             registered_at=time.time(),
             lease_id=self.lease.id,
             metrics_port=metrics_port,
+            address=self.address,
+            memory_port=memory_port,
         )
         self.store.put(keys.node_registration(self.job_name, self.node), reg, lease=self.lease)
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
@@ -198,6 +222,8 @@ class NodeAgent:
             self._beat_thread.join(timeout=10)
         self._stop_workers()
         self.warm.close()
+        if self.memory_store is not None:
+            stop_process(self.memory_store, grace=2.0)
         self.inbox.close()
         self.probes.stop()
         self.metrics.stop()
@@ -283,6 +309,9 @@ class NodeAgent:
             "STALWART_CHECKPOINT_INTERVAL": str(self.job.spec.checkpoint.interval_steps),
             "STALWART_CHECKPOINT_KEEP": str(self.job.spec.checkpoint.keep_last),
         }
+        memory_uri = self._memory_uri(assignment)
+        if memory_uri:
+            env[MEMORY_URI_ENV] = memory_uri
         if assignment.resume_max_step is not None:
             env[RESUME_MAX_STEP_ENV] = str(assignment.resume_max_step)
         if assignment.code_version is not None:
@@ -313,6 +342,22 @@ class NodeAgent:
             },
         )
         return True
+
+    def _memory_uri(self, assignment: Assignment) -> str | None:
+        """This node's memory store, its peer (outside its parallel groups) for the second copy, and
+        every node of the generation to read from after a node was replaced."""
+        from stalwart.checkpoint.peers import choose_peers
+
+        registrations = read_nodes(self.store, self.job_name).registrations
+        stores = {n.node: f"{r.address}:{r.memory_port}" for n in assignment.nodes
+                  if (r := registrations.get(n.node)) is not None and r.memory_port}  # fmt: skip
+        if self.node not in stores:
+            return None
+        rank_nodes = {n.first_rank + i: n.node for n in assignment.nodes for i in range(n.local_world_size)}
+        peer = choose_peers(rank_nodes, [list(rank_nodes)]).get(self.node)
+        query = [f"peer={stores[peer]}"] if peer in stores else []
+        query.append("nodes=" + ",".join(stores[n] for n in sorted(stores) if n != self.node))
+        return f"mem://{stores[self.node]}/{self.job_name}?" + "&".join(query)
 
     def _reload_spec(self) -> None:
         raw = self.store.get_raw(keys.job_spec(self.job_name))

@@ -119,6 +119,7 @@ class Checkpointer:
         self.parallelism = parallelism or {}
         self.staging = StagingBuffers()
         self._pending: SaveHandle | None = None
+        self.last_load_tier: str | None = None  # where the last load read from (memory, file, s3)
         self._plan_cache: tuple[str, SavePlan, Metadata] | None = None
 
     # -- collectives (no-ops on one process) -------------------------------------------------------
@@ -343,7 +344,26 @@ class Checkpointer:
         raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
 
     def _load_step(self, state: Mapping[str, Any], step: int) -> None:
-        tier, manifest = self.manifest(step)
+        """From the fastest tier that holds the step whole; a tier missing bytes or failing its
+        checksums hands over to the next (host memory after a node loss, then storage)."""
+        errors = []
+        for tier in self.tiers:
+            raw = tier.read_bytes(f"{step_dir(step)}/{MANIFEST_NAME}")
+            if raw is None:
+                continue
+            try:
+                self._load_from(tier, Manifest.model_validate_json(raw), state, step)
+                self.last_load_tier = tier.name
+                return
+            except (ChecksumError, StorageError) as exc:
+                errors.append(exc)
+                log.warning("checkpoint tier unusable; trying the next",
+                            extra={"context": {"step": step, "tier": tier.name, "error": str(exc)}})  # fmt: skip
+        if not errors:
+            raise NoCheckpoint(f"no committed checkpoint for step {step} in {[t.describe() for t in self.tiers]}")
+        raise errors[-1]
+
+    def _load_from(self, tier: Storage, manifest: Manifest, state: Mapping[str, Any], step: int) -> None:
         raw_md = tier.read_bytes(f"{step_dir(step)}/{DCP_METADATA_NAME}")
         if raw_md is None:
             raise StorageError(f"{tier.describe(step_dir(step))} has a commit marker but no {DCP_METADATA_NAME}")

@@ -304,6 +304,13 @@ class CheckpointSettings(SpecModel):
     ] = None
     interval_steps: Annotated[int, Field(ge=1, le=10_000_000, description="Save every this many steps.")] = 10
     keep_last: Annotated[int, Field(ge=1, le=1000, description="Committed checkpoints to keep.")] = 3
+    memory: Annotated[
+        bool, Field(description="Also keep checkpoints in host memory, on the node and on a peer node, so "
+                    "that a restart loads from memory when the copy is intact and from storage otherwise.")
+    ] = True
+    memory_capacity_gib: Annotated[
+        float, Field(gt=0, le=4096, description="Host memory each node's checkpoint store may use.")
+    ] = 16.0
 
 
 class DataSource(SpecModel):

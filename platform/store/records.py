@@ -87,6 +87,8 @@ class NodeRegistration(Record):
     registered_at: float
     lease_id: int
     metrics_port: int | None = None  # the agent's Prometheus /metrics
+    address: str = "127.0.0.1"  # where the node's services (metrics, memory store) are reached
+    memory_port: int | None = None  # the node's host-memory checkpoint store
 
 
 class StackRequest(Record):

@@ -7,7 +7,7 @@ __all__ = ["FileStorage", "ObjectWriter", "Storage", "StorageError", "open_stora
 
 
 def open_storage(uri: str) -> Storage:
-    """'path', 'file:///path', 's3://bucket/prefix?endpoint=http://host:port', 'mem://host:port/ns?peer=host:port'."""
+    """'path', 'file:///path', 's3://bucket/prefix?endpoint=http://host:port', 'mem://host:port/ns?peer=host:port&nodes=h:p,h:p'."""
     from urllib.parse import parse_qs, urlparse
 
     if "://" not in uri:
@@ -23,5 +23,6 @@ def open_storage(uri: str) -> Storage:
     if parsed.scheme == "mem":
         from stalwart.checkpoint.storage.memory import MemoryStorage
 
-        return MemoryStorage(parsed.netloc, query.get("peer"), parsed.path.strip("/"))
+        nodes = [n for n in query.get("nodes", "").split(",") if n]
+        return MemoryStorage(parsed.netloc, query.get("peer"), parsed.path.strip("/"), nodes)
     raise ValueError(f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri!r} (file, s3 or mem)")

@@ -1,7 +1,9 @@
 """Host memory on this node, with a copy on a peer node: one lost node never loses both copies.
 
 Writes go to the local node's memory store and to the peer's; reads prefer the local one and fall
-back to the peer when the local store is gone (the node was lost) or lacks the object.
+back to the peer when the local store is gone (the node was lost) or lacks the object, then to the
+job's other nodes (`nodes`): a standby that took a lost node's ranks holds none of their bytes, but
+the lost node's peer does.
 """
 
 from __future__ import annotations
@@ -78,16 +80,18 @@ class MemoryStorage(Storage):
     tier_rank = 10
     name = "memory"
 
-    def __init__(self, local: str, peer: str | None, namespace: str) -> None:
+    def __init__(self, local: str, peer: str | None, namespace: str, nodes: list[str] | None = None) -> None:
         super().__init__()
         self.endpoints = [_Endpoint(local, namespace)] + ([_Endpoint(peer, namespace)] if peer else [])
+        written = {local, peer}
+        self.readers = self.endpoints + [_Endpoint(n, namespace) for n in nodes or [] if n not in written]
         self.namespace = namespace
 
     def _first(self, method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        """Ask the local store, then the peer; the first that has it answers."""
+        """Ask the local store, then the peer, then the other nodes; the first that has it answers."""
         last: tuple[int, bytes] = (404, b"")
         errors = []
-        for ep in self.endpoints:
+        for ep in self.readers:
             try:
                 code, body = ep.request(method, path if path.startswith("/dirs") else ep.obj(path), headers=headers)
             except StorageError as exc:
@@ -96,7 +100,7 @@ class MemoryStorage(Storage):
             if code in (200, 206):
                 return code, body
             last = (code, body)
-        if errors and last[0] == 404 and len(errors) == len(self.endpoints):
+        if errors and last[0] == 404 and len(errors) == len(self.readers):
             raise StorageError("; ".join(errors))
         return last
 
@@ -125,7 +129,7 @@ class MemoryStorage(Storage):
     def list_dirs(self) -> list[str]:
         prefix = f"{self.namespace.strip('/')}/" if self.namespace.strip("/") else ""
         names: set[str] = set()
-        for ep in self.endpoints:
+        for ep in self.readers:
             try:
                 code, body = ep.request("GET", f"/dirs?prefix={prefix}")
             except StorageError:
