@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-
 from stalwart.logs import configure
 
 app = typer.Typer(
@@ -26,9 +25,11 @@ err = Console(stderr=True)
 def _register_groups() -> None:
     from stalwart.cli.checkpoint_cmd import app as checkpoint_app
     from stalwart.cli.data_cmd import app as data_app
+    from stalwart.cli.on_call import register
 
     app.add_typer(checkpoint_app, name="checkpoint")
     app.add_typer(data_app, name="data")
+    register(app)
 
 
 _register_groups()
@@ -126,8 +127,10 @@ def version() -> None:
     print(dist_version("stalwart"))
 
 
-def main() -> None:
-    app(prog_name="stalwart")
+def main() -> int:
+    from stalwart.cli.on_call import run_app
+
+    return run_app(app, prog_name="stalwart")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from stalwart.cluster import Cluster
 from stalwart.controller.diagnosis_link import diagnose_crash, diagnose_hang, diagnosis_url
 from stalwart.controller.leader import Leadership
 from stalwart.controller.policy import (
+    MACHINE_CLASSES,
     Classified,
     Counters,
     NicHistory,
@@ -147,14 +148,17 @@ class JobController:
             handler(state, revision, log)
         return state
 
-    def _commit(self, state: JobState, revision: int, extra: Extra | None = None, deletes: list[str] | None = None) -> bool:
+    def _commit(self, state: JobState, revision: int, extra: Extra | None = None, deletes: list[str] | None = None,
+                guard: dict[str, int] | None = None) -> bool:  # fmt: skip
+        """One guarded transaction: we lead, the state is as we read it, and so is every key in
+        `guard` (key -> mod revision), e.g. an operator request nobody withdrew meanwhile."""
         state.updated_at = time.time()
         puts: dict[str, object] = {keys.job_state(self.job_name): state}
         puts.update(extra or {})
         ok = self.store.commit(
             puts,  # type: ignore[arg-type]
             expect_value=self.leader.guard,
-            expect_revision={keys.job_state(self.job_name): revision},
+            expect_revision={keys.job_state(self.job_name): revision, **(guard or {})},
             deletes=deletes,
         )
         if not ok:
@@ -322,8 +326,10 @@ class JobController:
         if finding is None:
             return
         classified.verdict = finding.verdict
-        blame = (finding.verdict or {}).get("blame")
-        if classified.event is FailureEvent.WORKER_CRASH and blame == "node" and finding.suspects:
+        verdict_class = (finding.verdict or {}).get("failure_class")
+        # Only a machine signature upgrades a crash to an eviction; a bare "it died first" does not
+        # (the OOM killer looks the same): the stop-time checks decide those.
+        if classified.event is FailureEvent.WORKER_CRASH and verdict_class in MACHINE_CLASSES and finding.suspects:
             classified.event, classified.suspects = FailureEvent.MACHINE_FAULT, finding.suspects
             classified.runbook = finding.runbook or "machine_fault"
             classified.evidence += finding.evidence
@@ -613,7 +619,11 @@ class JobController:
                    if r.status is RequestStatus.PENDING]  # fmt: skip
         if not pending:
             return False
-        request = min(pending, key=lambda r: r.requested_at)
+        oldest = min(pending, key=lambda r: r.requested_at)
+        request, request_revision = self.store.get_with_revision(keys.request(self.job_name, oldest.id), OperatorRequest)
+        if request is None or request.status is not RequestStatus.PENDING:
+            return False  # withdrawn or done since the listing
+        guard = {keys.request(self.job_name, request.id): request_revision}
         log = log.bind(request=request.id, kind=request.kind.value, node=request.node)
         request.finished_at = time.time()
         extra: Extra = {keys.request(self.job_name, request.id): request}
@@ -624,7 +634,7 @@ class JobController:
                 request.status, request.message = RequestStatus.FAILED, (
                     f"node {request.node!r} is not part of job {self.job_name} "
                     f"(nodes: {', '.join(state.slots)}; standbys: {', '.join(state.standbys) or 'none'})")
-                return self._commit(state, revision, extra)
+                return self._commit(state, revision, extra, guard=guard)
         if request.kind is RequestKind.EVICT:
             if state.phase is not JobPhase.RUNNING and request.node in state.slots:
                 return False  # evict between recoveries, not in the middle of one
@@ -670,7 +680,7 @@ class JobController:
             request.message = f"{len(nodes) - len(failed)}/{len(nodes)} nodes passed" + (
                 f"; failed: {', '.join(failed)}" if failed else "")
             request.result = {v.node: {"passed": v.passed, "reasons": v.reasons[:10]} for v in verdicts}
-        if self._commit(state, revision, extra, deletes):
+        if self._commit(state, revision, extra, deletes, guard=guard):
             log.info("request done", fields={"status": request.status.value, "message": request.message})
         return True
 

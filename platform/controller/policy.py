@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from stalwart.runbooks import EVENT_RUNBOOKS
 from stalwart.spec.model import INFRASTRUCTURE_EVENTS, FailureAction, FailureEvent, FailurePolicy
 from stalwart.store.records import WorkerStatus
 
@@ -17,18 +18,6 @@ from stalwart.store.records import WorkerStatus
 MACHINE_CLASSES = frozenset({"xid", "ecc_error", "disk_full", "cuda_error", "gpu_lost", "nic_down"})
 USER_CODE_SCOPE = "user_code"
 
-RUNBOOKS: dict[FailureEvent, str] = {
-    FailureEvent.MACHINE_FAULT: "machine_fault",
-    FailureEvent.LOST_NODE: "lost_node",
-    FailureEvent.WORKER_CRASH: "worker_crash",
-    FailureEvent.USER_CODE_ERROR: "user_code_error",
-    FailureEvent.NAN_LOSS: "nan_loss",
-    FailureEvent.LOSS_SPIKE: "loss_spike",
-    FailureEvent.HANG: "hang",
-    FailureEvent.SLOWDOWN: "slowdown",
-    FailureEvent.PREFLIGHT_FAILED: "preflight_failed",
-    FailureEvent.CODE_UPDATE: "code_update",
-}
 
 
 @dataclass
@@ -45,7 +34,7 @@ class Classified:
     diagnosed_at: float | None = None
 
     def __post_init__(self) -> None:
-        self.runbook = self.runbook or RUNBOOKS[self.event]
+        self.runbook = self.runbook or EVENT_RUNBOOKS[self.event]
 
 
 def classify_crash(crashed: Sequence[tuple[str, WorkerStatus]]) -> Classified:

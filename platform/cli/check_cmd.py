@@ -1,0 +1,66 @@
+"""`stalwart check NODE|JOB`: run the collective and compute health tests now, through the job's controller.
+
+The checks need the GPUs the job is using, so the controller schedules them (between generations or
+on a standby); the CLI asks and waits, as for an eviction.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from stalwart.cli import operator_requests
+from stalwart.cli.connection import EtcdOption, open_store
+from stalwart.cli.errors import CliError, cli_errors
+from stalwart.cli.lookup import job_for_node
+from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
+from stalwart.store import keys
+from stalwart.store.records import JobState, RequestKind
+
+
+@cli_errors
+def check(
+    target: Annotated[str, typer.Argument(metavar="NODE|JOB", help="A job (check all its nodes) or one node.")],
+    job: Annotated[str | None, typer.Option("--job", "-j", help="TARGET is a node of this job.")] = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the results.")] = 600.0,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """Run the collective (all-reduce, all-gather, all-to-all: bandwidth and bitwise results) and compute checks now.
+
+    TARGET is a job's name (every node of it) or a node's; with --job it is always a node.
+
+    Nodes that fail are reported; evicting them is a separate decision (stalwart node evict).
+
+    Examples:
+
+        stalwart check pretrain-tiny
+
+        stalwart check node-3 --job pretrain-tiny --timeout 900
+    """
+    with open_store(etcd) as store:
+        is_job = job is None and _valid(target) and store.get(keys.job_state(target), JobState) is not None
+        if is_job:
+            owner, node = target, None
+        else:
+            owner = job_for_node(store, target, job)
+            node = target
+            if owner is None:
+                raise CliError(f"{target!r} is neither a job nor a node of a running job (stalwart node list)")
+        request = operator_requests.submit(store, owner, RequestKind.CHECK, node, "health check by on-call")
+        final = operator_requests.wait(store, owner, request, timeout)
+    if output is OutputFormat.JSON:
+        print_json(final)
+    else:
+        out.print(operator_requests.request_view(final))
+    code = operator_requests.outcome_code(final)
+    if code:
+        raise typer.Exit(code)
+
+
+def _valid(name: str) -> bool:
+    try:
+        keys.job_state(name)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,126 @@
+"""Where the on-call commands find etcd and the diagnosis service.
+
+The same commands work against a local `stalwart run` and a cluster, so the endpoints come from,
+first to last: the command's flags (--etcd, --diagnosis-url), the environment (STALWART_ETCD,
+STALWART_DIAGNOSIS_URL), the config file ($STALWART_CONFIG, else
+$XDG_CONFIG_HOME/stalwart/config.yaml, else ~/.config/stalwart/config.yaml):
+
+    etcd: etcd.stalwart.svc:2379
+    diagnosis_url: http://diagnosis.stalwart.svc:8080
+
+The diagnosis URL may also be absent everywhere: the service publishes itself in etcd.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from stalwart.cli.errors import EXIT_USAGE, CliError
+from stalwart.store.client import Store
+
+ETCD_ENV = "STALWART_ETCD"
+DIAGNOSIS_ENV = "STALWART_DIAGNOSIS_URL"
+CONFIG_ENV = "STALWART_CONFIG"
+STORE_TIMEOUT_SECONDS = 5.0
+
+EtcdOption = Annotated[
+    str | None,
+    typer.Option("--etcd", metavar="HOST:PORT", help=f"etcd to read (default: ${ETCD_ENV}, then the config file)."),
+]
+DiagnosisUrlOption = Annotated[
+    str | None,
+    typer.Option("--diagnosis-url", metavar="URL",
+                 help=f"Diagnosis service (default: ${DIAGNOSIS_ENV}, the config file, then the URL the service "
+                      "published in etcd)."),
+]
+
+
+class ConfigFile(BaseModel):
+    """~/.config/stalwart/config.yaml; unknown keys are refused, a typo must not pass silently."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    etcd: str | None = None
+    diagnosis_url: str | None = Field(default=None, alias="diagnosisUrl")
+
+
+class Connection(BaseModel):
+    etcd: str | None
+    etcd_source: str
+    diagnosis_url: str | None
+    diagnosis_source: str
+
+
+def config_path() -> Path:
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "stalwart" / "config.yaml"
+
+
+def read_config(path: Path | None = None) -> ConfigFile:
+    path = path or config_path()
+    if not path.exists():
+        return ConfigFile()
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+        return ConfigFile.model_validate(doc)
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        first = str(exc).strip().splitlines()
+        raise CliError(f"bad config file {path}: {' '.join(first[:3])}", EXIT_USAGE) from None
+
+
+def normalize_endpoint(value: str) -> str:
+    """'http://host:2379/' and 'host:2379' are the same etcd; anything else is a usage error."""
+    text = value.strip().removeprefix("http://").removeprefix("https://").rstrip("/")
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or "," in text:
+        raise CliError(f"etcd endpoint must be HOST:PORT, got {value!r}", EXIT_USAGE)
+    return text
+
+
+def resolve(etcd: str | None = None, diagnosis_url: str | None = None) -> Connection:
+    """Flags, then the environment, then the config file; the config is read only when needed."""
+    etcd_value, etcd_source = etcd, "--etcd"
+    diag_value, diag_source = diagnosis_url, "--diagnosis-url"
+    if etcd_value is None and os.environ.get(ETCD_ENV):
+        etcd_value, etcd_source = os.environ[ETCD_ENV], ETCD_ENV
+    if diag_value is None and os.environ.get(DIAGNOSIS_ENV):
+        diag_value, diag_source = os.environ[DIAGNOSIS_ENV], DIAGNOSIS_ENV
+    if etcd_value is None or diag_value is None:
+        config = read_config()
+        if etcd_value is None and config.etcd:
+            etcd_value, etcd_source = config.etcd, str(config_path())
+        if diag_value is None and config.diagnosis_url:
+            diag_value, diag_source = config.diagnosis_url, str(config_path())
+    return Connection(
+        etcd=normalize_endpoint(etcd_value) if etcd_value else None,
+        etcd_source=etcd_source if etcd_value else "unset",
+        diagnosis_url=diag_value.rstrip("/") if diag_value else None,
+        diagnosis_source=diag_source if diag_value else "unset",
+    )
+
+
+@contextmanager
+def open_store(etcd: str | None) -> Iterator[Store]:
+    """A connected Store (checked with one round trip, so 'unreachable' is said before anything else)."""
+    conn = resolve(etcd)
+    if conn.etcd is None:
+        raise CliError(
+            f"no etcd given: pass --etcd HOST:PORT, set {ETCD_ENV}, or write 'etcd: HOST:PORT' in {config_path()} "
+            "(`stalwart run` prints its etcd on its first line)",
+            EXIT_USAGE,
+        )
+    store = Store(conn.etcd, timeout=STORE_TIMEOUT_SECONDS)
+    try:
+        store.ping()
+        yield store
+    finally:
+        store.close()

@@ -1,0 +1,187 @@
+"""`stalwart incidents [JOB]` and `stalwart incident ID`: what failed, what Stalwart did, and which runbook."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel
+from rich import box
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from stalwart.cli.connection import EtcdOption, open_store
+from stalwart.cli.errors import cli_errors
+from stalwart.cli.lookup import find_incident, job_names, require_state
+from stalwart.cli.output import (
+    OutputFormat,
+    OutputOption,
+    ago,
+    clock,
+    duration,
+    num,
+    out,
+    print_json,
+)
+from stalwart.runbooks import runbook_for_incident
+from stalwart.store import keys
+from stalwart.store.records import Incident
+
+
+class IncidentRow(BaseModel):
+    id: str
+    job: str
+    failure_class: str
+    generation: int
+    node: str | None
+    rank: int | None
+    exit_code: int | None
+    action: str
+    policy_action: str | None
+    suspects: list[str]
+    failed_at: float
+    detect_seconds: float
+    downtime_seconds: float | None
+    recovered: bool
+    runbook: str
+
+
+def incident_row(inc: Incident) -> IncidentRow:
+    return IncidentRow(
+        id=inc.id, job=inc.job, failure_class=inc.failure_class.value, generation=inc.generation, node=inc.node,
+        rank=inc.rank, exit_code=inc.exit_code, action=inc.action,
+        policy_action=inc.policy_action.value if inc.policy_action else None, suspects=inc.suspects,
+        failed_at=inc.failed_at, detect_seconds=inc.detected_at - inc.failed_at, downtime_seconds=inc.downtime,
+        recovered=inc.recovered, runbook=runbook_for_incident(inc),
+    )  # fmt: skip
+
+
+def where(node: str | None, rank: int | None) -> str:
+    return (node or "-") + (f"/r{rank}" if rank is not None else "")
+
+
+def incidents_table(rows: list[IncidentRow], *, show_job: bool, title: str = "incidents") -> Table:
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAVY)
+    cols = ["id"] + (["job"] if show_job else []) + ["class", "where", "failed", "detect", "downtime", "action",
+                                                     "runbook"]  # fmt: skip
+    for col in cols:
+        t.add_column(col, no_wrap=col != "action", overflow="fold", max_width=40 if col == "action" else None)
+    now = time.time()
+    for r in rows:
+        downtime = duration(r.downtime_seconds) if r.recovered else Text("ongoing", style="bold yellow")
+        cells: list[str | Text] = [r.id] + ([r.job] if show_job else [])
+        cells += [Text(r.failure_class, style="bold"), where(r.node, r.rank), ago(r.failed_at, now),
+                  duration(r.detect_seconds), downtime, r.action, r.runbook]  # fmt: skip
+        t.add_row(*cells)
+    return t
+
+
+def read_incidents(store, job: str | None) -> list[Incident]:  # type: ignore[no-untyped-def]
+    jobs = [require_state(store, job).job] if job else job_names(store)
+    found = [inc for j in jobs for inc in store.get_prefix(keys.incidents_prefix(j), Incident)]
+    return sorted(found, key=lambda i: i.failed_at)
+
+
+@cli_errors
+def incidents(
+    job: Annotated[str | None, typer.Argument(help="Only this job's incidents (default: every job's).")] = None,
+    failure_class: Annotated[
+        str | None, typer.Option("--class", help="Only this class, e.g. Hang, LostNode, WorkerCrash.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Show the newest N.")] = 50,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """List incidents, oldest first: class, where, detection time, downtime, action and runbook.
+
+    Examples:
+
+        stalwart incidents
+
+        stalwart incidents pretrain-tiny --class Hang
+
+        stalwart incidents -o json | jq '.[] | select(.recovered | not)'
+    """
+    with open_store(etcd) as store:
+        found = read_incidents(store, job)
+        if failure_class:
+            found = [i for i in found if i.failure_class.value.lower() == failure_class.lower()]
+        rows = [incident_row(i) for i in found[-limit:]]
+        if output is OutputFormat.JSON:
+            print_json(rows)
+            return
+        if not rows:
+            out.print(f"no incidents{f' in job {job}' if job else ''}", highlight=False)
+            return
+        out.print(incidents_table(rows, show_job=job is None))
+        out.print("[dim]details: stalwart incident ID · what to do: stalwart runbook show CLASS[/]", highlight=False)
+
+
+def timeline(inc: Incident) -> Table:
+    """Each moment with its clock time and its offset from the failure."""
+    t = Table(box=None, show_header=False, pad_edge=False)
+    for _ in range(3):
+        t.add_column()
+    moments = [("failed", inc.failed_at), ("detected", inc.detected_at), ("diagnosed", inc.diagnosed_at),
+               ("restarted", inc.restarted_at), ("first step", inc.first_step_at)]  # fmt: skip
+    for name, at in moments:
+        offset = "-" if at is None else f"+{at - inc.failed_at:.2f}s"
+        t.add_row(name, clock(at), offset)
+    return t
+
+
+def incident_view(inc: Incident):  # type: ignore[no-untyped-def]
+    from stalwart.cli.verdict_view import verdict_view
+
+    runbook = runbook_for_incident(inc)
+    head = Text.assemble(("Incident ", "bold"), (inc.id, "bold cyan"), " · ", (inc.failure_class.value, "bold red"),
+                         f" · job {inc.job} · generation {inc.generation}")  # fmt: skip
+    facts = Table(box=None, show_header=False, pad_edge=False)
+    facts.add_column(style="bold")
+    facts.add_column(overflow="fold")
+    exit_text = f" (exit {inc.exit_code})" if inc.exit_code is not None else ""
+    facts.add_row("where", where(inc.node, inc.rank) + exit_text)
+    facts.add_row("action", inc.action + (f"  [policy {inc.policy_action.value}]" if inc.policy_action else ""))
+    if inc.suspects:
+        facts.add_row("suspects", ", ".join(inc.suspects))
+    if inc.evicted:
+        facts.add_row("evicted", ", ".join(inc.evicted))
+    if inc.replacements:
+        facts.add_row("replaced", ", ".join(f"{a} → {b}" for a, b in inc.replacements.items()))
+    facts.add_row("counted", "yes (against maxRestarts)" if inc.counted else "no (an infrastructure failure)")
+    facts.add_row("progress", f"step {num(inc.step_at_failure)} at failure, resumed at {num(inc.resumed_step)}; "
+                              f"loss {num(inc.loss_before, '.4f')} → {num(inc.loss_after, '.4f')}")  # fmt: skip
+    facts.add_row("downtime", duration(inc.downtime) if inc.recovered else "ongoing (no step since the failure)")
+    parts: list = [head, facts, Panel(timeline(inc), title="timeline", title_align="left")]  # type: ignore[type-arg]
+    if inc.evidence:
+        parts.append(Panel(Text("\n".join(inc.evidence[-20:])), title="evidence", title_align="left"))
+    if inc.verdict:
+        parts.append(verdict_view(inc.verdict, title="diagnosis at the time"))
+    parts.append(Text.assemble(("runbook ", "bold"), (runbook, "bold cyan"), f"  stalwart runbook show {runbook}  "
+                               f"(runbooks/{runbook}.md)"))  # fmt: skip
+    return Group(*parts)
+
+
+@cli_errors
+def incident(
+    incident_id: Annotated[str, typer.Argument(metavar="ID", help="Incident id (inc-0001-a1b2c3, 0001-a1b2c3, or a unique prefix).")],
+    job: Annotated[str | None, typer.Option(help="Look only in this job.")] = None,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """Show one incident: timeline, evidence, suspects, the action taken, the verdict and the runbook.
+
+    Examples:
+
+        stalwart incident inc-0001-a1684e
+
+        stalwart incident 0001-a1684e -o json
+    """
+    with open_store(etcd) as store:
+        inc = find_incident(store, incident_id, job)
+    if output is OutputFormat.JSON:
+        print_json({**inc.model_dump(mode="json"), "runbook": runbook_for_incident(inc)})
+        return
+    out.print(incident_view(inc))

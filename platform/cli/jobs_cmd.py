@@ -1,0 +1,92 @@
+"""`stalwart jobs`: every job in etcd, the first thing on-call looks at."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+from rich import box
+from rich.table import Table
+from stalwart.cli.connection import EtcdOption, open_store
+from stalwart.cli.errors import cli_errors
+from stalwart.cli.lookup import job_states
+from stalwart.cli.output import (
+    OutputFormat,
+    OutputOption,
+    duration,
+    num,
+    out,
+    percent,
+    phase_text,
+    print_json,
+)
+from stalwart.store.records import JobPhase
+
+
+class JobRow(BaseModel):
+    job: str
+    phase: JobPhase
+    generation: int
+    step: int | None
+    restarts: int
+    ettr: float | None
+    nodes_up: int
+    nodes_total: int
+    incidents: int
+    age_seconds: float
+    reason: str | None
+
+
+def read_jobs(store) -> list[JobRow]:  # type: ignore[no-untyped-def]
+    from stalwart.runner.summary import snapshot
+
+    now = time.time()
+    rows = []
+    for state in job_states(store):
+        name = state.job
+        snap = snapshot(store, name, now)
+        if snap is None:  # deleted between the two reads
+            continue
+        rows.append(JobRow(
+            job=name, phase=snap.phase, generation=snap.generation, step=snap.step, restarts=snap.restarts,
+            ettr=snap.ettr.ettr, nodes_up=snap.nodes_up, nodes_total=snap.nodes_total,
+            incidents=len(snap.incidents), age_seconds=now - state.created_at, reason=snap.reason,
+        ))  # fmt: skip
+    # Jobs that need attention first: unfinished ones, then the rest; newest first within each.
+    return sorted(rows, key=lambda r: (r.phase.terminal, r.age_seconds))
+
+
+def jobs_table(rows: list[JobRow], endpoint: str) -> Table:
+    t = Table(title="jobs", title_justify="left", caption=f"etcd {endpoint}", caption_justify="left",
+              box=box.SIMPLE_HEAVY)  # fmt: skip
+    for col, just in (("job", "left"), ("phase", "left"), ("gen", "right"), ("step", "right"),
+                      ("restarts", "right"), ("ETTR", "right"), ("nodes", "right"), ("incidents", "right"),
+                      ("age", "right")):  # fmt: skip
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(r.job, phase_text(r.phase), str(r.generation), num(r.step), str(r.restarts), percent(r.ettr),
+                  f"{r.nodes_up}/{r.nodes_total}", str(r.incidents), duration(r.age_seconds))  # fmt: skip
+    return t
+
+
+@cli_errors
+def jobs(etcd: EtcdOption = None, output: OutputOption = OutputFormat.TABLE) -> None:
+    """List jobs: phase, generation, step, restarts, ETTR, nodes up and age.
+
+    Unfinished jobs come first. ETTR is computed from the job's incidents (docs/control-plane.md).
+
+    Examples:
+
+        stalwart jobs --etcd 127.0.0.1:2379
+
+        stalwart jobs -o json | jq '.[] | select(.phase == "Restarting") | .job'
+    """
+    with open_store(etcd) as store:
+        rows = read_jobs(store)
+        if output is OutputFormat.JSON:
+            print_json(rows)
+            return
+        if not rows:
+            out.print(f"no jobs in etcd at {store.endpoint}", highlight=False)
+            return
+        out.print(jobs_table(rows, store.endpoint))

@@ -1,0 +1,116 @@
+"""`stalwart logs JOB [--rank N]`: the tail of workers' output, fetched from their nodes through etcd.
+
+The CLI cannot read a pod's files; every agent watches the job's log-request key and answers with a
+LogReport of its workers' tails (as for stacks). Agents that do not answer in time are named; for
+workers that already exited, the tail their agent put in the heartbeat is shown instead.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel
+from rich.rule import Rule
+from rich.text import Text
+from stalwart.cli.connection import EtcdOption, open_store
+from stalwart.cli.errors import CliError, cli_errors, err, print_note
+from stalwart.cli.lookup import JobArg, current_assignment, rank_nodes, require_state
+from stalwart.cli.output import OutputFormat, OutputOption, num, out, print_json
+from stalwart.processes import wait_for
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.nodes import read_nodes
+from stalwart.store.records import LogReport, LogRequest
+
+
+class RankOutput(BaseModel):
+    rank: int
+    node: str
+    source: str  # agent (answered the request) or heartbeat (the tail kept after the worker exited)
+    exit_code: int | None
+    lines: list[str]
+
+
+def request_logs(store: Store, job: str, rank: int | None, lines: int) -> str:
+    request = LogRequest(id=f"log-{uuid.uuid4().hex[:10]}", rank=rank, lines=lines, requested_at=time.time())
+    store.put(keys.log_request(job), request)
+    return request.id
+
+
+def collect_logs(store: Store, job: str, request_id: str, nodes: list[str], timeout: float) -> list[LogReport]:
+    """Reports from `nodes`, waiting up to `timeout` seconds; a node that does not answer is missing."""
+
+    def reports() -> list[LogReport]:
+        return store.get_prefix(keys.logs_prefix(job, request_id), LogReport)
+
+    wait_for(lambda: {r.node for r in reports()} >= set(nodes), timeout, interval=0.2)
+    return sorted(reports(), key=lambda r: r.node)
+
+
+def read_logs(store: Store, job: str, rank: int | None, lines: int, timeout: float) -> list[RankOutput]:
+    state = require_state(store, job)
+    assignment = current_assignment(store, state)
+    owners = rank_nodes(assignment)
+    if rank is not None and rank not in owners:
+        raise CliError(f"job {job!r} has no rank {rank} (ranks 0-{assignment.world_size - 1})")
+    nodes = [owners[rank]] if rank is not None else [n.node for n in assignment.nodes]
+    request_id = request_logs(store, job, rank, lines)
+    with err.status(f"asking {len(nodes)} node(s) for their workers' output (up to {timeout:.0f}s)"):
+        reports = collect_logs(store, job, request_id, nodes, timeout)
+    found: dict[int, RankOutput] = {}
+    for report in reports:
+        for w in report.workers:
+            if rank is None or w.rank == rank:
+                found[w.rank] = RankOutput(rank=w.rank, node=report.node, source="agent", exit_code=None,
+                                           lines=w.lines[-lines:])  # fmt: skip
+    answered = {r.node for r in reports}
+    silent = [n for n in nodes if n not in answered]
+    beats = read_nodes(store, job).heartbeats
+    for node in silent:
+        beat = beats.get(node)
+        for w in beat.workers if beat and beat.generation == state.generation else []:
+            if (rank is None or w.rank == rank) and w.log_tail and w.rank not in found:
+                found[w.rank] = RankOutput(rank=w.rank, node=node, source="heartbeat", exit_code=w.exit_code,
+                                           lines=w.log_tail[-lines:])  # fmt: skip
+    if silent:
+        print_note(f"no answer from {', '.join(silent)} within {timeout:.0f}s"
+                   + ("; showing the tails their heartbeats kept for exited workers" if found else ""))  # fmt: skip
+    if not found:
+        raise CliError(f"no output from job {job!r}" + (f" rank {rank}" if rank is not None else "")
+                       + f": {len(silent)} of {len(nodes)} node(s) did not answer the log request "
+                       "(is the agent running? stalwart status JOB)")  # fmt: skip
+    return [found[r] for r in sorted(found)]
+
+
+@cli_errors
+def logs(
+    job: JobArg,
+    rank: Annotated[int | None, typer.Option("--rank", "-r", min=0, help="Only this rank (default: every rank).")] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=1, max=10_000, help="Lines per rank.")] = 100,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the nodes to answer.")] = 15.0,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """Show the tail of workers' output (stdout and stderr), fetched from their nodes now.
+
+    Examples:
+
+        stalwart logs pretrain-tiny --rank 3
+
+        stalwart logs pretrain-tiny -n 20
+
+        stalwart logs pretrain-tiny -o json | jq -r '.[] | select(.rank == 0) | .lines[]'
+    """
+    with open_store(etcd) as store:
+        found = read_logs(store, job, rank, lines, timeout)
+    if output is OutputFormat.JSON:
+        print_json(found)
+        return
+    for r in found:
+        exit_text = f" · exited {num(r.exit_code)}" if r.exit_code is not None else ""
+        out.print(Rule(f"rank {r.rank} · {r.node}{exit_text}", align="left", style="cyan"))
+        for line in r.lines:
+            out.print(Text(line), soft_wrap=True)

@@ -1,0 +1,122 @@
+"""Finding jobs, generations and nodes in etcd, with errors that say what does exist.
+
+An on-call engineer types a job or node name from a page or a chat message; when it is wrong, the
+one-line error lists the right ones instead of a bare "not found".
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from stalwart.cli.errors import CliError
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.records import Assignment, Incident, JobState
+
+
+def job_names(store: Store) -> list[str]:
+    """Every job that has a state (a job whose controller never started has only a spec)."""
+    names = set()
+    for key, _ in store.get_prefix_raw(keys.jobs_prefix()):
+        name = keys.job_name_from_key(key)
+        if name is not None and key == keys.job_state(name):
+            names.add(name)
+    return sorted(names)
+
+
+def job_states(store: Store) -> list[JobState]:
+    out = []
+    for key, raw in store.get_prefix_raw(keys.jobs_prefix()):
+        name = keys.job_name_from_key(key)
+        if name is not None and key == keys.job_state(name):
+            out.append(JobState.loads(raw))
+    return sorted(out, key=lambda s: s.job)
+
+
+def require_state(store: Store, job: str) -> JobState:
+    try:
+        key = keys.job_state(job)
+    except ValueError:
+        raise CliError(f"{job!r} is not a valid job name") from None
+    state = store.get(key, JobState)
+    if state is None:
+        known = job_names(store)
+        hint = f"jobs there: {', '.join(known)}" if known else "there are no jobs"
+        raise CliError(f"no job {job!r} in etcd at {store.endpoint} ({hint})")
+    return state
+
+
+def current_assignment(store: Store, state: JobState) -> Assignment:
+    """The running generation's ranks; a job between generations has none to act on."""
+    assignment = store.get(keys.generation(state.job, state.generation), Assignment) if state.generation else None
+    if assignment is None:
+        raise CliError(
+            f"job {state.job!r} has no running generation (phase {state.phase.value}, generation {state.generation})"
+        )
+    return assignment
+
+
+def rank_nodes(assignment: Assignment) -> dict[int, str]:
+    return {n.first_rank + i: n.node for n in assignment.nodes for i in range(n.local_world_size)}
+
+
+def jobs_with_node(store: Store, node: str) -> list[str]:
+    """Unfinished jobs that hold the node in a slot or as a standby."""
+    return [s.job for s in job_states(store) if not s.phase.terminal and (node in s.slots or node in s.standbys)]
+
+
+def job_for_node(store: Store, node: str, job: str | None) -> str | None:
+    """The job to act on for a node command: --job if given, else the one job holding the node (or None)."""
+    if job is not None:
+        state = require_state(store, job)
+        if node not in state.slots and node not in state.standbys and node not in state.evicted:
+            members = ", ".join(state.slots + state.standbys) or "none"
+            raise CliError(f"node {node!r} is not in job {job!r} (its nodes: {members})")
+        return job
+    holders = jobs_with_node(store, node)
+    if len(holders) > 1:
+        raise CliError(f"node {node!r} is in several jobs ({', '.join(holders)}): pass --job")
+    return holders[0] if holders else None
+
+
+def find_incident(store: Store, incident_id: str, job: str | None) -> Incident:
+    """By id, with or without the 'inc-' prefix, or by a unique prefix of it, in one job or all."""
+    jobs = [require_state(store, job).job] if job else job_names(store)
+    wanted = incident_id if incident_id.startswith("inc-") else f"inc-{incident_id}"
+    matches = [
+        inc for j in jobs for inc in store.get_prefix(keys.incidents_prefix(j), Incident)
+        if inc.id == wanted or inc.id.startswith(wanted)
+    ]  # fmt: skip
+    exact = [inc for inc in matches if inc.id == wanted]
+    if len(exact) == 1 or len(matches) == 1:
+        return (exact or matches)[0]
+    if not matches:
+        where = f"job {job!r}" if job else f"any job in etcd at {store.endpoint}"
+        raise CliError(f"no incident {incident_id!r} in {where} (stalwart incidents lists them)")
+    ids = ", ".join(f"{i.job}/{i.id}" for i in matches[:6])
+    raise CliError(f"incident id {incident_id!r} is ambiguous: {ids}; give more of it or pass --job")
+
+
+def complete_job(incomplete: str) -> list[str]:
+    """Shell completion for JOB: names from the etcd of STALWART_ETCD or the config file, or nothing.
+
+    Completion must never hang a shell or print an error, so it waits one second at most.
+    """
+    from stalwart.cli.connection import resolve
+
+    try:
+        conn = resolve()
+        if conn.etcd is None:
+            return []
+        store = Store(conn.etcd, timeout=1.0)
+        try:
+            return [name for name in job_names(store) if name.startswith(incomplete)]
+        finally:
+            store.close()
+    except Exception:  # noqa: BLE001 - unreachable etcd, a bad config: no suggestions
+        return []
+
+
+JobArg = Annotated[str, typer.Argument(metavar="JOB", autocompletion=complete_job,
+                                       help="The job's name (stalwart jobs lists them).")]  # fmt: skip

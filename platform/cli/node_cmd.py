@@ -1,0 +1,241 @@
+"""`stalwart node list|cordon|uncordon|evict`: take a machine out of service, or put it back.
+
+Inside a running job the controller does it (an OperatorRequest, see operator_requests.py): it
+owns the job's slots and standby pool. A machine in no running job is cordoned by writing its
+Cordon record directly: no controller is there to race with.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel
+from rich import box
+from rich.table import Table
+from rich.text import Text
+from stalwart.cli import operator_requests
+from stalwart.cli.connection import EtcdOption, open_store
+from stalwart.cli.errors import CliError, cli_errors, print_note
+from stalwart.cli.lookup import job_for_node, job_states
+from stalwart.cli.output import (
+    OutputFormat,
+    OutputOption,
+    ago,
+    duration,
+    out,
+    print_json,
+)
+from stalwart.cli.verdict_view import rank_ranges
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.records import Assignment, Cordon, OperatorRequest, RequestKind
+
+app = typer.Typer(help="List machines; cordon, uncordon or evict one.", no_args_is_help=True)
+
+NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="The machine's node name, as `stalwart status JOB` shows it.")]
+JobOption = Annotated[str | None, typer.Option("--job", "-j", help="The job the node is in (found by itself when the node is in one job).")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ReasonOption = Annotated[str, typer.Option(help="Why: recorded with the request or the cordon.")]
+TimeoutOption = Annotated[float, typer.Option(min=1, help="Seconds to wait for the controller's answer.")]
+
+
+def confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    try:
+        ok = typer.confirm(question, default=False)
+    except typer.Abort:  # end of input: no answer is a no
+        ok = False
+    if not ok:
+        raise CliError("not confirmed; nothing was done (--yes skips the question)")
+
+
+def _ask_controller(store: Store, job: str, kind: RequestKind, node: str, reason: str, timeout: float,
+                    output: OutputFormat) -> None:  # fmt: skip
+    request = operator_requests.submit(store, job, kind, node, reason)
+    final = operator_requests.wait(store, job, request, timeout)
+    _report(final, output)
+
+
+def _report(final: OperatorRequest, output: OutputFormat) -> None:
+    if output is OutputFormat.JSON:
+        print_json(final)
+    else:
+        out.print(operator_requests.request_view(final))
+    code = operator_requests.outcome_code(final)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+@cli_errors
+def evict(
+    node: NodeArg,
+    job: JobOption = None,
+    reason: ReasonOption = "evicted by on-call",
+    yes: YesOption = False,
+    timeout: TimeoutOption = 120.0,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """Evict a node from its job now: a standby takes its ranks and the job restarts from its checkpoint.
+
+    The controller carries it out and records an incident; the machine is cordoned.
+
+    Examples:
+
+        stalwart node evict node-3 --job pretrain-tiny --reason "Xid 79 in dmesg"
+
+        stalwart node evict node-3 --yes
+    """
+    with open_store(etcd) as store:
+        target = job_for_node(store, node, job)
+        if target is None:
+            raise CliError(f"node {node!r} is not in any running job; to keep it out of future jobs: "
+                           f"stalwart node cordon {node}")  # fmt: skip
+        confirm(f"Evict {node} from job {target}? Its workers stop, a standby takes its ranks and the job "
+                "restarts from its last checkpoint.", yes)  # fmt: skip
+        _ask_controller(store, target, RequestKind.EVICT, node, reason, timeout, output)
+
+
+@app.command()
+@cli_errors
+def cordon(
+    node: NodeArg,
+    job: JobOption = None,
+    reason: ReasonOption = "cordoned by on-call",
+    yes: YesOption = False,
+    timeout: TimeoutOption = 60.0,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """Cordon a machine: no job gives it a slot or keeps it as a standby until it is uncordoned.
+
+    A node inside a running job keeps its ranks until it is evicted; cordoning keeps it from coming back.
+
+    Examples:
+
+        stalwart node cordon node-3 --reason "ECC errors rising"
+
+        stalwart node cordon node-3 --job pretrain-tiny --yes
+    """
+    with open_store(etcd) as store:
+        target = job_for_node(store, node, job)
+        where = f" (in job {target})" if target else ""
+        confirm(f"Cordon {node}{where}? No job will place work on it until it is uncordoned.", yes)
+        if target is not None:
+            _ask_controller(store, target, RequestKind.CORDON, node, reason, timeout, output)
+            return
+        record = Cordon(node=node, reason=reason, cordoned_at=time.time(), by=operator_requests.requester())
+        if not store.create(keys.cordon(node), record):
+            existing = store.get(keys.cordon(node), Cordon)
+            print_note(f"{node} was already cordoned" + (f" by {existing.by} {ago(existing.cordoned_at)}: "
+                                                        f"{existing.reason}" if existing else ""))  # fmt: skip
+            record = existing or record
+        if output is OutputFormat.JSON:
+            print_json(record)
+        else:
+            out.print(f"cordoned {node}: {record.reason}", highlight=False)
+
+
+@app.command()
+@cli_errors
+def uncordon(
+    node: NodeArg,
+    job: JobOption = None,
+    yes: YesOption = False,
+    timeout: TimeoutOption = 60.0,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """Uncordon a machine: it may take slots and standby places again (after its pre-flight checks).
+
+    Examples:
+
+        stalwart node uncordon node-3
+
+        stalwart node uncordon node-3 --job pretrain-tiny --yes
+    """
+    with open_store(etcd) as store:
+        target = job_for_node(store, node, job)
+        existing = store.get(keys.cordon(node), Cordon)
+        if target is None and existing is None:
+            print_note(f"{node} is not cordoned; nothing to do")
+            if output is OutputFormat.JSON:
+                print_json({"node": node, "cordoned": False})
+            return
+        confirm(f"Uncordon {node}? Jobs may place work on it again.", yes)
+        if target is not None:
+            _ask_controller(store, target, RequestKind.UNCORDON, node, "uncordoned by on-call", timeout, output)
+            return
+        store.delete(keys.cordon(node))
+        if output is OutputFormat.JSON:
+            print_json({"node": node, "cordoned": False})
+        else:
+            out.print(f"uncordoned {node}", highlight=False)
+
+
+class MachineRow(BaseModel):
+    node: str
+    job: str | None
+    state: str
+    ranks: list[int]
+    host: str | None
+    heartbeat_age: float | None
+    cordoned: str | None
+
+
+@app.command("list")
+@cli_errors
+def list_nodes(
+    job: Annotated[str | None, typer.Option("--job", "-j", help="Only this job's nodes.")] = None,
+    etcd: EtcdOption = None,
+    output: OutputOption = OutputFormat.TABLE,
+) -> None:
+    """List machines: each running job's nodes with their state, and every cordoned machine.
+
+    Examples:
+
+        stalwart node list
+
+        stalwart node list --job pretrain-tiny -o json
+    """
+    from stalwart.cli.status_cmd import NODE_STYLE, node_rows
+
+    now = time.time()
+    with open_store(etcd) as store:
+        rows: list[MachineRow] = []
+        states = [s for s in job_states(store) if (job is None and not s.phase.terminal) or s.job == job]
+        if job is not None and not states:
+            from stalwart.cli.lookup import require_state
+
+            require_state(store, job)
+        for state in states:
+            assignment = store.get(keys.generation(state.job, state.generation), Assignment) if state.generation else None
+            for n in node_rows(store, state, assignment, now):
+                rows.append(MachineRow(node=n.node, job=state.job, state=n.state, ranks=n.ranks, host=n.host,
+                                       heartbeat_age=n.heartbeat_age, cordoned=n.cordoned))  # fmt: skip
+        placed = {r.node for r in rows}
+        if job is None:
+            for c in store.get_prefix(keys.cordons_prefix(), Cordon):
+                if c.node not in placed:
+                    rows.append(MachineRow(node=c.node, job=None, state="cordoned", ranks=[], host=None,
+                                           heartbeat_age=None, cordoned=c.reason))  # fmt: skip
+    if output is OutputFormat.JSON:
+        print_json(rows)
+        return
+    if not rows:
+        out.print("no machines in running jobs and none cordoned", highlight=False)
+        return
+    t = Table(title="machines", title_justify="left", box=box.SIMPLE_HEAVY)
+    for col in ("node", "job", "state", "ranks", "host", "heartbeat", "cordoned"):
+        t.add_column(col, no_wrap=col != "cordoned", overflow="fold")
+    for r in rows:
+        t.add_row(r.node, r.job or "-", Text(r.state, style=NODE_STYLE.get(r.state, "magenta")),
+                  rank_ranges(r.ranks) if r.ranks else "-", r.host or "-",
+                  "-" if r.heartbeat_age is None else f"{duration(r.heartbeat_age)} ago",
+                  Text(r.cordoned or "-", style="bold magenta" if r.cordoned else "dim"))  # fmt: skip
+    out.print(t)
+
