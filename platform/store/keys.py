@@ -20,6 +20,7 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/checkpoints/{step:012d}    CheckpointEntry: the job's checkpoint catalog
     /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
     /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
+    /stalwart/v1/operators/{name}/leader               Kubernetes operator election, under the leader's lease
 """
 
 from __future__ import annotations
@@ -162,3 +163,7 @@ def job_name_from_key(key: str) -> str | None:
     if not key.startswith(prefix):
         return None
     return key[len(prefix) :].split("/", 1)[0] or None
+
+
+def operator_leader(operator_name: str) -> str:
+    return f"{ROOT}/operators/{_seg(operator_name)}/leader"

@@ -1,0 +1,265 @@
+"""KubernetesCluster: the controller's Cluster interface, carried out with pods.
+
+A Stalwart node is a pod whose entry process is the node agent; starting a node creates its pod,
+stopping it deletes the pod, and cordoning it taints the Kubernetes Node the pod ran on. The
+controller decides which nodes are slots and which are standbys; this class only makes pods.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from kubernetes import client as k8s
+from stalwart.cluster.base import Cluster, NodeInfo
+from stalwart.controller.ranks import slot_roles
+from stalwart.controller.standby_pool import standbys_for
+from stalwart.logs import get_logger
+from stalwart.net import free_port
+from stalwart.spec import CleanPodPolicy, Role, TrainingJob
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.records import JobState
+from stalwart_operator import names, pods
+from stalwart_operator.config import OperatorConfig
+from stalwart_operator.kube import is_status
+
+LIST_CACHE_SECONDS = (
+    0.5  # the controller lists nodes every tick; the API server need not answer each
+)
+_ALIVE_PHASES = ("Pending", "Running")
+
+
+class KubernetesCluster(Cluster):
+    def __init__(
+        self,
+        *,
+        job: TrainingJob,
+        namespace: str,
+        job_id: str,
+        owner_uid: str,
+        config: OperatorConfig,
+        api: k8s.ApiClient,
+        store: Store,
+    ) -> None:
+        self.job = job
+        self.namespace = namespace
+        self.job_id = job_id
+        self.owner_uid = owner_uid
+        self.config = config
+        self.core = k8s.CoreV1Api(api)
+        self.store = store
+        self.log = get_logger("stalwart.operator.cluster", job=job_id)
+        self._lock = threading.Lock()
+        self._cache: tuple[float, list[dict[str, Any]]] | None = None
+        # The Kubernetes Node under each Stalwart node: the controller cordons a node after it
+        # stopped it, when its pod (which said where it ran) is already gone.
+        self._machines: dict[str, str] = {}
+        # Nodes whose pods the operator deleted on purpose (suspend): the controller sees them as
+        # lost when the job resumes, but their machines did nothing wrong and are not cordoned.
+        self._released: set[str] = set()
+
+    # -- pods ------------------------------------------------------------------------------------
+    def list_pods(self, fresh: bool = False) -> list[dict[str, Any]]:
+        """The job's pods (label-filtered here too: not every API server honours selectors)."""
+        with self._lock:
+            if (
+                not fresh
+                and self._cache is not None
+                and time.monotonic() - self._cache[0] < LIST_CACHE_SECONDS
+            ):
+                return self._cache[1]
+        listed = self.core.list_namespaced_pod(self.namespace, label_selector=names.job_selector(self.job.name),
+                                               _preload_content=False)  # fmt: skip
+        items = [p for p in _json(listed).get("items", [])
+                 if (p.get("metadata", {}).get("labels") or {}).get(names.JOB_LABEL) == self.job.name
+                 and p.get("metadata", {}).get("namespace", self.namespace) == self.namespace]  # fmt: skip
+        with self._lock:
+            self._cache = (time.monotonic(), items)
+            for pod in items:
+                node = pod["metadata"]["labels"].get(names.NODE_LABEL)
+                machine = (pod.get("spec") or {}).get("nodeName")
+                if node and machine:
+                    self._machines[node] = machine
+        return items
+
+    def _invalidate(self) -> None:
+        with self._lock:
+            self._cache = None
+
+    def role_for(self, node: str) -> Role:
+        """A slot's role from the controller's state; a standby gets the standby template."""
+        state = self.store.get(keys.job_state(self.job_id), JobState)
+        roles = {r.name: r for r in self.job.spec.roles}
+        if state is not None and node in state.slots:
+            return roles[slot_roles(self.job.spec)[state.slots.index(node)]]
+        if (
+            state is None
+        ):  # before the controller wrote its state, the first nodes are the slots in order
+            index = (
+                int(node.rsplit("-", 1)[-1])
+                if node.rsplit("-", 1)[-1].isdigit()
+                else -1
+            )
+            per_slot = slot_roles(self.job.spec)
+            if 0 <= index < len(per_slot):
+                return roles[per_slot[index]]
+        return pods.standby_role(self.job)
+
+    def pod_manifest(self, node: str) -> dict[str, Any]:
+        total = self.job.spec.node_count + standbys_for(
+            self.job.spec.standbys, self.job.spec.node_count
+        )
+        return pods.node_pod(self.job, namespace=self.namespace, job_id=self.job_id, node=node,
+                             role=self.role_for(node), owner_uid=self.owner_uid, config=self.config,
+                             total_pods=total)  # fmt: skip
+
+    def start_node(self, name: str) -> None:
+        try:
+            self.core.create_namespaced_pod(
+                self.namespace, self.pod_manifest(name), _preload_content=False
+            )
+            self.log.info(
+                "pod created",
+                fields={"node": name, "pod": names.pod_name(self.job.name, name)},
+            )
+        except Exception as exc:
+            if not is_status(exc, 409):  # it exists: starting is idempotent
+                raise
+        self._invalidate()
+
+    def _delete_pod(self, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(names.pod_name(self.job.name, name), self.namespace,
+                                            grace_period_seconds=self.config.termination_grace_seconds,
+                                            _preload_content=False)  # fmt: skip
+            self.log.info("pod deleted", fields={"node": name})
+        except Exception as exc:
+            if not is_status(exc, 404):
+                raise
+        self._invalidate()
+
+    def stop_node(self, name: str) -> None:
+        """Delete the node's pod. Once the job has finished, the spec's cleanPodPolicy decides."""
+        state = self.store.get(keys.job_state(self.job_id), JobState)
+        if state is not None and state.phase.terminal:
+            policy = self.job.spec.clean_pod_policy
+            if policy is CleanPodPolicy.NONE:
+                return
+            if policy is CleanPodPolicy.RUNNING:
+                pod = next(
+                    (p for p in self.list_pods(fresh=True) if _node_of(p) == name), None
+                )
+                if (
+                    pod is None
+                    or (pod.get("status") or {}).get("phase") not in _ALIVE_PHASES
+                ):
+                    return
+        self._delete_pod(name)
+
+    def delete_all(self, released: bool = False) -> None:
+        """Every pod of the job, whatever the policy (suspend, deletion)."""
+        for pod in self.list_pods(fresh=True):
+            node = _node_of(pod)
+            if node:
+                if released:
+                    self._released.add(node)
+                self._delete_pod(node)
+
+    def list_nodes(self) -> list[NodeInfo]:
+        out = []
+        for pod in self.list_pods():
+            node = _node_of(pod)
+            if not node:
+                continue
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            terminating = bool(pod["metadata"].get("deletionTimestamp"))
+            out.append(NodeInfo(name=node, alive=phase in _ALIVE_PHASES and not terminating,
+                                machine=(pod.get("spec") or {}).get("nodeName")))  # fmt: skip
+        return sorted(out, key=lambda n: n.name)
+
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """Rank 0's pod IP (its DNS name under the headless Service until it has one)."""
+        port = self.config.rendezvous_port or free_port()
+        try:
+            pod = _json(self.core.read_namespaced_pod(names.pod_name(self.job.name, node), self.namespace,
+                                                      _preload_content=False))  # fmt: skip
+            ip = (pod.get("status") or {}).get("podIP")
+        except Exception as exc:
+            if not is_status(exc, 404):
+                raise
+            ip = None
+        return (
+            ip or f"{node}.{names.service_name(self.job.name)}.{self.namespace}.svc",
+            port,
+        )
+
+    # -- machines --------------------------------------------------------------------------------
+    def machine_of(self, node: str) -> str | None:
+        with self._lock:
+            known = self._machines.get(node)
+        if known:
+            return known
+        self.list_pods(fresh=True)
+        with self._lock:
+            return self._machines.get(node)
+
+    def cordon(self, node: str, reason: str) -> None:
+        """Taint (NoSchedule) and label the Kubernetes Node the node's pod ran on."""
+        if node in self._released:
+            self.log.info(
+                "not cordoning: the operator stopped this node (suspend)",
+                fields={"node": node},
+            )
+            return
+        machine = self.machine_of(node)
+        if machine is None:
+            self.log.warning(
+                "cannot cordon: no machine known for the node", fields={"node": node}
+            )
+            return
+        current = _json(self.core.read_node(machine, _preload_content=False))
+        taints = [
+            t
+            for t in (current.get("spec") or {}).get("taints") or []
+            if t.get("key") != names.CORDON_TAINT
+        ]
+        taints.append(
+            {"key": names.CORDON_TAINT, "value": "true", "effect": "NoSchedule"}
+        )
+        self.core.patch_node(machine, {
+            "metadata": {"labels": {names.CORDON_LABEL: "true"},
+                         "annotations": {names.CORDON_REASON_ANNOTATION: f"{self.job_id}/{node}: {reason}"[:1000]}},
+            "spec": {"taints": taints},
+        }, _preload_content=False)  # fmt: skip
+        self.log.warning(
+            "machine cordoned",
+            fields={"node": node, "machine": machine, "reason": reason},
+        )
+
+    def uncordon(self, node: str) -> None:
+        machine = self.machine_of(node)
+        if machine is None:
+            return
+        current = _json(self.core.read_node(machine, _preload_content=False))
+        taints = [
+            t
+            for t in (current.get("spec") or {}).get("taints") or []
+            if t.get("key") != names.CORDON_TAINT
+        ]
+        self.core.patch_node(machine, {
+            "metadata": {"labels": {names.CORDON_LABEL: None}, "annotations": {names.CORDON_REASON_ANNOTATION: None}},
+            "spec": {"taints": taints},
+        }, _preload_content=False)  # fmt: skip
+        self.log.info("machine uncordoned", fields={"node": node, "machine": machine})
+
+
+def _node_of(pod: dict[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(names.NODE_LABEL)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    """Raw JSON of a `_preload_content=False` call: plain dicts, as the API server sent them."""
+    return json.loads(response.data)  # type: ignore[no-any-return]

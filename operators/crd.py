@@ -1,0 +1,279 @@
+"""The TrainingJob CustomResourceDefinition, generated from the pydantic models.
+
+The spec model (stalwart.spec.model) and the status model (stalwart_operator.status) are the one
+source; this module turns their JSON Schema into the structural OpenAPI v3 schema that Kubernetes
+wants: references inlined, `anyOf [X, null]` turned into `nullable`, JSON-Schema-2020 exclusive
+bounds turned into OpenAPI 3.0 booleans, defaults moved into descriptions (the pydantic model
+applies them, so a later release can change a default without rewriting stored objects), every
+string, list and map bounded, and CEL rules for what a schema alone cannot say.
+
+Regenerate the committed YAML with:  python -m stalwart_operator.crd > operators/manifests/crd.yaml
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+from stalwart.spec.model import FaultTolerance, TrainingJobSpec
+from stalwart_operator import names
+from stalwart_operator.status import TrainingJobStatus
+
+Schema = dict[str, Any]
+
+# Bounds for what the models leave open: the API server needs them to estimate CEL costs and to
+# refuse absurd objects early.
+DEFAULT_MAX_STRING = 4096
+DEFAULT_MAX_ITEMS = 1024
+DEFAULT_MAX_PROPERTIES = 256
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+_DROP = {"title", "default", "examples", "additionalProperties", "$defs"}
+
+
+class SchemaError(ValueError):
+    """The model uses a JSON Schema construct a structural schema cannot express."""
+
+
+def _describe_default(description: str | None, default: Any) -> str | None:
+    """'... Default: 5.' for scalar defaults; objects and empty values say nothing new."""
+    if (
+        default is None
+        or isinstance(default, dict | list)
+        or (description and "Default:" in description)
+    ):
+        return description
+    shown = json.dumps(default) if not isinstance(default, str) else default
+    return (
+        f"{description.rstrip('.')}. Default: {shown}."
+        if description
+        else f"Default: {shown}."
+    )
+
+
+def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
+    """Inline a $ref (or pydantic's single-item allOf), keeping the referring node's own keys."""
+    if "allOf" in node and len(node["allOf"]) == 1:
+        node = {**{k: v for k, v in node.items() if k != "allOf"}, **node["allOf"][0]}
+    if "$ref" not in node:
+        return node
+    name = node["$ref"].rsplit("/", 1)[-1]
+    target = copy.deepcopy(defs[name])
+    own = {k: v for k, v in node.items() if k != "$ref"}
+    if "description" in own or "description" not in target:
+        target.pop("description", None)
+    return {**target, **own}
+
+
+def convert(node: Schema, defs: dict[str, Schema], path: str = "") -> Schema:
+    """One JSON Schema node (pydantic's output) as a structural OpenAPI v3 schema node."""
+    node = _resolve(node, defs)
+    default = node.get("default")
+    nullable = False
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        nullable = len(options) < len(node["anyOf"])
+        if len(options) != 1:
+            raise SchemaError(
+                f"{path or '(root)'}: a union of {len(options)} types has no structural form"
+            )
+        inner = _resolve(options[0], defs)
+        node = {**inner, **{k: v for k, v in node.items() if k != "anyOf"}}
+        if "description" not in node and "description" in inner:
+            node["description"] = inner["description"]
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    out: Schema = {}
+    description = _describe_default(node.get("description"), default)
+    if description:
+        out["description"] = description
+    if "enum" in node:
+        out["type"] = node.get("type", "string")
+        out["enum"] = list(node["enum"])
+    elif "type" in node:
+        out["type"] = node["type"]
+    else:
+        raise SchemaError(f"{path or '(root)'}: no type")
+    if nullable:
+        out["nullable"] = True
+    for key in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                "maxProperties", "pattern", "format", "required"):  # fmt: skip
+        if key in node:
+            out[key] = node[key]
+    for bound, plain in (
+        ("exclusiveMinimum", "minimum"),
+        ("exclusiveMaximum", "maximum"),
+    ):
+        if bound in node and not isinstance(node[bound], bool):
+            out[plain] = node[bound]
+            out[bound] = True
+    kind = out["type"]
+    if kind == "object":
+        if "properties" in node:
+            out["properties"] = {
+                k: convert(v, defs, f"{path}.{k}")
+                for k, v in node["properties"].items()
+            }
+        elif isinstance(node.get("additionalProperties"), dict):
+            out["additionalProperties"] = convert(
+                node["additionalProperties"], defs, f"{path}[*]"
+            )
+            out.setdefault("maxProperties", DEFAULT_MAX_PROPERTIES)
+        else:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    elif kind == "array":
+        out["items"] = convert(node["items"], defs, f"{path}[]")
+        out.setdefault("maxItems", DEFAULT_MAX_ITEMS)
+    elif kind == "string" and "enum" not in out:
+        out.setdefault("maxLength", DEFAULT_MAX_STRING)
+    leftover = set(node) - set(out) - _DROP - {"properties", "items", "anyOf", "exclusiveMinimum", "exclusiveMaximum",
+                                               "enum", "const", "type", "description"}  # fmt: skip
+    if leftover:
+        raise SchemaError(
+            f"{path or '(root)'}: unhandled JSON Schema keys {sorted(leftover)}"
+        )
+    return out
+
+
+def model_schema(model: type[BaseModel]) -> Schema:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return convert(raw, raw.get("$defs", {}))
+
+
+def _ft_defaults() -> tuple[float, int]:
+    fields = FaultTolerance.model_fields
+    return float(fields["heartbeat_interval_seconds"].default), int(
+        fields["lease_ttl_seconds"].default
+    )
+
+
+def spec_schema() -> Schema:
+    """The spec's schema plus what the JSON Schema cannot carry: list semantics and CEL rules."""
+    spec = model_schema(TrainingJobSpec)
+    spec["description"] = ("A training job: its roles (groups of nodes), fault tolerance, failure policy, "
+                           "warm standbys, checkpoints, data and scheduling.")  # fmt: skip
+    props = spec["properties"]
+    roles = props["roles"]
+    # Named lists, as in Kubeflow Trainer and JobSet: the API server keeps names unique.
+    roles["x-kubernetes-list-type"] = "map"
+    roles["x-kubernetes-list-map-keys"] = ["name"]
+    role = roles["items"]["properties"]
+    role["name"]["maxLength"] = 63
+    role["name"]["pattern"] = DNS_LABEL
+    role["env"]["x-kubernetes-validations"] = [{
+        "rule": "self.all(k, k.matches('^[A-Za-z_][A-Za-z0-9_]*$'))",
+        "message": "env names must be valid environment variable names ([A-Za-z_][A-Za-z0-9_]*)",
+    }]  # fmt: skip
+    rules = props["failurePolicy"]["properties"]["rules"]
+    rules["x-kubernetes-list-type"] = "map"
+    rules["x-kubernetes-list-map-keys"] = ["event"]
+    heartbeat, lease = _ft_defaults()
+    props["faultTolerance"]["x-kubernetes-validations"] = [{
+        "rule": f"double(has(self.leaseTtlSeconds) ? self.leaseTtlSeconds : {lease}) >= "
+                f"2.0 * (has(self.heartbeatIntervalSeconds) ? self.heartbeatIntervalSeconds : {heartbeat})",
+        "message": "leaseTtlSeconds must be at least twice heartbeatIntervalSeconds",
+    }]  # fmt: skip
+    spec["x-kubernetes-validations"] = [{
+        "rule": "self.roles == oldSelf.roles",
+        "message": "roles cannot change while the job exists: delete the TrainingJob and create it again",
+    }]  # fmt: skip
+    return spec
+
+
+def status_schema() -> Schema:
+    status = model_schema(TrainingJobStatus)
+    conditions = status["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return status
+
+
+def openapi_schema() -> Schema:
+    return {
+        "type": "object",
+        "description": "A Stalwart TrainingJob: a fault-tolerant distributed training job. "
+        "See docs/kubernetes.md in the Stalwart repository.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "stalwart.dev/v1alpha1"},
+            "kind": {"type": "string", "description": "TrainingJob"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(),
+            "status": status_schema(),
+        },
+        "x-kubernetes-validations": [{
+            "rule": f"self.metadata.name.matches('{DNS_LABEL}')",
+            "message": "a TrainingJob's name must be a DNS-1123 label (lowercase letters, digits and '-', "
+                       "at most 63 characters): it names pods, a Service and etcd keys",
+        }],
+    }  # fmt: skip
+
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "The job's phase."},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.currentStep", "description": "Newest training step."},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total",
+     "description": "Restarts of the workers, whatever the cause."},
+    {"name": "ETTR", "type": "number", "jsonPath": ".status.ettr", "description": "Effective training time ratio."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Counted", "type": "integer", "jsonPath": ".status.restarts.counted", "priority": 1,
+     "description": "Restarts counted against failurePolicy.maxRestarts."},
+    {"name": "Generation", "type": "integer", "jsonPath": ".status.currentGeneration", "priority": 1},
+    {"name": "Incident", "type": "string", "jsonPath": ".status.lastIncident.class", "priority": 1},
+    {"name": "Job-ID", "type": "string", "jsonPath": ".status.jobId", "priority": 1,
+     "description": "The job's name for the stalwart CLI."},
+]  # fmt: skip
+
+
+def crd() -> Schema:
+    """The whole CustomResourceDefinition document."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": names.CRD_NAME, "labels": {"app.kubernetes.io/name": "stalwart",
+                                                        "app.kubernetes.io/component": "crd"}},
+        "spec": {
+            "group": names.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": names.KIND,
+                "listKind": f"{names.KIND}List",
+                "plural": names.PLURAL,
+                "singular": names.SINGULAR,
+                "shortNames": list(names.SHORT_NAMES),
+                "categories": ["stalwart"],
+            },
+            "versions": [{
+                "name": names.VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": openapi_schema()},
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+            }],
+        },
+    }  # fmt: skip
+
+
+HEADER = (
+    "# Generated from the pydantic models (stalwart.spec.model, stalwart_operator.status); do not edit.\n"
+    "# Regenerate: python -m stalwart_operator.crd > operators/manifests/crd.yaml\n"
+)
+
+
+def render() -> str:
+    return HEADER + yaml.safe_dump(
+        crd(), sort_keys=False, width=100, allow_unicode=True
+    )
+
+
+def main() -> None:
+    sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+    main()

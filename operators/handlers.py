@@ -1,0 +1,210 @@
+"""The kopf handlers: TrainingJob lifecycle, status mirroring, and pod/node events.
+
+`build_registry(config)` registers them on a fresh registry, so the intervals come from the
+operator's settings and tests can run several operators side by side. Handlers are plain (sync)
+functions: kopf runs them in its thread pool, where blocking etcd and API calls are fine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+from stalwart.spec import SpecError
+from stalwart_operator import names
+from stalwart_operator.config import OperatorConfig
+from stalwart_operator.events import node_not_ready, pod_disruption, request_eviction
+from stalwart_operator.runtime import Runtime
+from stalwart_operator.status import Condition, ConditionType, TrainingJobPhase, rfc3339
+
+RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
+JOB_PODS = {names.JOB_LABEL: kopf.PRESENT}
+
+
+def _runtime(memo: Any) -> Runtime:
+    return memo.runtime  # type: ignore[no-any-return]
+
+
+def _invalid(patch: kopf.Patch, exc: SpecError) -> kopf.PermanentError:
+    """Show why the job cannot run in its status, and stop kopf from retrying."""
+    now = rfc3339(time.time())
+    patch.status["phase"] = TrainingJobPhase.FAILED.value
+    patch.status["conditions"] = [Condition(type=ConditionType.FAILED, status="True", reason="InvalidSpec",
+                                            message=str(exc)[:1024], last_transition_time=now or "")
+                                  .model_dump(mode="json", by_alias=True)]  # fmt: skip
+    return kopf.PermanentError(str(exc))
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(id="configure", registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Our own storage keys, so the status schema stays strict (no status.kopf) and the
+        # finalizer says whose it is.
+        settings.persistence.finalizer = names.FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=f"operator.{names.GROUP}"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=f"operator.{names.GROUP}", key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.execution.max_workers = 32
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 60
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """The official client's configuration: the service account in a pod, else the kubeconfig."""
+        return kopf.login_via_client(**kwargs)
+
+    # -- the job's lifecycle -----------------------------------------------------------------------
+    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
+    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
+    def reconcile(body: kopf.Body, name: str, namespace: str, uid: str, meta: kopf.Meta, patch: kopf.Patch,
+                  memo: Any, logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+        """Submit the spec to etcd, create the headless Service, host the controller (which asks
+        KubernetesCluster for the pods)."""
+        rt = _runtime(memo)
+        try:
+            job = rt.parse(dict(body))
+        except SpecError as exc:
+            raise _invalid(patch, exc) from None
+        job_id = names.job_id(namespace, name)
+        rt.submit(job, job_id)
+        rt.ensure_service(job, namespace, uid)
+        if job.spec.suspend:
+            rt.suspend(job, namespace, uid)
+        elif rt.start(job, namespace, uid, resume=True):
+            logger.info(f"controller started for {job_id}")
+        if not (body.get("status") or {}).get("jobId"):
+            patch.status["jobId"] = job_id
+            patch.status["phase"] = (
+                TrainingJobPhase.SUSPENDED
+                if job.spec.suspend
+                else TrainingJobPhase.CREATED
+            ).value
+        patch.status["observedGeneration"] = meta.get("generation")
+
+    @kopf.on.update(*RESOURCE, field="spec", id="spec", registry=registry)
+    def spec_changed(body: kopf.Body, name: str, namespace: str, uid: str, meta: kopf.Meta, patch: kopf.Patch,
+                     old: Any, new: Any, memo: Any, logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+        """A new spec goes to etcd (the controller applies codeVersion lazily); suspend stops the
+        pods and keeps the state, resume hosts the controller again."""
+        rt = _runtime(memo)
+        try:
+            job = rt.parse(dict(body))
+        except SpecError as exc:
+            raise _invalid(patch, exc) from None
+        if (old or {}).get("roles") != (new or {}).get("roles"):
+            # The CRD refuses this (a CEL transition rule); an API server without CEL may not.
+            raise kopf.PermanentError(
+                "roles cannot change while the job exists; delete and re-create it"
+            )
+        job_id = names.job_id(namespace, name)
+        rt.submit(job, job_id)
+        if job.spec.suspend:
+            logger.info(f"suspending {job_id}")
+            rt.suspend(job, namespace, uid)
+        else:
+            rt.start(job, namespace, uid, resume=True)
+        patch.status["observedGeneration"] = meta.get("generation")
+
+    @kopf.on.delete(*RESOURCE, id="cleanup", registry=registry)
+    def delete(
+        body: kopf.Body, name: str, namespace: str, uid: str, memo: Any, **_: Any
+    ) -> None:
+        """The finalizer: nothing the job owned outlives it, in Kubernetes or in etcd."""
+        rt = _runtime(memo)
+        try:
+            job = rt.parse(dict(body))
+        except SpecError:
+            job = None
+        rt.cleanup(job, name, namespace, uid)
+
+    # -- status ------------------------------------------------------------------------------------
+    @kopf.timer(*RESOURCE, id="status", interval=config.status_interval_seconds, initial_delay=config.status_interval_seconds,
+                registry=registry)  # fmt: skip
+    def mirror(body: kopf.Body, name: str, namespace: str, uid: str, meta: kopf.Meta, status: kopf.Status,
+               patch: kopf.Patch, memo: Any, logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+        """Copy the controller's state into the status; label the pods with their ranks; delete the
+        job ttlSecondsAfterFinished after it finished; re-host a controller that died."""
+        rt = _runtime(memo)
+        if meta.get("deletionTimestamp"):
+            return  # the finalizer is taking it apart
+        try:
+            job = rt.parse(dict(body))
+        except SpecError:
+            return
+        current = dict(status)
+        observed = current.get("observedGeneration")
+        new, state = rt.observe(job, namespace, uid, current, observed)
+        rendered = new.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if rendered != {k: v for k, v in current.items() if v is not None}:
+            patch.status.update(new.to_patch())
+        if state is None:
+            return
+        rt.label_pods(job, namespace, uid, state)
+        if state.phase.terminal:
+            ttl = job.spec.ttl_seconds_after_finished
+            if (
+                ttl is not None
+                and state.finished_at is not None
+                and time.time() >= state.finished_at + ttl
+            ):
+                logger.info(f"deleting {name}: finished more than {ttl}s ago")
+                rt.delete_resource(name, namespace)
+        elif not job.spec.suspend and rt.start(job, namespace, uid):
+            logger.warning(
+                f"controller for {names.job_id(namespace, name)} was not running; started it"
+            )
+
+    # -- pods and machines -------------------------------------------------------------------------
+    @kopf.index("v1", "pods", labels=JOB_PODS, id="pods_by_machine", registry=registry)
+    def pods_by_machine(body: kopf.Body, namespace: str, uid: str, labels: kopf.Labels,
+                        **_: Any) -> dict[str, tuple[str, str, str, str]] | None:  # fmt: skip
+        """Which job pods run on each Kubernetes Node: (namespace, job, node, pod uid)."""
+        machine = (body.get("spec") or {}).get("nodeName")
+        node = labels.get(names.NODE_LABEL)
+        if not machine or not node:
+            return None
+        return {machine: (namespace, labels[names.JOB_LABEL], node, uid)}
+
+    @kopf.on.event("v1", "pods", labels=JOB_PODS, id="pod_events", registry=registry)
+    def pod_event(type: str | None, body: kopf.Body, namespace: str, uid: str, labels: kopf.Labels, memo: Any,
+                  logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+        """A failed, evicted or disrupted pod: ask the controller to evict (and replace) its node."""
+        if type == "DELETED":
+            return  # deleted by the controller or the finalizer: nothing to report
+        disruption = pod_disruption(dict(body))
+        node = labels.get(names.NODE_LABEL)
+        if disruption is None or not node:
+            return
+        job_id = names.job_id(namespace, labels[names.JOB_LABEL])
+        if request_eviction(_runtime(memo).store, job_id, node, disruption, uid):
+            logger.warning(
+                f"asked the controller of {job_id} to evict {node}: {disruption.reason}"
+            )
+
+    @kopf.on.event("v1", "nodes", id="node_events", registry=registry)
+    def node_event(type: str | None, body: kopf.Body, name: str, memo: Any, pods_by_machine: kopf.Index,
+                   logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+        """A NotReady Kubernetes Node: every job node on it is evicted (hot-swapped)."""
+        if type == "DELETED":
+            return
+        disruption = node_not_ready(dict(body))
+        if disruption is None:
+            return
+        for namespace, job, node, pod_uid in pods_by_machine.get(name, []):
+            job_id = names.job_id(namespace, job)
+            if request_eviction(
+                _runtime(memo).store, job_id, node, disruption, pod_uid
+            ):
+                logger.warning(
+                    f"asked the controller of {job_id} to evict {node}: {disruption.reason}"
+                )
+
+    return registry

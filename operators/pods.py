@@ -1,0 +1,233 @@
+"""Kubernetes manifests for a job: the node pods, the headless Service and the gang's PodGroup.
+
+Pure functions of the spec and the operator's settings, so they are tested (and validated against
+the Kubernetes schemas) without a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stalwart.spec import Role, TrainingJob
+from stalwart_operator import names
+from stalwart_operator.config import OperatorConfig
+
+Manifest = dict[str, Any]
+
+RENDEZVOUS_PORT_NAME = "rendezvous"
+METRICS_PORT_NAME = "metrics"
+
+
+def owner_reference(name: str, uid: str) -> Manifest:
+    """Pods and the Service belong to the TrainingJob: Kubernetes deletes them with it."""
+    return {"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": names.KIND, "name": name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+
+
+def standby_role(job: TrainingJob) -> Role:
+    """The pod template a standby (or a replacement whose slot is not yet known) is started with:
+    the role with the most nodes, where a failure is likeliest; ties go to the first role."""
+    return max(job.spec.roles, key=lambda r: r.replicas)
+
+
+def _resources(role: Role) -> Manifest:
+    requests: dict[str, str] = {}
+    if role.resources.cpu:
+        requests["cpu"] = role.resources.cpu
+    if role.resources.memory:
+        requests["memory"] = role.resources.memory
+    limits: dict[str, str] = {}
+    if role.resources.memory:
+        limits["memory"] = role.resources.memory
+    if role.resources.gpus:
+        # Extended resources are requested through limits (requests default to them).
+        limits["nvidia.com/gpu"] = str(role.resources.gpus)
+        requests["nvidia.com/gpu"] = str(role.resources.gpus)
+    out: Manifest = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _field_env(name: str, path: str) -> Manifest:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _gang(job: TrainingJob, total_pods: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations for gang admission: Volcano (scheduler `volcano`, a PodGroup) or Kueue
+    (a queue name without Volcano: a plain-pod group)."""
+    scheduling = job.spec.scheduling
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    if scheduling.scheduler_name == "volcano":
+        annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
+        if scheduling.queue:
+            annotations[names.VOLCANO_QUEUE_ANNOTATION] = scheduling.queue
+    elif scheduling.queue:
+        labels[names.KUEUE_QUEUE_LABEL] = scheduling.queue
+        labels[names.KUEUE_GROUP_LABEL] = job.name
+        annotations[names.KUEUE_GROUP_COUNT_ANNOTATION] = str(total_pods)
+    return labels, annotations
+
+
+def node_pod(
+    job: TrainingJob,
+    *,
+    namespace: str,
+    job_id: str,
+    node: str,
+    role: Role,
+    owner_uid: str,
+    config: OperatorConfig,
+    total_pods: int,
+) -> Manifest:
+    """The pod of one Stalwart node: the node agent as the entry process, which starts the workers of
+    whatever slot the controller gives the node (so a standby can take any slot of its template)."""
+    scheduling = job.spec.scheduling
+    gang_labels, gang_annotations = _gang(job, total_pods)
+    labels = {**names.job_labels(job.name, namespace), names.NODE_LABEL: node, names.ROLE_LABEL: role.name,
+              **gang_labels}  # fmt: skip
+    env: list[Manifest] = [
+        {"name": "STALWART_JOB", "value": job_id},
+        {"name": "STALWART_NODE", "value": node},
+        {"name": "STALWART_ETCD", "value": config.etcd},
+        {"name": "STALWART_WORKDIR", "value": config.pod_workdir},
+        {"name": "STALWART_JOB_DIR", "value": config.job_dir},
+        {"name": "STALWART_METRICS_PORT", "value": str(config.agent_metrics_port)},
+        {"name": "STALWART_METRICS_HOST", "value": config.agent_metrics_host},
+        _field_env("STALWART_POD_NAME", "metadata.name"),
+        _field_env("STALWART_POD_NAMESPACE", "metadata.namespace"),
+        _field_env("STALWART_MACHINE", "spec.nodeName"),
+        _field_env("STALWART_POD_IP", "status.podIP"),
+    ]
+    ports = []
+    if config.agent_metrics_port:
+        ports.append(
+            {
+                "name": METRICS_PORT_NAME,
+                "containerPort": config.agent_metrics_port,
+                "protocol": "TCP",
+            }
+        )
+    if config.rendezvous_port:
+        ports.append(
+            {
+                "name": RENDEZVOUS_PORT_NAME,
+                "containerPort": config.rendezvous_port,
+                "protocol": "TCP",
+            }
+        )
+    container: Manifest = {
+        "name": names.AGENT_CONTAINER,
+        "image": role.image or config.agent_image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": [config.python, "-m", "stalwart.cli.main", "agent"],
+        # $(VAR) is expanded by the kubelet from the container's environment.
+        "args": ["--job", "$(STALWART_JOB)", "--node", "$(STALWART_NODE)", "--etcd", "$(STALWART_ETCD)",
+                 "--workdir", "$(STALWART_WORKDIR)", "--job-dir", "$(STALWART_JOB_DIR)"],
+        "workingDir": config.job_dir,
+        "env": env,
+        "ports": ports,
+        "resources": _resources(role),
+        "volumeMounts": [{"name": "workdir", "mountPath": config.pod_workdir},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }  # fmt: skip
+    spec: Manifest = {
+        # A dead agent is a lost node: the controller replaces it (with a standby), not the kubelet.
+        "restartPolicy": "Never",
+        "hostname": node,
+        "subdomain": names.service_name(job.name),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": config.termination_grace_seconds,
+        # The taint keeps the scheduler off a cordoned machine; the affinity also stops a pod that
+        # tolerates every taint (operator: Exists) from landing there.
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": names.CORDON_LABEL, "operator": "DoesNotExist"}]}]}}},
+        "containers": [container],
+        "volumes": [{"name": "workdir", "emptyDir": {}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }  # fmt: skip
+    if scheduling.node_selector:
+        spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True)
+            for t in scheduling.tolerations
+        ]
+    if scheduling.priority_class_name:
+        spec["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.scheduler_name:
+        spec["schedulerName"] = scheduling.scheduler_name
+    metadata: Manifest = {
+        "name": names.pod_name(job.name, node),
+        "namespace": namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(job.name, owner_uid)],
+    }
+    if gang_annotations:
+        metadata["annotations"] = gang_annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def headless_service(
+    job: TrainingJob, *, namespace: str, owner_uid: str, config: OperatorConfig
+) -> Manifest:
+    """Stable DNS names for the pods (node-3.<service>.<namespace>.svc), ready or not: rank 0 must
+    be reachable for the rendezvous before any readiness probe could pass."""
+    ports = []
+    if config.rendezvous_port:
+        ports.append(
+            {
+                "name": RENDEZVOUS_PORT_NAME,
+                "port": config.rendezvous_port,
+                "protocol": "TCP",
+            }
+        )
+    if config.agent_metrics_port:
+        ports.append(
+            {
+                "name": METRICS_PORT_NAME,
+                "port": config.agent_metrics_port,
+                "protocol": "TCP",
+            }
+        )
+    spec: Manifest = {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": {names.JOB_LABEL: job.name, names.JOB_NAMESPACE_LABEL: namespace},
+    }
+    if ports:
+        spec["ports"] = ports
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": names.service_name(job.name), "namespace": namespace,
+                     "labels": names.job_labels(job.name, namespace),
+                     "ownerReferences": [owner_reference(job.name, owner_uid)]},
+        "spec": spec,
+    }  # fmt: skip
+
+
+def volcano_podgroup(
+    job: TrainingJob, *, namespace: str, owner_uid: str
+) -> Manifest | None:
+    """Volcano admits the job's slot pods together (minMember); standbys come on top."""
+    scheduling = job.spec.scheduling
+    if scheduling.scheduler_name != "volcano":
+        return None
+    spec: Manifest = {"minMember": job.spec.node_count}
+    if scheduling.queue:
+        spec["queue"] = scheduling.queue
+    if scheduling.priority_class_name:
+        spec["priorityClassName"] = scheduling.priority_class_name
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": names.podgroup_name(job.name), "namespace": namespace,
+                     "labels": names.job_labels(job.name, namespace),
+                     "ownerReferences": [owner_reference(job.name, owner_uid)]},
+        "spec": spec,
+    }  # fmt: skip

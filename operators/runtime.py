@@ -1,0 +1,231 @@
+"""What the kopf handlers share in one operator process: settings, etcd, the API client and the
+hosted controllers. It lives in kopf's `memo`; the handlers stay thin."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from kubernetes import client as k8s
+from stalwart.controller.ranks import slot_roles
+from stalwart.logs import get_logger
+from stalwart.spec import TrainingJob, parse_job
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.nodes import read_nodes
+from stalwart.store.records import Incident, JobState
+from stalwart_operator import names, pods
+from stalwart_operator.cluster import KubernetesCluster
+from stalwart_operator.config import OperatorConfig
+from stalwart_operator.hosting import ControllerHost
+from stalwart_operator.kube import is_status
+from stalwart_operator.status import PodView, TrainingJobStatus, build_status
+
+log = get_logger("stalwart.operator")
+
+
+def document(body: dict[str, Any]) -> dict[str, Any]:
+    """The custom resource as the TrainingJob document `stalwart run` reads: no status, no server
+    fields in metadata."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace") or "default",
+                     "labels": dict(meta.get("labels") or {})},
+        "spec": body.get("spec") or {},
+    }  # fmt: skip
+
+
+class Runtime:
+    def __init__(
+        self, config: OperatorConfig, store: Store, api: k8s.ApiClient
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.host = ControllerHost(store)
+        self._clusters: dict[str, KubernetesCluster] = {}
+        # Jobs (by uid) whose finalizer ran: nothing may host their controller again, even a timer
+        # that was already running when the deletion began.
+        self._deleted: set[str] = set()
+        self._suspended: set[str] = set()
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def parse(self, body: dict[str, Any]) -> TrainingJob:
+        meta = body.get("metadata") or {}
+        return parse_job(
+            document(body), f"TrainingJob {meta.get('namespace')}/{meta.get('name')}"
+        )
+
+    def cluster(self, job: TrainingJob, namespace: str, uid: str) -> KubernetesCluster:
+        """One KubernetesCluster per job (per uid: a re-created job of the same name gets a new one)."""
+        job_id = names.job_id(namespace, job.name)
+        current = self._clusters.get(job_id)
+        if current is not None and current.owner_uid == uid:
+            current.job = job  # the hosted controller holds this object: new pods follow the new spec
+        else:
+            current = KubernetesCluster(job=job, namespace=namespace, job_id=job_id, owner_uid=uid,
+                                        config=self.config, api=self.api, store=self.store)  # fmt: skip
+            self._clusters[job_id] = current
+        return current
+
+    def submit(self, job: TrainingJob, job_id: str) -> bool:
+        """Write the spec where the controller and the agents read it. True if it changed."""
+        doc = job.model_dump(mode="json", by_alias=True)
+        raw = self.store.get_raw(keys.job_spec(job_id))
+        if raw is not None and json.loads(raw) == doc:
+            return False
+        self.store.put(keys.job_spec(job_id), json.dumps(doc))
+        return True
+
+    def start(
+        self, job: TrainingJob, namespace: str, uid: str, *, resume: bool = False
+    ) -> bool:
+        """Host the job's controller (no-op if hosted, finished, deleted, or suspended unless this
+        is the resume: a status timer that read the spec before the suspend must not undo it)."""
+        if uid in self._deleted or (uid in self._suspended and not resume):
+            return False
+        self._suspended.discard(uid)
+        cluster = self.cluster(job, namespace, uid)
+        return self.host.ensure(names.job_id(namespace, job.name), lambda: cluster)
+
+    def ensure_service(self, job: TrainingJob, namespace: str, uid: str) -> None:
+        _create(lambda: self.core.create_namespaced_service(
+            namespace, pods.headless_service(job, namespace=namespace, owner_uid=uid, config=self.config),
+            _preload_content=False))  # fmt: skip
+        group = pods.volcano_podgroup(job, namespace=namespace, owner_uid=uid)
+        if group is not None:
+            try:
+                _create(
+                    lambda: self.custom.create_namespaced_custom_object(
+                        "scheduling.volcano.sh",
+                        "v1beta1",
+                        namespace,
+                        "podgroups",
+                        group,
+                        _preload_content=False,
+                    )
+                )
+            except Exception as exc:
+                if not is_status(exc, 404):
+                    raise
+                log.warning(
+                    "Volcano is not installed: no PodGroup for the gang",
+                    fields={"job": job.name},
+                )
+
+    def suspend(self, job: TrainingJob, namespace: str, uid: str) -> None:
+        """Stop the controller and delete the pods; etcd keeps the state for the resume."""
+        self._suspended.add(uid)
+        self.host.stop(names.job_id(namespace, job.name))
+        self.cluster(job, namespace, uid).delete_all(released=True)
+
+    def cleanup(
+        self, job: TrainingJob | None, name: str, namespace: str, uid: str
+    ) -> None:
+        """Everything the job owns: its controller, pods, Service, PodGroup and etcd keys."""
+        job_id = names.job_id(namespace, name)
+        self._deleted.add(uid)
+        self.host.stop(job_id)
+        self._clusters.pop(job_id, None)
+        listed = json.loads(self.core.list_namespaced_pod(namespace, label_selector=names.job_selector(name),
+                                                          _preload_content=False).data)  # fmt: skip
+        for pod in listed.get("items", []):
+            if ((pod.get("metadata") or {}).get("labels") or {}).get(
+                names.JOB_LABEL
+            ) == name:
+                _delete(lambda p=pod: self.core.delete_namespaced_pod(p["metadata"]["name"], namespace,
+                                                                       _preload_content=False))  # fmt: skip
+        _delete(lambda: self.core.delete_namespaced_service(names.service_name(name), namespace,
+                                                             _preload_content=False))  # fmt: skip
+        if job is not None and job.spec.scheduling.scheduler_name == "volcano":
+            _delete(lambda: self.custom.delete_namespaced_custom_object(
+                "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", names.podgroup_name(name),
+                _preload_content=False))  # fmt: skip
+        self.store.delete_prefix(keys.job_prefix(job_id))
+        log.info("job cleaned up", fields={"job": job_id})
+
+    # -- status ------------------------------------------------------------------------------------
+    def observe(
+        self,
+        job: TrainingJob,
+        namespace: str,
+        uid: str,
+        previous: dict[str, Any] | None,
+        generation: int | None,
+    ) -> tuple[TrainingJobStatus, JobState | None]:
+        """The status as etcd and the pods show it now, and the state it came from."""
+        job_id = names.job_id(namespace, job.name)
+        state = self.store.get(keys.job_state(job_id), JobState)
+        incidents = self.store.get_prefix(keys.incidents_prefix(job_id), Incident)
+        nodes = read_nodes(self.store, job_id)
+        cluster = self.cluster(job, namespace, uid)
+        views: dict[str, PodView] = {}
+        for pod in cluster.list_pods(fresh=True):
+            node = pod["metadata"]["labels"].get(names.NODE_LABEL)
+            if node:
+                views[node] = PodView(name=pod["metadata"]["name"], phase=(pod.get("status") or {}).get("phase", "Pending"),
+                                      machine=(pod.get("spec") or {}).get("nodeName"),
+                                      terminating=bool(pod["metadata"].get("deletionTimestamp")))  # fmt: skip
+        try:
+            before = TrainingJobStatus.model_validate(previous) if previous else None
+        except ValueError:
+            before = None
+        status = build_status(job_id=job_id, state=state, incidents=incidents, slot_roles=slot_roles(job.spec),
+                              pods=views, registered=set(nodes.registrations), previous=before,
+                              suspended=job.spec.suspend, observed_generation=generation, now=time.time())  # fmt: skip
+        if state is not None:
+            live = [w.step for n in state.slots if (b := nodes.heartbeats.get(n)) and b.generation == state.generation
+                    for w in b.workers if w.step is not None]  # fmt: skip
+            if live and (
+                status.current_step is None or max(live) > status.current_step
+            ):
+                status = status.model_copy(update={"current_step": max(live)})
+        return status, state
+
+    def label_pods(
+        self, job: TrainingJob, namespace: str, uid: str, state: JobState
+    ) -> None:
+        """Show the controller's view on the pods: the node rank each holds, or that it is a standby."""
+        wanted: dict[str, dict[str, str | None]] = {}
+        for rank, node in enumerate(state.slots):
+            wanted[node] = {names.NODE_RANK_LABEL: str(rank), names.STANDBY_LABEL: None}
+        for node in state.standbys:
+            wanted[node] = {names.NODE_RANK_LABEL: None, names.STANDBY_LABEL: "true"}
+        for pod in self.cluster(job, namespace, uid).list_pods():
+            labels = pod["metadata"].get("labels") or {}
+            want = wanted.get(labels.get(names.NODE_LABEL, ""))
+            if want is None or all(labels.get(k) == v for k, v in want.items()):
+                continue
+            _delete(lambda p=pod, w=want: self.core.patch_namespaced_pod(p["metadata"]["name"], namespace,
+                                                                          {"metadata": {"labels": w}},
+                                                                          _preload_content=False))  # fmt: skip
+
+    def delete_resource(self, name: str, namespace: str) -> None:
+        _delete(lambda: self.custom.delete_namespaced_custom_object(names.GROUP, names.VERSION, namespace,
+                                                                     names.PLURAL, name, _preload_content=False))  # fmt: skip
+
+    def close(self) -> None:
+        self.host.stop_all()
+        self.api.close()
+
+
+def _create(call: Any) -> None:
+    try:
+        call()
+    except Exception as exc:
+        if not is_status(exc, 409):
+            raise
+
+
+def _delete(call: Any) -> None:
+    """Deleting (or patching) what is already gone is fine."""
+    try:
+        call()
+    except Exception as exc:
+        if not is_status(exc, 404):
+            raise

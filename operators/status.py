@@ -1,0 +1,402 @@
+"""The TrainingJob's status: a pydantic model (the CRD's status schema is generated from it) and
+the pure function that mirrors the controller's state in etcd into it.
+
+Conditions follow the Kubernetes convention (Kubeflow Trainer, JobSet): one entry per type, with
+status True/False, a CamelCase reason, a message, and the time the status last flipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from stalwart.controller.ettr import compute_ettr
+from stalwart.store.records import Incident, JobState
+
+
+class StatusModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid"
+    )
+
+
+class TrainingJobPhase(str, Enum):
+    CREATED = (
+        "Created"  # accepted by the operator; the controller has not started it yet
+    )
+    PENDING = "Pending"  # nodes starting, pre-flight checks
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class ConditionType(str, Enum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(StatusModel):
+    type: Annotated[
+        ConditionType,
+        Field(
+            description="Created, Running, Restarting, Succeeded, Failed or Suspended."
+        ),
+    ]
+    status: Annotated[
+        Literal["True", "False", "Unknown"],
+        Field(description="True, False or Unknown."),
+    ]
+    reason: Annotated[
+        str, Field(max_length=128, description="Why, in one CamelCase word.")
+    ]
+    message: Annotated[str, Field(max_length=1024, description="Why, for people.")] = ""
+    last_transition_time: Annotated[
+        str, Field(description="When the status last changed (RFC 3339).")
+    ]
+
+
+class Restarts(StatusModel):
+    total: Annotated[
+        int, Field(ge=0, description="Every restart of the job's workers.")
+    ] = 0
+    infrastructure: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="Restarts caused by the infrastructure (machine faults, lost nodes, "
+            "hangs): they do not count against failurePolicy.maxRestarts.",
+        ),
+    ] = 0
+    counted: Annotated[
+        int,
+        Field(ge=0, description="Restarts counted against failurePolicy.maxRestarts."),
+    ] = 0
+
+
+class NodeState(str, Enum):
+    STARTING = "Starting"  # pod pending, or its agent not registered yet
+    RUNNING = "Running"  # agent registered and heartbeating
+    STANDBY = "Standby"  # a warm standby, waiting for a slot
+    LOST = "Lost"  # its pod or agent is gone; the controller replaces it
+    FINISHED = "Finished"
+
+
+class NodeStatus(StatusModel):
+    name: Annotated[
+        str, Field(max_length=63, description="Stalwart node name, e.g. node-3.")
+    ]
+    rank: Annotated[
+        int | None, Field(description="Node rank (slot) it holds; none for a standby.")
+    ] = None
+    role: Annotated[
+        str | None, Field(max_length=63, description="Role of its slot.")
+    ] = None
+    state: Annotated[
+        NodeState, Field(description="Starting, Running, Standby, Lost or Finished.")
+    ]
+    pod: Annotated[
+        str | None, Field(max_length=253, description="The pod that runs its agent.")
+    ] = None
+    machine: Annotated[
+        str | None,
+        Field(max_length=253, description="The Kubernetes Node the pod runs on."),
+    ] = None
+
+
+class IncidentSummary(StatusModel):
+    id: Annotated[str, Field(max_length=128)]
+    failure_class: Annotated[
+        str,
+        Field(
+            alias="class",
+            max_length=64,
+            description="The failure event, e.g. LostNode.",
+        ),
+    ]
+    action: Annotated[
+        str, Field(max_length=1024, description="What the controller did about it.")
+    ]
+    at: Annotated[str, Field(description="When it failed (RFC 3339).")]
+    node: Annotated[
+        str | None, Field(max_length=63, description="The node it happened on, if one.")
+    ] = None
+
+
+class TrainingJobStatus(StatusModel):
+    """What `kubectl get tj` and `kubectl describe tj` show; mirrored from etcd by the operator."""
+
+    phase: Annotated[
+        TrainingJobPhase,
+        Field(
+            description="Created, Pending, Running, Restarting, Succeeded, "
+            "Failed or Suspended."
+        ),
+    ] = TrainingJobPhase.CREATED
+    conditions: Annotated[
+        list[Condition],
+        Field(max_length=8, description="The job's conditions, one per type."),
+    ] = []
+    job_id: Annotated[
+        str | None,
+        Field(
+            max_length=128,
+            description="The job's name in etcd and for the "
+            "`stalwart` CLI: <namespace>.<name>.",
+        ),
+    ] = None
+    observed_generation: Annotated[
+        int | None,
+        Field(
+            description="The metadata.generation of the spec last handed to the controller."
+        ),
+    ] = None
+    current_generation: Annotated[
+        int | None,
+        Field(
+            description="The controller's generation: how many times the workers were started."
+        ),
+    ] = None
+    current_step: Annotated[
+        int | None, Field(description="The newest training step reported.")
+    ] = None
+    loss: Annotated[
+        float | None, Field(description="Rank 0's loss at currentStep.")
+    ] = None
+    ettr: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            le=1,
+            description="Effective training time ratio since the first "
+            "step, from the recorded incidents.",
+        ),
+    ] = None
+    restarts: Annotated[Restarts, Field(description="Restarts, split by cause.")] = (
+        Restarts()
+    )
+    nodes: Annotated[
+        list[NodeStatus],
+        Field(
+            max_length=10_000,
+            description="The job's nodes in rank order, then its standbys.",
+        ),
+    ] = []
+    standbys: Annotated[
+        list[str], Field(max_length=1024, description="Warm standby nodes.")
+    ] = []
+    evicted: Annotated[
+        list[str], Field(max_length=10_000, description="Nodes evicted for a fault.")
+    ] = []
+    last_incident: Annotated[
+        IncidentSummary | None, Field(description="The newest incident.")
+    ] = None
+    start_time: Annotated[
+        str | None, Field(description="When the first generation started (RFC 3339).")
+    ] = None
+    completion_time: Annotated[
+        str | None, Field(description="When the job finished (RFC 3339).")
+    ] = None
+
+    def to_patch(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The little the status needs to know about a node's pod."""
+
+    name: str
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    machine: str | None = None
+    terminating: bool = False
+
+
+def rfc3339(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _phase(state: JobState | None, suspended: bool) -> TrainingJobPhase:
+    if state is not None and state.phase.terminal:
+        return TrainingJobPhase(state.phase.value)
+    if suspended:
+        return TrainingJobPhase.SUSPENDED
+    return (
+        TrainingJobPhase.CREATED
+        if state is None
+        else TrainingJobPhase(state.phase.value)
+    )
+
+
+def _node_state(
+    name: str, pod: PodView | None, registered: bool, state: JobState
+) -> NodeState:
+    if state.phase.terminal:
+        return NodeState.FINISHED
+    if (
+        pod is None
+        or pod.terminating
+        or pod.phase in ("Failed", "Succeeded", "Unknown")
+    ):
+        return NodeState.LOST
+    if name in state.standbys and registered:
+        return NodeState.STANDBY
+    return (
+        NodeState.RUNNING
+        if registered and pod.phase == "Running"
+        else NodeState.STARTING
+    )
+
+
+def _wanted_conditions(
+    phase: TrainingJobPhase,
+    state: JobState | None,
+    job_id: str,
+    incident: IncidentSummary | None,
+) -> dict[ConditionType, tuple[bool, str, str]]:
+    """Each condition's (status, reason, message) for this phase; None-valued types are left out."""
+    restart_msg = (
+        f"{incident.failure_class} on {incident.node or 'the job'}: {incident.action}"
+        if incident
+        else ""
+    )
+    out: dict[ConditionType, tuple[bool, str, str]] = {
+        ConditionType.CREATED: (
+            True,
+            "JobCreated",
+            f"submitted to the controller as {job_id}",
+        ),
+    }
+    if phase is TrainingJobPhase.RUNNING:
+        out[ConditionType.RUNNING] = (
+            True,
+            "Running",
+            f"generation {state.generation if state else 0} running",
+        )
+        out[ConditionType.RESTARTING] = (False, "Recovered", restart_msg or "running")
+    elif phase is TrainingJobPhase.RESTARTING:
+        out[ConditionType.RUNNING] = (False, "Restarting", restart_msg or "restarting")
+        out[ConditionType.RESTARTING] = (True, incident.failure_class if incident else "Restarting",
+                                         restart_msg or "restarting")  # fmt: skip
+    elif phase is TrainingJobPhase.SUCCEEDED:
+        msg = (state.message if state else None) or "the job completed"
+        out[ConditionType.RUNNING] = (False, "Completed", msg)
+        out[ConditionType.RESTARTING] = (False, "Completed", msg)
+        out[ConditionType.SUCCEEDED] = (
+            True,
+            (state.reason if state else None) or "Completed",
+            msg,
+        )
+    elif phase is TrainingJobPhase.FAILED:
+        msg = (state.message if state else None) or "the job failed"
+        out[ConditionType.RUNNING] = (False, "Failed", msg)
+        out[ConditionType.RESTARTING] = (False, "Failed", msg)
+        out[ConditionType.FAILED] = (
+            True,
+            (state.reason if state else None) or "Failed",
+            msg,
+        )
+    elif phase is TrainingJobPhase.SUSPENDED:
+        out[ConditionType.RUNNING] = (
+            False,
+            "Suspended",
+            "spec.suspend is true: pods deleted, state kept",
+        )
+        out[ConditionType.SUSPENDED] = (
+            True,
+            "Suspended",
+            "spec.suspend is true: pods deleted, state kept",
+        )
+    if phase is not TrainingJobPhase.SUSPENDED:
+        out[ConditionType.SUSPENDED] = (False, "Resumed", "spec.suspend is false")
+    return out
+
+
+def merge_conditions(
+    wanted: dict[ConditionType, tuple[bool, str, str]],
+    previous: list[Condition],
+    now: float,
+) -> list[Condition]:
+    """Keep lastTransitionTime while a condition's status stays the same. A False condition of a
+    type never True before is left out (no 'Suspended: False' on a job never suspended)."""
+    before = {c.type: c for c in previous}
+    out: list[Condition] = []
+    for ctype in ConditionType:
+        if ctype not in wanted:
+            if ctype in before:
+                out.append(before[ctype])
+            continue
+        value, reason, message = wanted[ctype]
+        status = "True" if value else "False"
+        old = before.get(ctype)
+        if old is None and not value:
+            continue
+        changed = old is None or old.status != status
+        out.append(Condition(type=ctype, status=status, reason=reason[:128], message=message[:1024],
+                             last_transition_time=rfc3339(now) if changed else old.last_transition_time))  # type: ignore[union-attr,arg-type]  # fmt: skip
+    return out
+
+
+def summarize_incident(incident: Incident) -> IncidentSummary:
+    return IncidentSummary(id=incident.id, failure_class=incident.failure_class.value, action=incident.action[:1024],
+                           at=rfc3339(incident.failed_at) or "", node=incident.node)  # fmt: skip
+
+
+def build_status(
+    *,
+    job_id: str,
+    state: JobState | None,
+    incidents: list[Incident],
+    slot_roles: list[str],
+    pods: dict[str, PodView],
+    registered: set[str],
+    previous: TrainingJobStatus | None,
+    suspended: bool,
+    observed_generation: int | None,
+    now: float,
+) -> TrainingJobStatus:
+    """The status for a job as etcd and the pods show it now. Pure: every input is passed in."""
+    phase = _phase(state, suspended)
+    newest = max(incidents, key=lambda i: (i.detected_at, i.id), default=None)
+    last = summarize_incident(newest) if newest else None
+    conditions = merge_conditions(_wanted_conditions(phase, state, job_id, last),
+                                  previous.conditions if previous else [], now)  # fmt: skip
+    status = TrainingJobStatus(phase=phase, conditions=conditions, job_id=job_id, last_incident=last,
+                               observed_generation=observed_generation)  # fmt: skip
+    if state is None:
+        return status
+    nodes: list[NodeStatus] = []
+    for rank, name in enumerate(state.slots):
+        pod = pods.get(name)
+        nodes.append(NodeStatus(name=name, rank=rank, role=slot_roles[rank] if rank < len(slot_roles) else None,
+                                state=_node_state(name, pod, name in registered, state),
+                                pod=pod.name if pod else None, machine=pod.machine if pod else None))  # fmt: skip
+    for name in state.standbys:
+        pod = pods.get(name)
+        nodes.append(NodeStatus(name=name, state=_node_state(name, pod, name in registered, state),
+                                pod=pod.name if pod else None, machine=pod.machine if pod else None))  # fmt: skip
+    ettr = compute_ettr(state, incidents, now).ettr
+    return status.model_copy(update={
+        "current_generation": state.generation,
+        "current_step": state.last_step,
+        "loss": state.last_loss,
+        "ettr": None if ettr is None else round(min(1.0, max(0.0, ettr)), 4),
+        "restarts": Restarts(total=state.restarts + state.infra_restarts, infrastructure=state.infra_restarts,
+                             counted=state.restarts),
+        "nodes": nodes,
+        "standbys": list(state.standbys),
+        "evicted": list(state.evicted),
+        "start_time": rfc3339(state.started_at),
+        "completion_time": rfc3339(state.finished_at),
+    })  # fmt: skip
