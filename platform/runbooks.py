@@ -46,6 +46,7 @@ EXTRA_RUNBOOKS = ("checkpoint_corruption", "nic_down")
 
 # Words people type: `stalwart runbook show xid79`, `... oom-gpu`, `... nan`.
 ALIASES: dict[str, str] = {
+    "unknown": "worker_crash",  # a diagnosis verdict with no class: start where a plain crash starts
     "xid79": "xid",
     "xid_79": "xid",
     "ecc": "ecc_error",

@@ -1,0 +1,95 @@
+"""A client for the diagnosis service, and `diagnose_local`, which falls back to the in-process
+engine so that a failure is never left undiagnosed because the service is down."""
+
+from __future__ import annotations
+
+import gzip
+from typing import Any
+
+import httpx
+
+from stalwart.diagnosis.engine import diagnose
+from stalwart.diagnosis.models import EvidenceBundle, Verdict
+
+GZIP_ABOVE_BYTES = 1024 * 1024
+
+
+class DiagnosisUnavailable(RuntimeError):
+    """The service did not answer (connection refused, timeout, a 5xx); the message says where."""
+
+
+class DiagnosisRejected(ValueError):
+    """The service refused the request (a 4xx): the bundle is too large or not valid."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"diagnosis service refused the request ({status}): {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class IncidentNotFound(LookupError):
+    pass
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    return str(body.get("detail", body))[:2000] if isinstance(body, dict) else str(body)[:2000]
+
+
+class DiagnosisClient:
+    def __init__(self, base_url: str, *, timeout: float = 30.0, connect_timeout: float = 3.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        url = f"{self.base_url}{path}"
+        try:
+            with httpx.Client(timeout=self._timeout) as http:
+                response = http.request(method, url, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise DiagnosisUnavailable(f"diagnosis service at {self.base_url} timed out: {exc!r}") from None
+        except httpx.HTTPError as exc:
+            raise DiagnosisUnavailable(f"cannot reach the diagnosis service at {self.base_url}: {exc!r}") from None
+        if response.status_code >= 500:
+            raise DiagnosisUnavailable(f"diagnosis service at {self.base_url} failed ({response.status_code}): "
+                                       f"{_detail(response)}")  # fmt: skip
+        return response
+
+    def diagnose(self, bundle: EvidenceBundle) -> Verdict:
+        body = bundle.model_dump_json().encode()
+        headers = {"content-type": "application/json"}
+        if len(body) > GZIP_ABOVE_BYTES:
+            body = gzip.compress(body, compresslevel=3)
+            headers["content-encoding"] = "gzip"
+        response = self._request("POST", "/v1/diagnose", content=body, headers=headers)
+        if response.status_code != 200:
+            raise DiagnosisRejected(response.status_code, _detail(response))
+        return Verdict.model_validate_json(response.content)
+
+    def incident(self, job: str, incident_id: str) -> dict[str, Any]:
+        response = self._request("GET", f"/v1/incidents/{job}/{incident_id}")
+        if response.status_code == 404:
+            raise IncidentNotFound(_detail(response))
+        if response.status_code != 200:
+            raise DiagnosisRejected(response.status_code, _detail(response))
+        data: dict[str, Any] = response.json()
+        return data
+
+    def healthy(self) -> bool:
+        try:
+            return self._request("GET", "/healthz").status_code == 200
+        except DiagnosisUnavailable:
+            return False
+
+
+def diagnose_local(bundle: EvidenceBundle, url: str | None = None, *, timeout: float = 30.0) -> Verdict:
+    """Ask the service at `url`; without one, or when it does not answer, diagnose in this process."""
+    if url:
+        try:
+            return DiagnosisClient(url, timeout=timeout).diagnose(bundle)
+        except DiagnosisUnavailable:
+            pass
+    return diagnose(bundle)
