@@ -112,3 +112,16 @@ def test_topology_helpers() -> None:
     assert neighbour_pairs(1) == [] and neighbour_pairs(2) == [(0, 1)]
     assert neighbour_pairs(4) == [(0, 1), (1, 2), (2, 3), (0, 3)]
     assert pattern(3, src=1).tolist() == [4.0, 5.0, 6.0] and pattern(1, src=0, dst=1).tolist() == [8.0]
+
+
+def test_judge_blames_the_hung_node_not_a_group_that_timed_out_behind_it() -> None:
+    """Node 0 hangs; node 1 waits for it in one collective and so never joins node 2's group, which
+    times out. Only node 0 is at fault (seen in pre-flight with a standby as the third node)."""
+    waiting = CheckResult(name="all_reduce", group=[0, 1], passed=False, error="RuntimeError: timed out")
+    behind = CheckResult(name="all_reduce", group=[1, 2], passed=False, error="RuntimeError: timed out")
+    reports = [RankReport(rank=0, node=0, local_rank=0, phase="joined", progress=1),
+               RankReport(rank=1, node=1, local_rank=0, phase="done", finished=True, checks=[waiting]),
+               RankReport(rank=2, node=2, local_rank=0, phase="done", finished=True, checks=[behind])]  # fmt: skip
+    verdicts = {v.node: v for v in judge(reports, 1, timed_out=[0])}
+    assert not verdicts[0].passed and verdicts[1].passed and verdicts[2].passed
+    assert "after ranks 0 hung" in verdicts[2].reasons[0]

@@ -143,3 +143,18 @@ def test_another_file_can_be_loaded(tmp_path: Path) -> None:
     assert [c.name for c in db.classes] == ["disk_full"]
     with pytest.raises(SignatureFileError, match="not valid YAML"):
         parse_signatures("classes: [unclosed")
+
+
+def test_lines_prefixed_by_torch_distributed_excepthook_are_classified() -> None:
+    """torch >= 2.3 prints an uncaught exception as '[rank3]: Traceback ...' once a process group
+    exists (recorded from examples/pretrain_tiny.py --raise-at-step under gloo)."""
+    from stalwart.signatures import classify_exit
+
+    tail = [
+        "[rank3]: Traceback (most recent call last):",
+        '[rank3]:   File "/work/main/examples/pretrain_tiny.py", line 181, in <module>',
+        '[rank3]:     raise ValueError(f"shapes do not match in my_custom_layer at step {step}")',
+        "[rank3]: ValueError: shapes do not match in my_custom_layer at step 15 (a bug in the training code)",
+    ]
+    verdict = classify_exit(1, tail)
+    assert verdict.failure_class == "python_exception" and verdict.scope.value == "user_code"

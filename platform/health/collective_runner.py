@@ -108,6 +108,11 @@ def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int],
             if waiting:
                 reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed (waiting for rank "
                                        f"{', '.join(map(str, waiting))}): {c.error}")  # fmt: skip
+            elif hung - {r.rank}:
+                # A timeout in a group without the hung ranks is still theirs: the group's other
+                # members were stuck in an earlier collective with them and never came.
+                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed, after ranks "
+                                       f"{', '.join(map(str, sorted(hung)))} hung: {c.error}")  # fmt: skip
             elif r.rank not in hung:
                 suspects.add(r.rank)
                 reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed: {c.error}")

@@ -105,6 +105,7 @@ class LogScanner:
         )
 
     def classify_line(self, line: str) -> FailureClassSpec | None:
+        line = strip_rank_prefix(line)
         for spec in self._classes:  # highest priority first
             if spec.matches(line):
                 return spec
@@ -115,6 +116,15 @@ def _lines_about(pid: int, lines: Iterable[str]) -> list[str]:
     """Kernel-log lines that name this process (OOM kills name the victim's pid)."""
     pat = re.compile(rf"(process\s+|pid[=:]\s*){pid}\b")
     return [ln for ln in lines if pat.search(ln)]
+
+
+# torch.distributed's excepthook prints an uncaught exception with every line prefixed
+# "[rank3]: " (torch >= 2.3, once a process group exists); torchrun's log tee adds "[default0]:".
+_RANK_PREFIX = re.compile(r"^\[(?:rank\d+|default\d+)\]:\s?")
+
+
+def strip_rank_prefix(line: str) -> str:
+    return _RANK_PREFIX.sub("", line, count=1)
 
 
 def classify_exit(
