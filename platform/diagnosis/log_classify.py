@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stalwart.diagnosis.models import RankLog
+from stalwart.signatures.scanner import strip_rank_prefix as strip_line_prefix
 from stalwart.signatures import BlameScope, ExitVerdict, classify_exit, default_database
 
 SYMPTOMS = frozenset({"peer_closed", "nccl_timeout", "nccl_error"})
@@ -28,14 +29,9 @@ _EXC_LINE = re.compile(
     r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|KeyError|StopIteration)(?::\s*(.*))?$"
 )
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torch.distributed prefixes a rank's uncaught errors
-
-
 def strip_rank_prefix(lines: Sequence[str]) -> list[str]:
-    """'[rank3]: Traceback (...)' -> 'Traceback (...)': the signature patterns are anchored at the
-    start of the line, and torch prefixes every line of an uncaught exception once the process
-    group exists."""
-    return [_RANK_PREFIX.sub("", line, count=1) for line in lines]
+    """'[rank3]: Traceback (...)' -> 'Traceback (...)', line by line (see stalwart.signatures)."""
+    return [strip_line_prefix(line) for line in lines]
 
 
 @dataclass(frozen=True)
