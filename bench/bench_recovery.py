@@ -113,7 +113,7 @@ def main() -> None:
         root = Path(tmp)
 
         def scenario(name: str, *inject: str, **kw: Any) -> dict[str, Any]:
-            folder = root / f"{name}-{len(rows)}"
+            folder = root / f"{name.replace('/', '-')}-{len(rows)}"
             folder.mkdir()
             row = run(name, job_file(folder, **kw), folder, *inject)
             rows.append(row)

@@ -89,7 +89,9 @@ def main() -> None:
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
+    t0 = time.perf_counter()
     dist.init_process_group("nccl" if use_cuda else "gloo")
+    t_pg = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
     if use_cuda:
@@ -100,6 +102,7 @@ def main() -> None:
     config = data_config(args.shards, args.seq, args.seed)
     micro_batch = int(os.environ.get("STALWART_DATA_MICRO_BATCH", args.batch))
     loader = open_loader(config, dp_rank=rank, dp_size=world, micro_batch=micro_batch)
+    t_data = time.perf_counter()
     model = DDP(TinyGPT(seq=config.seq_len).to(device), device_ids=[device.index] if use_cuda else None)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
     interval = int(os.environ.get("STALWART_CHECKPOINT_INTERVAL", "10"))
@@ -111,11 +114,14 @@ def main() -> None:
         tiers.insert(0, open_storage(os.environ["STALWART_CHECKPOINT_MEMORY_URI"]))
     ckpt = Checkpointer(tiers, retention=RetentionPolicy(keep_last=keep))
     state = {"train": TrainState(model, optim), "rng": RNGState(), "data": loader}
+    t_model = time.perf_counter()
     start = resume(ckpt, state)
+    t_ckpt = time.perf_counter()
     pending = None
     if rank == 0:
         print(f"world={world} device={device} resuming_from_step={start} tier={ckpt.last_load_tier or '-'} "
-              f"steps={args.steps}", flush=True)
+              f"steps={args.steps} startup: process group {t_pg - t0:.2f}s, data {t_data - t_pg:.2f}s, "
+              f"model {t_model - t_data:.2f}s, checkpoint {t_ckpt - t_model:.2f}s", flush=True)
 
     for step in range(start + 1, args.steps + 1):
         t0 = time.perf_counter()

@@ -53,6 +53,15 @@ RESUME_MAX_STEP_ENV = "STALWART_RESUME_MAX_STEP"
 MEMORY_URI_ENV = "STALWART_CHECKPOINT_MEMORY_URI"  # a rollback: load no checkpoint newer than this
 
 
+def _prewarm() -> None:
+    """Load now what starting workers needs the first time (the checkpoint package for peer choice,
+    the signature database): a standby pays it while it waits, not while the job waits for it."""
+    from stalwart.checkpoint.peers import choose_peers  # noqa: F401
+    from stalwart.signatures import default_database
+
+    default_database()
+
+
 class AgentExit(Exception):
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(reason)
@@ -150,6 +159,7 @@ class NodeAgent:
         self.log.info("registered", fields={"lease": f"{self.lease.id:x}"})
         self._beat_thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
         self._beat_thread.start()
+        threading.Thread(target=_prewarm, name="prewarm", daemon=True).start()
         self.probes.start()
         # A command written before our watch started is not replayed by the watch: read it once.
         current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
@@ -272,6 +282,8 @@ class NodeAgent:
         return dirty
 
     def _apply(self, cmd: AgentCommand) -> bool:
+        self.log.debug("command", fields={"action": cmd.action.value, "generation": cmd.generation,
+                                          "lag": round(time.time() - cmd.issued_at, 3)})  # fmt: skip
         if cmd.action is AgentAction.SHUTDOWN:
             raise AgentExit(0, f"job finished (generation {cmd.generation})")
         if cmd.generation < self.generation:

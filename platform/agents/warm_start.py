@@ -17,7 +17,9 @@ import sys
 
 from pydantic import BaseModel
 
-PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.nn.functional", "numpy")
+# Modules that read no configuration at import (the worker SDK does, so it is not here).
+PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.nn.functional", "numpy",
+           "torch.nn.parallel", "torch.distributed.checkpoint", "stalwart.checkpoint", "stalwart.dataloader")  # fmt: skip
 
 
 class LaunchRequest(BaseModel):

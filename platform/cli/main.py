@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import sys
 import time
 from pathlib import Path
@@ -93,7 +95,7 @@ def agent(
     from stalwart.agents.agent import AgentExit, NodeAgent
     from stalwart.store import Store
 
-    configure("INFO")
+    configure(os.environ.get("STALWART_LOG_LEVEL", "INFO"))
     try:
         code = NodeAgent(Store(etcd), job, node, workdir, job_dir).run()
     except AgentExit as exc:

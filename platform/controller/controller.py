@@ -76,6 +76,9 @@ STARTUP_TIMEOUT_SECONDS = 300.0
 SHUTDOWN_WAIT_SECONDS = 30.0
 PROGRESS_PERSIST_SECONDS = 5.0
 MAX_PREFLIGHT_ROUNDS = 3
+# After a crash, a node that misses this many heartbeats (and half its lease) while its peers report
+# is fenced as lost.
+MISSED_BEATS_AFTER_CRASH = 3
 LOSS_HISTORY = 20
 Extra = dict[str, "Incident | Assignment | Cordon | OperatorRequest"]
 
@@ -290,10 +293,18 @@ class JobController:
 
         lost = [n for n in state.slots if n not in registered]
         crashed = sorted((w for w in workers if w.exit_code not in (None, 0)), key=lambda w: w.exited_at or 0)
-        if crashed and not lost and self._silent_since(state, beats, crashed[0].exited_at or 0.0):
+        if crashed and not lost and (silent := self._silent_since(state, beats, crashed[0].exited_at or 0.0)):
             # The peers of a dead machine crash on its closed sockets long before its lease lapses.
             # Judge a crash only once every node has been heard from since it; a node that stays
-            # silent is a lost node, and that is the failure to handle.
+            # silent is a lost node, and that is the failure to handle. Its peers just lost their
+            # connections to it, so a few missed heartbeats are evidence enough: fence it (revoke
+            # its lease) rather than wait out the TTL.
+            patience = max(MISSED_BEATS_AFTER_CRASH * self.ft.heartbeat_interval_seconds, self.ft.lease_ttl_seconds / 2)
+            if now - (crashed[0].exited_at or now) > patience:
+                for node in silent:
+                    if (reg := registered.get(node)) is not None:
+                        log.warning("silent since its peers crashed; fencing it", fields={"node": node})
+                        self.store.revoke_lease(reg.lease_id)
             return
         if lost:
             last = [self._last_beats[n].sent_at for n in lost if n in self._last_beats]
@@ -759,9 +770,12 @@ class JobController:
             self._commit(state, revision)
             return False
         for name in [*state.slots, *state.standbys]:
-            if name not in known:
-                self.log.info("starting node", fields={"node": name, "standby": name in state.standbys})
-                self.cluster.start_node(name)
+            if name in known:
+                continue
+            if name in state.standbys and state.open_incident is not None and state.generation > 0:
+                continue  # replenish after the recovery: a booting standby must not slow it down
+            self.log.info("starting node", fields={"node": name, "standby": name in state.standbys})
+            self.cluster.start_node(name)
         return True
 
     def _command(self, node: str, generation: int, action: AgentAction) -> None:

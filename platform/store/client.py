@@ -118,6 +118,12 @@ class Store:
         with _translate_errors(self.endpoint):
             return Lease(self, self._client.lease(ttl))
 
+    def revoke_lease(self, lease_id: int) -> None:
+        """Revoke someone else's lease (fencing a node that stopped answering): its keys vanish
+        now, and its holder's next renewal fails, so it stops acting for the job."""
+        with _translate_errors(self.endpoint):
+            self._client.revoke_lease(lease_id)
+
     def create(self, key: str, value: Record | str, lease: Lease | None = None) -> bool:
         """Put only if the key does not exist. True if we created it."""
         data = value if isinstance(value, str) else value.dumps()

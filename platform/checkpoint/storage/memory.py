@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import threading
 
 from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
 
@@ -22,18 +24,29 @@ class _Endpoint:
         self.address = address
         self.host, self.port = host, int(port)
         self.namespace = namespace.strip("/")
+        self._local = threading.local()
 
     def request(self, method: str, path: str, body: bytes | memoryview | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        except OSError as exc:
-            raise StorageError(f"memory store {self.address} unreachable: {exc}") from exc
-        finally:
-            conn.close()
+        """One request on this thread's kept-alive connection (a load makes hundreds of small
+        ranged reads: a connection each would cost more than the bytes); a stale one is retried."""
+        for attempt in (0, 1):
+            conn = getattr(self._local, "conn", None)
+            try:
+                if conn is None:
+                    conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+                    conn.connect()
+                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # see memory_server
+                conn.request(method, path, body=body, headers=headers or {})
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                if conn is not None:
+                    conn.close()
+                self._local.conn = None
+                if attempt or isinstance(exc, ConnectionRefusedError):
+                    raise StorageError(f"memory store {self.address} unreachable: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def obj(self, path: str) -> str:
         return f"/o/{self.namespace}/{path}" if self.namespace else f"/o/{path}"
