@@ -15,7 +15,7 @@ from pathlib import Path
 from stalwart.agents.warm_start import LaunchRequest, warm_eligible
 from stalwart.processes import spawn, stop_process
 
-REFILL_DELAY_SECONDS = 10.0
+REFILL_DELAY_SECONDS = 3.0
 
 
 class WarmPool:
