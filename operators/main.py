@@ -104,7 +104,7 @@ def main() -> int:
     )
     runtime: Runtime | None = None
     try:
-        if not leadership.acquire(stop):
+        if not leadership.acquire_until(stop):
             return 0
         leading.set()
         if stop.is_set():

@@ -100,12 +100,12 @@ def test_one_operator_replica_leads(store: Store) -> None:
     first = OperatorLeadership(store, name, "replica-a", ttl=2)
     second = OperatorLeadership(store, name, "replica-b", ttl=2)
     never = threading.Event()
-    assert first.acquire(never)
+    assert first.acquire_until(never)
     assert first.holder() == "replica-a"
     stop = threading.Event()
     got: list[bool] = []
     waiter = threading.Thread(
-        target=lambda: got.append(second.acquire(stop, interval=0.1))
+        target=lambda: got.append(second.acquire_until(stop, interval=0.1))
     )
     waiter.start()
     time.sleep(0.5)
@@ -117,8 +117,8 @@ def test_one_operator_replica_leads(store: Store) -> None:
     stopped = threading.Event()
     stopped.set()
     third = OperatorLeadership(store, name, "replica-c", ttl=2)
-    assert first.acquire(never)
-    assert not third.acquire(stopped)  # told to stop while waiting
+    assert first.acquire_until(never)
+    assert not third.acquire_until(stopped)  # told to stop while waiting
     first.release()
 
 
