@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos)")
     parser.add_argument("--nan-at-step", type=int, default=None,
-                        help="fault demo: the loss turns NaN at this step, in the first generation only (transient)")
+                        help="fault demo: the loss turns NaN at this step, unless resuming from a rollback (transient)")
     parser.add_argument("--raise-at-step", type=int, default=None,
                         help="fault demo: a bug in the training code raises at this step, every time")
     parser.add_argument("--shards", default=os.path.join(os.path.dirname(__file__), "data", "shards", "*.stok"),
@@ -98,7 +98,7 @@ def main() -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
 
-    generation = int(os.environ.get("STALWART_GENERATION", "1"))
+    rolled_back = os.environ.get("STALWART_RESUME_MAX_STEP")  # set while the controller rolls back
     config = data_config(args.shards, args.seq, args.seed)
     micro_batch = int(os.environ.get("STALWART_DATA_MICRO_BATCH", args.batch))
     loader = open_loader(config, dp_rank=rank, dp_size=world, micro_batch=micro_batch)
@@ -128,7 +128,7 @@ def main() -> None:
         data = loader.next_batch().tokens.to(device)
         logits = model(data[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
-        if step == args.nan_at_step and generation == 1 and rank == world - 1:
+        if step == args.nan_at_step and rolled_back is None and rank == world - 1:
             loss = loss * float("nan")  # a transient numerical fault: gone after the rollback
         if step == args.raise_at_step:
             raise ValueError(f"shapes do not match in my_custom_layer at step {step} (a bug in the training code)")

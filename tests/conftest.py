@@ -23,6 +23,14 @@ SESSION_TAG = "STALWART_TEST_SESSION"
 os.environ.setdefault(SESSION_TAG, uuid.uuid4().hex)
 
 
+def cmdline(p: psutil.Process) -> str:
+    """A process's command line, or '' once it is gone (it may exit between listing and asking)."""
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
 def tagged_processes() -> list[psutil.Process]:
     """Live processes (other than this one) started under this test session."""
     tag = os.environ[SESSION_TAG]
@@ -44,7 +52,7 @@ def no_orphans_at_the_end() -> Iterator[None]:
     yield
     survivors = tagged_processes()
     if survivors:
-        desc = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in survivors]
+        desc = [f"{p.pid} {cmdline(p)[:120]}" for p in survivors]
         for p in survivors:
             p.kill()
         pytest.fail("processes outlived the test run:\n" + "\n".join(desc))

@@ -103,6 +103,7 @@ class JobController:
         self._pending_since = time.monotonic()
         self._nics: dict[str, NicHistory] = {}
         self._losses: list[float] = []
+        self._hang_second_look_at = 0.0  # a stall with no suspect is looked at twice before acting
         self._cordoned: set[str] = set()
         # Standbys that join after the pre-flight are checked on a thread; results land here.
         self._standby_checks: dict[str, tuple[bool, list[str]]] = {}
@@ -368,7 +369,7 @@ class JobController:
         else:
             timeout = self.ft.first_step_timeout_seconds
             since = state.generation_started_at or state.updated_at
-        if now - since <= timeout:
+        if now - since <= timeout or now < self._hang_second_look_at:
             return
         assignment = self.store.get(keys.generation(self.job_name, state.generation), Assignment)
         if assignment is None:
@@ -380,6 +381,14 @@ class JobController:
             finding = diagnose_hang(self.store, self.job_name, assignment, self._url(), log)
         except ImportError:
             finding = None
+        if (finding is None or not finding.suspects) and self._hang_second_look_at == 0.0:
+            # No suspect (stacks unusable, or the workers are finishing): look again after another
+            # timeout before restarting anything.
+            self._hang_second_look_at = time.time() + timeout
+            log.warning("no suspect for the stall; looking again before acting",
+                        fields={"evidence": (finding.evidence if finding else [])[:2]})  # fmt: skip
+            return
+        self._hang_second_look_at = 0.0
         classified = Classified(FailureEvent.HANG, finding.suspects if finding else [],
                                 [f"no progress for {now - since:.1f}s (timeout {timeout:.1f}s)"]
                                 + (finding.evidence if finding else []),
@@ -606,6 +615,11 @@ class JobController:
         if changed:
             self._commit(state, revision, extra)
             return True
+        if state.open_incident is None:  # the pool is replenished once the recovery is over
+            for s in state.standbys:
+                if s not in known:
+                    log.info("starting node", fields={"node": s, "standby": True})
+                    self.cluster.start_node(s)
         for s in state.standbys:
             if s in registered and s not in state.standbys_checked and s not in self._checking and self.ft.preflight:
                 self._checking.add(s)
@@ -739,7 +753,7 @@ class JobController:
         state.started_at = state.started_at or now
         state.generation_started_at = now
         if self._commit(state, revision, extra):
-            self._losses = []
+            self._losses, self._hang_second_look_at = [], 0.0
             log.info("generation started", fields={"generation": generation, "slots": state.slots,
                                                    "standbys": state.standbys,
                                                    "master": f"{assignment.master_addr}:{assignment.master_port}"})  # fmt: skip
