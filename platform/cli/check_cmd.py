@@ -13,7 +13,7 @@ from stalwart.cli import operator_requests
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import CliError, cli_errors
 from stalwart.cli.lookup import job_for_node
-from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
+from stalwart.cli.output import OutputFormat, OutputOption
 from stalwart.store import keys
 from stalwart.store.records import JobState, RequestKind
 
@@ -49,13 +49,7 @@ def check(
                 raise CliError(f"{target!r} is neither a job nor a node of a running job (stalwart node list)")
         request = operator_requests.submit(store, owner, RequestKind.CHECK, node, "health check by on-call")
         final = operator_requests.wait(store, owner, request, timeout)
-    if output is OutputFormat.JSON:
-        print_json(final)
-    else:
-        out.print(operator_requests.request_view(final))
-    code = operator_requests.outcome_code(final)
-    if code:
-        raise typer.Exit(code)
+    operator_requests.report(final, output)
 
 
 def _valid(name: str) -> bool:

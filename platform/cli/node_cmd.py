@@ -30,7 +30,7 @@ from stalwart.cli.output import (
 from stalwart.cli.verdict_view import rank_ranges
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import Assignment, Cordon, OperatorRequest, RequestKind
+from stalwart.store.records import Assignment, Cordon, RequestKind
 
 app = typer.Typer(help="List machines; cordon, uncordon or evict one.", no_args_is_help=True)
 
@@ -56,17 +56,7 @@ def _ask_controller(store: Store, job: str, kind: RequestKind, node: str, reason
                     output: OutputFormat) -> None:  # fmt: skip
     request = operator_requests.submit(store, job, kind, node, reason)
     final = operator_requests.wait(store, job, request, timeout)
-    _report(final, output)
-
-
-def _report(final: OperatorRequest, output: OutputFormat) -> None:
-    if output is OutputFormat.JSON:
-        print_json(final)
-    else:
-        out.print(operator_requests.request_view(final))
-    code = operator_requests.outcome_code(final)
-    if code:
-        raise typer.Exit(code)
+    operator_requests.report(final, output)
 
 
 @app.command()

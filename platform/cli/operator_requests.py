@@ -14,7 +14,9 @@ import socket
 import time
 import uuid
 
+import typer
 from stalwart.cli.errors import EXIT_FAILED, EXIT_TIMEOUT, CliError, err
+from stalwart.cli.output import OutputFormat, out, print_json
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import OperatorRequest, RequestKind, RequestStatus
@@ -85,6 +87,17 @@ def wait(store: Store, job: str, request: OperatorRequest, timeout: float) -> Op
 
 def outcome_code(request: OperatorRequest) -> int:
     return 0 if request.status is RequestStatus.DONE else EXIT_FAILED
+
+
+def report(final: OperatorRequest, output: OutputFormat) -> None:
+    """Print the controller's answer; exit non-zero unless it was done."""
+    if output is OutputFormat.JSON:
+        print_json(final)
+    else:
+        out.print(request_view(final))
+    code = outcome_code(final)
+    if code:
+        raise typer.Exit(code)
 
 
 def request_view(request: OperatorRequest):  # type: ignore[no-untyped-def]
