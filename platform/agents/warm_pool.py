@@ -29,7 +29,7 @@ class WarmPool:
     def maintain(self) -> None:
         """Drop dead warm workers; start new ones up to the pool size once things are quiet."""
         self.ready = [p for p in self.ready if p.poll() is None]
-        if time.monotonic() < self._quiet_until:
+        if time.monotonic() < self._quiet_until or len(self.ready) >= self.size:
             return
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
         while len(self.ready) < self.size:

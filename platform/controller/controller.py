@@ -22,16 +22,18 @@ twice nor loses an incident.
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from dataclasses import dataclass
-
 import math
 import os
 import threading
+import time
+import uuid
 
 from stalwart.cluster import Cluster
-from stalwart.controller.diagnosis_link import diagnose_crash, diagnose_hang, diagnosis_url
+from stalwart.controller.diagnosis_link import (
+    diagnose_crash,
+    diagnose_hang,
+    diagnosis_url,
+)
 from stalwart.controller.leader import Leadership
 from stalwart.controller.policy import (
     MACHINE_CLASSES,
@@ -48,9 +50,9 @@ from stalwart.controller.policy import (
 from stalwart.controller.ranks import assign, slot_roles
 from stalwart.controller.standby_pool import standbys_for
 from stalwart.faults.spec import CONTROLLER_CRASH_ENV
-from stalwart.spec.model import FailureAction, FailureEvent, RecoveryMode
 from stalwart.logs import ContextLogger, get_logger
 from stalwart.spec import TrainingJob, parse_job
+from stalwart.spec.model import FailureAction, FailureEvent, RecoveryMode
 from stalwart.store import keys
 from stalwart.store.client import LeaseLost, Store
 from stalwart.store.nodes import read_nodes
@@ -92,6 +94,7 @@ class JobController:
         self.store = store
         self.cluster = cluster
         self.job_name = job_name
+        self._spec_cache: tuple[bytes, TrainingJob] | None = None
         self.job: TrainingJob = self._read_spec()
         self.ft = self.job.spec.fault_tolerance
         self.policy = self.job.spec.failure_policy
@@ -108,12 +111,17 @@ class JobController:
         # Standbys that join after the pre-flight are checked on a thread; results land here.
         self._standby_checks: dict[str, tuple[bool, list[str]]] = {}
         self._checking: set[str] = set()
+        self._pool_checked_at = 0.0  # the pool is looked after once per heartbeat interval
 
     def _read_spec(self) -> TrainingJob:
+        """The job's spec as etcd holds it now; parsed only when it changed (it is read every tick
+        to notice a new codeVersion)."""
         raw = self.store.get_raw(keys.job_spec(self.job_name))
         if raw is None:
             raise ValueError(f"job {self.job_name!r} not found in etcd ({keys.job_spec(self.job_name)})")
-        return parse_job(json.loads(raw), keys.job_spec(self.job_name))
+        if self._spec_cache is None or self._spec_cache[0] != raw:
+            self._spec_cache = (raw, parse_job(json.loads(raw), keys.job_spec(self.job_name)))
+        return self._spec_cache[1]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, leader_timeout: float = 60.0) -> JobPhase:
@@ -276,8 +284,11 @@ class JobController:
                    for w in b.workers]  # fmt: skip
         if self._track_progress(state, revision, workers, log):
             return  # it committed: the state's revision moved, so decide the rest on the next tick
-        if self._maintain_pool(state, revision, registered, beats, log):
-            return
+        # Looking after the pool lists the cluster's nodes (a pod listing on Kubernetes): not every tick.
+        if time.monotonic() - self._pool_checked_at >= self.ft.heartbeat_interval_seconds:
+            self._pool_checked_at = time.monotonic()
+            if self._maintain_pool(state, revision, registered, beats, log):
+                return
         if self._code_update_due(state, revision, log):
             return
         now = time.time()
@@ -351,9 +362,9 @@ class JobController:
         """Rungs 3-4 for a job that is running: loss spikes, and hangs past the adaptive timeout."""
         rank0 = next((w for w in workers if w.rank == 0), None)
         if rank0 is not None and rank0.loss is not None and rank0.step is not None:
-            if is_loss_spike(rank0.loss, self._losses[-LOSS_HISTORY:], self.ft.loss_spike_factor):
-                evidence = [f"loss {rank0.loss:.4g} at step {rank0.step}, recent mean "
-                            f"{sum(self._losses[-LOSS_HISTORY:]) / len(self._losses[-LOSS_HISTORY:]):.4g}"]  # fmt: skip
+            recent = self._losses[-LOSS_HISTORY:]
+            if is_loss_spike(rank0.loss, recent, self.ft.loss_spike_factor):
+                evidence = [f"loss {rank0.loss:.4g} at step {rank0.step}, recent mean {sum(recent) / len(recent):.4g}"]
                 self._handle(state, revision, workers, Classified(FailureEvent.LOSS_SPIKE, [], evidence), now, log)
                 return
             if not self._losses or self._losses[-1] != rank0.loss:
