@@ -365,7 +365,7 @@ class NodeAgent:
                   if (r := registrations.get(n.node)) is not None and r.memory_port}  # fmt: skip
         if self.node not in stores:
             return None
-        rank_nodes = {n.first_rank + i: n.node for n in assignment.nodes for i in range(n.local_world_size)}
+        rank_nodes = assignment.rank_nodes()
         peer = choose_peers(rank_nodes, [list(rank_nodes)]).get(self.node)
         query = [f"peer={stores[peer]}"] if peer in stores else []
         query.append("nodes=" + ",".join(stores[n] for n in sorted(stores) if n != self.node))

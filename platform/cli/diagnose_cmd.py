@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from stalwart.cli.connection import DiagnosisUrlOption, EtcdOption, open_store, resolve
 from stalwart.cli.errors import EXIT_USAGE, CliError, cli_errors, err, print_note
-from stalwart.cli.lookup import JobArg, current_assignment, rank_nodes, require_state
+from stalwart.cli.lookup import JobArg, current_assignment, require_state
 from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
 from stalwart.store import keys
 from stalwart.store.client import Store
@@ -55,7 +55,7 @@ def build_bundle(store: Store, state: JobState, assignment: Assignment, reports:
         Topology,
     )
 
-    owners = rank_nodes(assignment)
+    owners = assignment.rank_nodes()
     tp, pp, dp = sizes
     stacks = [
         RankStack(rank=int(d["rank"]), node=r.node, text=d.get("text") or "", method=str(d.get("method") or "none"))

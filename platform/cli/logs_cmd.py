@@ -17,7 +17,7 @@ from rich.rule import Rule
 from rich.text import Text
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import CliError, cli_errors, err, print_note
-from stalwart.cli.lookup import JobArg, current_assignment, rank_nodes, require_state
+from stalwart.cli.lookup import JobArg, current_assignment, require_state
 from stalwart.cli.output import OutputFormat, OutputOption, num, out, print_json
 from stalwart.processes import wait_for
 from stalwart.store import keys
@@ -53,7 +53,7 @@ def collect_logs(store: Store, job: str, request_id: str, nodes: list[str], time
 def read_logs(store: Store, job: str, rank: int | None, lines: int, timeout: float) -> list[RankOutput]:
     state = require_state(store, job)
     assignment = current_assignment(store, state)
-    owners = rank_nodes(assignment)
+    owners = assignment.rank_nodes()
     if rank is not None and rank not in owners:
         raise CliError(f"job {job!r} has no rank {rank} (ranks 0-{assignment.world_size - 1})")
     nodes = [owners[rank]] if rank is not None else [n.node for n in assignment.nodes]

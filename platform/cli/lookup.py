@@ -57,9 +57,6 @@ def current_assignment(store: Store, state: JobState) -> Assignment:
     return assignment
 
 
-def rank_nodes(assignment: Assignment) -> dict[int, str]:
-    return {n.first_rank + i: n.node for n in assignment.nodes for i in range(n.local_world_size)}
-
 
 def jobs_with_node(store: Store, node: str) -> list[str]:
     """Unfinished jobs that hold the node in a slot or as a standby."""

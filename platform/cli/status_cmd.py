@@ -12,7 +12,7 @@ from rich.text import Text
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.incidents_cmd import IncidentRow, incident_row, incidents_table
-from stalwart.cli.lookup import JobArg, rank_nodes, require_state
+from stalwart.cli.lookup import JobArg, require_state
 from stalwart.cli.output import (
     OutputFormat,
     OutputOption,
@@ -138,7 +138,7 @@ def node_rows(store: Store, state: JobState, assignment: Assignment | None, now:
 
 def _rank_rows(store: Store, state: JobState, assignment: Assignment | None, now: float) -> list[RankRow]:
     beats = read_nodes(store, state.job).heartbeats
-    owner = rank_nodes(assignment) if assignment else {}
+    owner = assignment.rank_nodes() if assignment else {}
     seen: dict[int, RankRow] = {}
     for node, beat in beats.items():
         if beat.generation != state.generation:

@@ -50,7 +50,7 @@ def _verdict(bundle: Any, url: str | None, log: ContextLogger) -> Any:
 def _topology(assignment: Assignment) -> Any:
     from stalwart.diagnosis.models import Topology
 
-    rank_nodes = {n.first_rank + i: n.node for n in assignment.nodes for i in range(n.local_world_size)}
+    rank_nodes = assignment.rank_nodes()
     return Topology(world_size=assignment.world_size, tp=1, pp=1, dp=assignment.world_size, rank_nodes=rank_nodes)
 
 

@@ -184,6 +184,10 @@ class Assignment(Record):
     def for_node(self, node: str) -> NodeAssignment | None:
         return next((n for n in self.nodes if n.node == node), None)
 
+    def rank_nodes(self) -> dict[int, str]:
+        """Global rank -> the node that runs it."""
+        return {n.first_rank + i: n.node for n in self.nodes for i in range(n.local_world_size)}
+
 
 class AgentAction(str, Enum):
     RUN = "run"  # (re)start workers for the command's generation
