@@ -51,16 +51,13 @@ def build_bundle(store: Store, state: JobState, assignment: Assignment, reports:
         EvidenceBundle,
         NodeMetrics,
         RankLog,
-        RankStack,
         Topology,
+        rank_stacks,
     )
 
     owners = assignment.rank_nodes()
     tp, pp, dp = sizes
-    stacks = [
-        RankStack(rank=int(d["rank"]), node=r.node, text=d.get("text") or "", method=str(d.get("method") or "none"))
-        for r in reports for d in r.stacks if d.get("rank") is not None
-    ]  # fmt: skip
+    stacks = rank_stacks(reports)
     beats = read_nodes(store, state.job).heartbeats
     metrics, logs = [], []
     for node in (n.node for n in assignment.nodes):

@@ -35,16 +35,12 @@ def diagnosis_url(store: Store, configured: str | None) -> str | None:
 
 
 def _verdict(bundle: Any, url: str | None, log: ContextLogger) -> Any:
-    from stalwart.diagnosis.engine import diagnose
+    from stalwart.diagnosis.client import diagnose_local
 
-    if url:
-        from stalwart.diagnosis.client import DiagnosisClient, DiagnosisUnavailable
+    def unavailable(exc: Exception) -> None:
+        log.warning("diagnosis service unavailable; diagnosing in process", fields={"url": url, "error": str(exc)})
 
-        try:
-            return DiagnosisClient(url).diagnose(bundle)
-        except DiagnosisUnavailable as exc:
-            log.warning("diagnosis service unavailable; diagnosing in process", fields={"url": url, "error": str(exc)})
-    return diagnose(bundle)
+    return diagnose_local(bundle, url, on_unavailable=unavailable)
 
 
 def _topology(assignment: Assignment) -> Any:
@@ -63,15 +59,12 @@ def _finding(verdict: Any) -> Finding:
 
 def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger) -> Finding:
     """Capture every worker's stack now, group them, and name the node(s) the outliers share."""
-    from stalwart.diagnosis.models import EvidenceBundle, RankStack
+    from stalwart.diagnosis.models import EvidenceBundle, rank_stacks
 
     request_id = request_stacks(store, job)
     nodes = [n.node for n in assignment.nodes]
     reports = collect_stacks(store, job, request_id, nodes, timeout=STACK_COLLECT_SECONDS)
-    stacks = [
-        RankStack(rank=d["rank"], node=r.node, text=d.get("text") or "", method=d.get("method") or "none")
-        for r in reports for d in r.stacks if d.get("rank") is not None
-    ]  # fmt: skip
+    stacks = rank_stacks(reports)
     missing = sorted(set(nodes) - {r.node for r in reports})
     if missing:
         log.warning("no stacks from some nodes", fields={"nodes": missing})

@@ -3,6 +3,8 @@ engine so that a failure is never left undiagnosed because the service is down."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gzip
 from typing import Any
 
@@ -85,11 +87,14 @@ class DiagnosisClient:
             return False
 
 
-def diagnose_local(bundle: EvidenceBundle, url: str | None = None, *, timeout: float = 30.0) -> Verdict:
-    """Ask the service at `url`; without one, or when it does not answer, diagnose in this process."""
+def diagnose_local(bundle: EvidenceBundle, url: str | None = None, *, timeout: float = 30.0,
+                   on_unavailable: Callable[[DiagnosisUnavailable], None] | None = None) -> Verdict:  # fmt: skip
+    """Ask the service at `url`; without one, or when it does not answer (`on_unavailable` hears
+    why), diagnose in this process."""
     if url:
         try:
             return DiagnosisClient(url, timeout=timeout).diagnose(bundle)
-        except DiagnosisUnavailable:
-            pass
+        except DiagnosisUnavailable as exc:
+            if on_unavailable is not None:
+                on_unavailable(exc)
     return diagnose(bundle)

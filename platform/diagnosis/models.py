@@ -6,7 +6,7 @@ in bounded time and memory; the HTTP layer adds a limit on the body itself.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -142,6 +142,14 @@ class RankStack(_Model):
     method: str = Field(default="py-spy", max_length=32)
     text_ref: int | None = Field(default=None, ge=0, lt=MAX_TEXTS,
                                  description="index into EvidenceBundle.texts, instead of `text`")  # fmt: skip
+
+
+def rank_stacks(reports: list[Any]) -> list[RankStack]:
+    """Each rank's dump from the agents' StackReports (stalwart.store.records), as diagnosis reads them."""
+    return [
+        RankStack(rank=int(d["rank"]), node=r.node, text=d.get("text") or "", method=str(d.get("method") or "none"))
+        for r in reports for d in r.stacks if d.get("rank") is not None
+    ]  # fmt: skip
 
 
 class NodeMetrics(_Model):
