@@ -74,13 +74,16 @@ def run(name: str, job: Path, folder: Path, *inject: str) -> dict[str, Any]:
     if result["phase"] != "Succeeded" or not snap["incidents"]:
         raise SystemExit(f"{name}: phase {result['phase']}, incidents {len(snap['incidents'])}\n{proc.stdout[-3000:]}")
     inc = snap["incidents"][0]
+    # The failure's time: when the injector struck (it notes the time before it signals), else the
+    # controller's estimate (for a lost node, its last heartbeat: up to an interval early).
+    failed = result["faults"][0]["fired_at"] if result.get("faults") else inc["failed_at"]
     out = {
         "scenario": name,
         "class": inc["failure_class"],
         "action": inc["action"],
-        "detect": inc["detected_at"] - inc["failed_at"],
-        "restart": (inc["restarted_at"] or inc["detected_at"]) - inc["failed_at"],
-        "first_step": inc["first_step_at"] - inc["failed_at"],
+        "detect": inc["detected_at"] - failed,
+        "restart": (inc["restarted_at"] or inc["detected_at"]) - failed,
+        "first_step": inc["first_step_at"] - failed,
         "after_detect": inc["first_step_at"] - inc["detected_at"],
         "diagnose": (inc["diagnosed_at"] - inc["detected_at"]) if inc.get("diagnosed_at") else None,
         "wall": time.monotonic() - t0,

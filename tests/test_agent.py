@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -158,3 +160,17 @@ def test_shutdown_command_ends_the_agent(make_agent) -> None:  # type: ignore[no
     assert wait_for(lambda: len(list(agent.out.glob("*.json"))) == 2, 60)
     agent.command(1, AgentAction.SHUTDOWN)
     assert agent.proc.wait(timeout=30) == 0
+
+
+def test_agent_never_imports_torch() -> None:
+    """A node agent renews its lease from a thread: importing torch (seconds, holding the GIL while
+    its libraries load) would starve it, and a standby would pay it when it is promoted."""
+    code = ("import sys, stalwart.agents.agent, stalwart.agents.data_plane, stalwart.checkpoint.peers, "
+            "stalwart.signatures\n"
+            "from stalwart.dataloader import SHM_ENV\n"
+            "from stalwart.agents.agent import _prewarm\n"
+            "_prewarm()\n"
+            "print('torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

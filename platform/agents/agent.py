@@ -54,8 +54,8 @@ MEMORY_URI_ENV = "STALWART_CHECKPOINT_MEMORY_URI"  # a rollback: load no checkpo
 
 
 def _prewarm() -> None:
-    """Load now what starting workers needs the first time (the checkpoint package for peer choice,
-    the signature database): a standby pays it while it waits, not while the job waits for it."""
+    """Load now what starting workers needs the first time (peer choice, the signature database):
+    a standby pays it while it waits, not while the job waits for it. Neither imports torch."""
     from stalwart.checkpoint.peers import choose_peers  # noqa: F401
     from stalwart.signatures import default_database
 
@@ -351,6 +351,7 @@ class NodeAgent:
                 "ranks": [w.rank for w in self.group.workers],
                 "pids": [w.proc.pid for w in self.group.workers],
                 "warm": self.group.warm_starts,
+                "lag": round(time.time() - cmd.issued_at, 3),  # since the controller issued the command
             },
         )
         return True

@@ -13,13 +13,22 @@ from __future__ import annotations
 import importlib
 import os
 import runpy
+import socket
 import sys
+import time
 
 from pydantic import BaseModel
 
 # Modules that read no configuration at import (the worker SDK does, so it is not here).
-PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.nn.functional", "numpy",
-           "torch.nn.parallel", "torch.distributed.checkpoint", "stalwart.checkpoint", "stalwart.dataloader")  # fmt: skip
+PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.nn.functional", "numpy", "torch.optim",
+           "torch.nn.parallel", "torch.distributed.checkpoint", "stalwart.checkpoint.api", "stalwart.checkpoint.adapters",
+           "stalwart.dataloader",
+           # DDP, FSDP and torch.compile import dynamo (and sympy) on first use: a second or more.
+           "torch._dynamo")  # fmt: skip
+
+
+RENDEZVOUS_WAIT_SECONDS = 10.0
+RENDEZVOUS_POLL_SECONDS = 0.01
 
 
 class LaunchRequest(BaseModel):
@@ -37,6 +46,25 @@ def warm_eligible(argv: list[str]) -> bool:
     return exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}") or argv[0] == sys.executable
 
 
+def wait_for_rendezvous(env: dict[str, str]) -> None:
+    """Until rank 0's rendezvous store accepts connections (bounded), polling every 10 ms.
+
+    A torch.distributed client that connects before rank 0 listens is refused and backs off for
+    about a second: at a restart every rank starts at once, so that second is most of the process
+    group's set-up. A warm worker is ready in milliseconds, so it waits here instead. Whatever
+    happens, the script's own rendezvous runs next and reports its own errors."""
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
+    if env.get("RANK", "0") == "0" or not addr or not port.isdigit():
+        return
+    deadline = time.monotonic() + RENDEZVOUS_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((addr, int(port)), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(RENDEZVOUS_POLL_SECONDS)
+
+
 def become_worker(request: LaunchRequest) -> None:
     fd = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -50,6 +78,7 @@ def become_worker(request: LaunchRequest) -> None:
     script = os.path.abspath(request.argv[1])
     sys.argv = [script, *request.argv[2:]]
     sys.path[0] = os.path.dirname(script)
+    wait_for_rendezvous(request.env)
     runpy.run_path(script, run_name="__main__")
 
 

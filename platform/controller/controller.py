@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 
-from stalwart.cluster import Cluster
+from stalwart.cluster import Cluster, NodeInfo
 from stalwart.controller.diagnosis_link import (
     diagnose_crash,
     diagnose_hang,
@@ -112,6 +112,7 @@ class JobController:
         self._standby_checks: dict[str, tuple[bool, list[str]]] = {}
         self._checking: set[str] = set()
         self._pool_checked_at = 0.0  # the pool is looked after once per heartbeat interval
+        self._stopping: dict[str, threading.Thread] = {}  # nodes being stopped, off the control loop
 
     def _read_spec(self) -> TrainingJob:
         """The job's spec as etcd holds it now; parsed only when it changed (it is read every tick
@@ -311,12 +312,13 @@ class JobController:
             # silent is a lost node, and that is the failure to handle. Its peers just lost their
             # connections to it, so a few missed heartbeats are evidence enough: fence it (revoke
             # its lease) rather than wait out the TTL.
+            # Sooner still if the cluster already knows its machine is gone (the process exited, the
+            # pod failed): that is certain, and asking costs one listing per tick while this lasts.
             patience = max(MISSED_BEATS_AFTER_CRASH * self.ft.heartbeat_interval_seconds, self.ft.lease_ttl_seconds / 2)
-            if now - (crashed[0].exited_at or now) > patience:
-                for node in silent:
-                    if (reg := registered.get(node)) is not None:
-                        log.warning("silent since its peers crashed; fencing it", fields={"node": node})
-                        self.store.revoke_lease(reg.lease_id)
+            gone = self._gone_per_cluster(silent)
+            if gone or now - (crashed[0].exited_at or now) > patience:
+                why = "its machine is gone" if gone else "silent since its peers crashed"
+                self._fence(gone or silent, registered, why, log)
             return
         if lost:
             last = [self._last_beats[n].sent_at for n in lost if n in self._last_beats]
@@ -606,6 +608,9 @@ class JobController:
         """Keep the pool at its target: drop dead or faulty standbys, add new ones, check newcomers
         on a thread. True if it committed."""
         known = {n.name: n for n in self.cluster.list_nodes()}
+        # A slot node whose machine died is lost now, not when its lease lapses.
+        if gone := self._gone_per_cluster([n for n in state.slots if n in registered], known):
+            self._fence(gone, registered, "its machine is gone", log)
         drop = {s: "died" for s in state.standbys if s in known and not known[s].alive and s not in registered}
         drop.update({s: "; ".join(beats[s].machine_faults[:2]) for s in state.standbys
                      if s in registered and s in beats and beats[s].machine_faults})  # fmt: skip
@@ -779,8 +784,7 @@ class JobController:
         wanted = set(state.slots) | set(state.standbys)
         for name in known:
             if name not in wanted:
-                self.log.info("stopping node without a slot", fields={"node": name})
-                self.cluster.stop_node(name)
+                self._stop_in_background(name)
         for name in state.evicted:
             if name not in self._cordoned:
                 self.cluster.cordon(name, "evicted by the controller")
@@ -803,11 +807,34 @@ class JobController:
             self.cluster.start_node(name)
         return True
 
+    def _stop_in_background(self, node: str) -> None:
+        """Stopping a node waits out its grace period: the next generation must not wait with it."""
+        if (thread := self._stopping.get(node)) is not None and thread.is_alive():
+            return
+        self.log.info("stopping node without a slot", fields={"node": node})
+        self._stopping[node] = threading.Thread(target=self.cluster.stop_node, args=(node,), name=f"stop-{node}",
+                                                daemon=True)  # fmt: skip
+        self._stopping[node].start()
+
     def _command(self, node: str, generation: int, action: AgentAction) -> None:
         key = keys.node_command(self.job_name, node)
         current = self.store.get(key, AgentCommand)
         if current is None or (current.generation, current.action) != (generation, action):
             self.store.put(key, AgentCommand(generation=generation, action=action, issued_at=time.time()))
+
+    def _gone_per_cluster(self, nodes: list[str], known: dict[str, NodeInfo] | None = None) -> list[str]:
+        """Those of `nodes` whose machine the cluster reports dead (process exited, pod failed)."""
+        if known is None:
+            known = {n.name: n for n in self.cluster.list_nodes()}
+        return [n for n in nodes if n in known and not known[n].alive]
+
+    def _fence(self, nodes: list[str], registered: dict[str, NodeRegistration], why: str, log: ContextLogger) -> None:
+        """Revoke the nodes' leases: from here on they are lost nodes, and a zombie agent that wakes
+        up finds its lease gone and stops its workers."""
+        for node in nodes:
+            if (reg := registered.get(node)) is not None:
+                log.warning("fencing node", fields={"node": node, "why": why})
+                self.store.revoke_lease(reg.lease_id)
 
     def _silent_since(self, state: JobState, beats: dict[str, Heartbeat], t: float) -> list[str]:
         """Slot nodes with no heartbeat sent after time `t`. Agents beat at once when a worker
@@ -828,6 +855,8 @@ class JobController:
 
     def _finish(self, state: JobState) -> None:
         """Tell every agent the job is over, wait for them to go, then take their machines away."""
+        for thread in self._stopping.values():
+            thread.join(timeout=SHUTDOWN_WAIT_SECONDS)
         for node in [*state.slots, *state.standbys]:
             self._command(node, state.generation, AgentAction.SHUTDOWN)
         deadline = time.monotonic() + SHUTDOWN_WAIT_SECONDS

@@ -20,7 +20,7 @@ _EXPORTS = {
     "LoaderState": "state",
     "LoaderStateDelta": "state",
     "Milestone": "config",
-    "SHM_ENV": "open_loader",
+    "SHM_ENV": "shm_layout",
     "SampleRef": "sample_id",
     "ShadowLoaderClient": "shadow_client",
     "ShadowLoaderSupervisor": "shadow_supervisor",
@@ -59,14 +59,14 @@ if TYPE_CHECKING:
     from stalwart.dataloader.dataset import TokenDataset
     from stalwart.dataloader.errors import DataError, ShadowLoaderUnavailable, ShardError, StateMismatch
     from stalwart.dataloader.loader import DeterministicLoader, global_ids
-    from stalwart.dataloader.open_loader import SHM_ENV, open_loader
+    from stalwart.dataloader.open_loader import open_loader
     from stalwart.dataloader.sample_id import SampleRef
     from stalwart.dataloader.sample_id import decode as decode_sample_id
     from stalwart.dataloader.schedule import linear_ramp
     from stalwart.dataloader.shadow_client import ShadowLoaderClient
     from stalwart.dataloader.shadow_supervisor import ShadowLoaderSupervisor
     from stalwart.dataloader.shard_format import write_shard
-    from stalwart.dataloader.shm_layout import remove_stale_segments, segment_name
+    from stalwart.dataloader.shm_layout import SHM_ENV, remove_stale_segments, segment_name
     from stalwart.dataloader.state import LoaderState, LoaderStateDelta
     from stalwart.dataloader.tokenizer import ByteTokenizer
     from stalwart.dataloader.verify import verify_shards

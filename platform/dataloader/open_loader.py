@@ -8,8 +8,7 @@ from stalwart.dataloader.batch import BatchLoader
 from stalwart.dataloader.config import DataConfig
 from stalwart.dataloader.loader import DeterministicLoader
 from stalwart.dataloader.shadow_client import ShadowLoaderClient
-
-SHM_ENV = "STALWART_DATALOADER_SHM"  # set by whoever runs the node's shadow loader (the node agent)
+from stalwart.dataloader.shm_layout import SHM_ENV
 
 
 def open_loader(

@@ -30,6 +30,7 @@ from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.liveness import alive, start_ms
 
 SHM_DIR_ENV = "STALWART_SHM_DIR"
+SHM_ENV = "STALWART_DATALOADER_SHM"  # the segment's name, set for workers by whoever runs the loader (the agent)
 NAME_PREFIX = "stalwart-dl."
 MAGIC = 0x31304C4453545753  # "SWTSDL01"
 LAYOUT_VERSION = 1

@@ -40,11 +40,12 @@ class FaultInjector:
         for fault in list(self.pending):
             if step < fault.step:
                 continue
+            fired_at = time.time()  # before the signal: killing a node also waits for its processes to go
             target = self._fire(fault, state, workers)
             if target is None:
                 continue  # the target is not up yet: try again next poll
             self.pending.remove(fault)
-            fired = FiredFault(fault=fault.describe(), fired_at=time.time(), step=step, target=target)
+            fired = FiredFault(fault=fault.describe(), fired_at=fired_at, step=step, target=target)
             self.fired.append(fired)
             self.log.warning("fault injected", fields=fired.model_dump())
             out.append(fired)
