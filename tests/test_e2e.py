@@ -175,6 +175,23 @@ def test_a_hung_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[st
     assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
 
 
+def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """Rank 3 (on node-1) turns slow at step 45: the job's step time climbs past twice its baseline,
+    rounds of stacks catch the others waiting for rank 3, and the standby takes node-1's ranks."""
+    job = job_variant(tmp_path, args=["--steps", "90"], fault_tolerance={"slowdownFactor": 2, "slowdownRounds": 3},
+                      standbys=1)  # fmt: skip
+    code, result, output = run_job(tmp_path, stalwart_cmd, "slow-worker:rank=3,step=45", job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == 90
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "Slowdown" and incident["policy_action"] == "Evict", incident
+    assert incident["suspects"] == ["node-1"] and incident["evicted"] == ["node-1"], incident
+    assert snap["slots"] == ["node-0", "node-2"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
+    assert incident["verdict"]["failure_class"] == "slowdown", incident["verdict"]
+    assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
+
+
 def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     before = {p.pid for p in tagged_processes()}
     argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run")]

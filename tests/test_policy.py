@@ -14,6 +14,7 @@ from stalwart.controller.policy import (
     hang_timeout,
     is_loss_spike,
     machine_fault_suspects,
+    slowdown_onset,
 )
 from stalwart.controller.standby_pool import binomial_quantile, standby_count, standbys_for
 from stalwart.spec.model import FailureAction, FailureEvent, FailurePolicy, FailurePolicyRule, StandbySettings
@@ -103,6 +104,21 @@ def test_hang_timeout_is_a_multiple_of_the_step_time_with_a_floor() -> None:
     assert hang_timeout([0.5, 0.6, 100.0], multiplier=10, floor=3) == pytest.approx(6.0)  # the median, not the outlier
     assert hang_timeout([0.01], multiplier=10, floor=3) == 3
     assert hang_timeout([], multiplier=10, floor=60) == 60
+
+
+def test_slowdown_onset_is_the_start_of_the_trailing_slow_run() -> None:
+    warmup = [(0.0, 5.0), (1.0, 5.0)]  # the first steps are slow, and do not count
+    baseline = [(float(t), 0.10 + 0.01 * (t % 3)) for t in range(2, 8)]
+    slow = [(float(t), 0.45) for t in range(8, 14)]
+    assert slowdown_onset(warmup + baseline + slow, factor=2.0) == 8.0
+    # One slow step in the recent window is noise, not a slowdown.
+    noisy = warmup + baseline + [(8.0, 0.1), (9.0, 0.1), (10.0, 0.9), (11.0, 0.1), (12.0, 0.1)]
+    assert slowdown_onset(noisy, factor=2.0) is None
+    # Too few samples to know the pace yet; a factor within the noise never fires.
+    assert slowdown_onset(warmup + baseline[:3] + slow[:5], factor=2.0) is None
+    assert slowdown_onset(warmup + baseline + slow, factor=5.0) is None
+    # A slowdown that lasts long enough becomes the new baseline: it was acted on by then.
+    assert slowdown_onset(warmup + baseline + slow * 3, factor=2.0) is None
 
 
 def test_loss_spike_needs_history_and_a_finite_loss() -> None:

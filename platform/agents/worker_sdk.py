@@ -19,10 +19,15 @@ PROGRESS_SOCKET_ENV = "STALWART_PROGRESS_SOCKET"
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 HANG_SIGNAL = signal.SIGUSR2  # fault injection: hang at the next report_step (tests, demos)
 HANG_LIMIT_SECONDS = 3600.0
+# Fault injection: a rank turns slow, as on a throttled GPU or a flapping link: every later step
+# pays this much more, before its next collective, so the other ranks wait for it there.
+SLOW_SIGNAL: int = signal.SIGRTMIN + 1
+SLOW_STEP_SECONDS = 0.4
 
 _sock: socket.socket | None = None
 _installed = False
 _hang_requested = False
+_slow_requested = False
 
 
 def threading_is_main() -> bool:
@@ -59,6 +64,11 @@ def _request_hang(_signum: int, _frame: object) -> None:
     _hang_requested = True
 
 
+def _request_slowdown(_signum: int, _frame: object) -> None:
+    global _slow_requested
+    _slow_requested = True
+
+
 def _injected_hang() -> None:
     """Where an injected hang waits: a rank stuck before its next collective, as a real one would be."""
     deadline = time.monotonic() + HANG_LIMIT_SECONDS
@@ -68,11 +78,13 @@ def _injected_hang() -> None:
 
 def install() -> None:
     """Dump all thread stacks to stderr on SIGUSR1 (so the agent can capture a hung worker's stack),
-    and hang at the next step on SIGUSR2 (fault injection). Done at import under Stalwart."""
+    hang at the next step on SIGUSR2 and turn slow on SIGRTMIN+1 (fault injection). Done at import
+    under Stalwart."""
     global _installed
     if not _installed:
         faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
         signal.signal(HANG_SIGNAL, _request_hang)
+        signal.signal(SLOW_SIGNAL, _request_slowdown)
         _installed = True
 
 
@@ -86,6 +98,8 @@ def report_step(
     install()
     if _hang_requested:
         _injected_hang()
+    if _slow_requested:
+        time.sleep(SLOW_STEP_SECONDS)
     rank, local_rank = _ranks()
     _send(
         ProgressReport(

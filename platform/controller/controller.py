@@ -32,6 +32,7 @@ from stalwart.cluster import Cluster, NodeInfo
 from stalwart.controller.diagnosis_link import (
     diagnose_crash,
     diagnose_hang,
+    diagnose_slowdown,
     diagnosis_url,
 )
 from stalwart.controller.leader import Leadership
@@ -46,6 +47,7 @@ from stalwart.controller.policy import (
     hang_timeout,
     is_loss_spike,
     machine_fault_suspects,
+    slowdown_onset,
 )
 from stalwart.controller.ranks import assign, slot_roles
 from stalwart.controller.standby_pool import standbys_for
@@ -82,6 +84,7 @@ MAX_PREFLIGHT_ROUNDS = 3
 # is fenced as lost.
 MISSED_BEATS_AFTER_CRASH = 3
 LOSS_HISTORY = 20
+PACE_HISTORY = 200
 Extra = dict[str, "Incident | Assignment | Cordon | OperatorRequest"]
 
 
@@ -106,6 +109,9 @@ class JobController:
         self._pending_since = time.monotonic()
         self._nics: dict[str, NicHistory] = {}
         self._losses: list[float] = []
+        # The generation's pace: (time, step time) once per step seen, and the step last sampled.
+        self._pace: list[tuple[float, float]] = []
+        self._paced_step: int | None = None
         self._hang_second_look_at = 0.0  # a stall with no suspect is looked at twice before acting
         self._cordoned: set[str] = set()
         # Standbys that join after the pre-flight are checked on a thread; results land here.
@@ -383,6 +389,7 @@ class JobController:
             timeout = self.ft.first_step_timeout_seconds
             since = state.generation_started_at or state.updated_at
         if now - since <= timeout or now < self._hang_second_look_at:
+            self._watch_pace(state, revision, workers, running, now, log)
             return
         assignment = self.store.get(keys.generation(self.job_name, state.generation), Assignment)
         if assignment is None:
@@ -413,6 +420,48 @@ class JobController:
         if state is None or state.phase is not JobPhase.RUNNING:
             return
         self._handle(state, revision, workers, classified, since, log, detected_at=detected)
+
+    def _watch_pace(self, state: JobState, revision: int, workers: list[WorkerStatus], running: list[WorkerStatus],
+                    now: float, log: ContextLogger) -> None:  # fmt: skip
+        """Rung 4's slowdowns: a job stepping `slowdownFactor` times slower than its own baseline gets
+        rounds of stacks; the node they keep pointing at is evicted. In synchronous training every
+        rank reports the same step time, so the pace tells that someone is slow, the stacks who."""
+        steps = [w.step for w in running if w.step is not None]
+        times = sorted(w.step_time for w in running if w.step_time)
+        if not steps or not times or max(steps) == self._paced_step:
+            return
+        self._paced_step = max(steps)
+        self._pace = [*self._pace[-PACE_HISTORY + 1:], (now, times[len(times) // 2])]
+        onset = slowdown_onset(self._pace, self.ft.slowdown_factor)
+        if onset is None:
+            return
+        assignment = self.store.get(keys.generation(self.job_name, state.generation), Assignment)
+        if assignment is None:
+            return
+        recent = self._pace[-1][1]
+        log.warning("slowdown; capturing rounds of stacks", fields={"step_time": round(recent, 3),
+                                                                    "rounds": self.ft.slowdown_rounds})  # fmt: skip
+        detected = time.time()
+        try:
+            finding = diagnose_slowdown(self.store, self.job_name, assignment, self._url(), log,
+                                        rounds=self.ft.slowdown_rounds, interval=max(0.5, 1.5 * recent))  # fmt: skip
+        except ImportError:
+            finding = None
+        # Whatever the rounds found, the pace starts over from here: a slowdown nobody is to blame for
+        # (a data change, a shared filesystem, a noisy neighbour), or one an Ignore rule tolerates, is
+        # the new normal, and only a further slowdown starts rounds again.
+        self._pace, self._paced_step = [], None
+        if finding is None or not finding.suspects:
+            log.warning("slowdown with no culprit; watching", fields={"evidence": (finding.evidence if finding else [])[:2]})
+            return
+        classified = Classified(FailureEvent.SLOWDOWN, finding.suspects,
+                                [f"step time {recent:.3g}s, more than {self.ft.slowdown_factor:g}x this generation's "
+                                 "baseline"] + finding.evidence, runbook=finding.runbook or "slowdown")  # fmt: skip
+        classified.verdict, classified.diagnosed_at = finding.verdict, time.time()
+        state, revision = self.store.get_with_revision(keys.job_state(self.job_name), JobState)
+        if state is None or state.phase is not JobPhase.RUNNING:
+            return
+        self._handle(state, revision, workers, classified, onset, log, detected_at=detected)
 
     # -- progress ------------------------------------------------------------------------------
     def _track_progress(self, state: JobState, revision: int, workers: list[WorkerStatus], log: ContextLogger) -> bool:
@@ -770,6 +819,7 @@ class JobController:
         state.generation_started_at = now
         if self._commit(state, revision, extra):
             self._losses, self._hang_second_look_at = [], 0.0
+            self._pace, self._paced_step = [], None
             log.info("generation started", fields={"generation": generation, "slots": state.slots,
                                                    "standbys": state.standbys,
                                                    "master": f"{assignment.master_addr}:{assignment.master_port}"})  # fmt: skip

@@ -7,6 +7,7 @@ this process, so a hang is never left undiagnosed because a service is down.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,17 +58,24 @@ def _finding(verdict: Any) -> Finding:
     return Finding(suspects=suspects, evidence=evidence, verdict=data, runbook=verdict.runbook or None)
 
 
-def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger) -> Finding:
-    """Capture every worker's stack now, group them, and name the node(s) the outliers share."""
-    from stalwart.diagnosis.models import EvidenceBundle, rank_stacks
+def _capture(store: Store, job: str, assignment: Assignment, log: ContextLogger) -> tuple[list[Any], list[str]]:
+    """Every worker's stack, now; and the nodes that did not answer."""
+    from stalwart.diagnosis.models import rank_stacks
 
     request_id = request_stacks(store, job)
     nodes = [n.node for n in assignment.nodes]
     reports = collect_stacks(store, job, request_id, nodes, timeout=STACK_COLLECT_SECONDS)
-    stacks = rank_stacks(reports)
     missing = sorted(set(nodes) - {r.node for r in reports})
     if missing:
         log.warning("no stacks from some nodes", fields={"nodes": missing})
+    return rank_stacks(reports), missing
+
+
+def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger) -> Finding:
+    """Capture every worker's stack now, group them, and name the node(s) the outliers share."""
+    from stalwart.diagnosis.models import EvidenceBundle
+
+    stacks, missing = _capture(store, job, assignment, log)
     bundle = EvidenceBundle(job=job, generation=assignment.generation, kind="hang", topology=_topology(assignment),
                             stacks=stacks)  # fmt: skip
     finding = _finding(_verdict(bundle, url, log))
@@ -76,6 +84,23 @@ def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | Non
         finding.suspects = missing
         finding.evidence.append(f"no stack report from {', '.join(missing)}")
     return finding
+
+
+def diagnose_slowdown(store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger,
+                      rounds: int, interval: float) -> Finding:  # fmt: skip
+    """Rounds of stacks, `interval` seconds apart: the node whose ranks the others keep waiting for
+    is the slow one. A node that stops answering is not judged here (its lease will be)."""
+    from stalwart.diagnosis.models import EvidenceBundle
+
+    captured = []
+    for i in range(rounds):
+        if i:
+            time.sleep(interval)
+        stacks, _missing = _capture(store, job, assignment, log)
+        captured.append(stacks)
+    bundle = EvidenceBundle(job=job, generation=assignment.generation, kind="slowdown",
+                            topology=_topology(assignment), rounds=captured)  # fmt: skip
+    return _finding(_verdict(bundle, url, log))
 
 
 def diagnose_crash(

@@ -129,9 +129,37 @@ def count(counters: Counters, decision: Decision) -> Counters:
 def hang_timeout(step_times: Sequence[float], multiplier: float, floor: float) -> float:
     """No progress for this long is a hang: a multiple of the recent step time, never below `floor`
     (NCCL's 30-minute default would waste half an hour per hang)."""
-    recent = sorted(t for t in step_times if t and math.isfinite(t))
-    typical = recent[len(recent) // 2] if recent else 0.0
-    return max(floor, multiplier * typical)
+    return max(floor, multiplier * _median([t for t in step_times if t and math.isfinite(t)]))
+
+
+# A generation's pace: its first samples are warm-up; the most recent ones are compared with the
+# median of everything between (the baseline), which needs a few samples of its own.
+PACE_WARMUP_SAMPLES = 2
+PACE_BASELINE_MIN_SAMPLES = 4
+PACE_RECENT_SAMPLES = 5
+
+
+def slowdown_onset(samples: Sequence[tuple[float, float]], factor: float) -> float | None:
+    """When the job turned slow, or None: `samples` are (time, step time) in order, one per step
+    seen. Slow is the median of the recent samples above `factor` times the baseline's median, and
+    the onset is the first of the trailing run of slow samples."""
+    body = samples[PACE_WARMUP_SAMPLES:]
+    if len(body) < PACE_BASELINE_MIN_SAMPLES + PACE_RECENT_SAMPLES or factor <= 1:
+        return None
+    baseline = _median([t for _, t in body[:-PACE_RECENT_SAMPLES]])
+    if baseline <= 0 or _median([t for _, t in body[-PACE_RECENT_SAMPLES:]]) <= factor * baseline:
+        return None
+    onset = body[-1][0]
+    for at, step_time in reversed(body):
+        if step_time <= factor * baseline:
+            break
+        onset = at
+    return onset
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
 
 
 def is_loss_spike(loss: float | None, history: Sequence[float], factor: float, min_history: int = 5) -> bool:

@@ -9,11 +9,14 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from stalwart.agents.worker_sdk import HANG_SIGNAL
+from stalwart.agents.worker_sdk import HANG_SIGNAL, SLOW_SIGNAL
 from stalwart.cluster.local import LocalCluster
 from stalwart.faults.spec import FaultKind, FaultSpec
 from stalwart.logs import get_logger
 from stalwart.store.records import Heartbeat, JobPhase, JobState
+
+_WORKER_SIGNALS = {FaultKind.KILL_WORKER: signal.SIGKILL, FaultKind.HANG_WORKER: HANG_SIGNAL,
+                   FaultKind.SLOW_WORKER: SLOW_SIGNAL}  # fmt: skip
 
 
 class FiredFault(BaseModel):
@@ -52,11 +55,11 @@ class FaultInjector:
         return out
 
     def _fire(self, fault: FaultSpec, state: JobState, workers: list) -> str | None:  # type: ignore[type-arg]
-        if fault.kind in (FaultKind.KILL_WORKER, FaultKind.HANG_WORKER):
+        if fault.kind in _WORKER_SIGNALS:
             worker = next((w for w in workers if w.rank == fault.rank and w.exit_code is None), None)
             if worker is None:
                 return None
-            sig = signal.SIGKILL if fault.kind is FaultKind.KILL_WORKER else HANG_SIGNAL
+            sig = _WORKER_SIGNALS[fault.kind]
             try:
                 os.kill(worker.pid, sig)
             except ProcessLookupError:

@@ -12,6 +12,7 @@ class FaultKind(str, Enum):
     KILL_NODE = "kill-node"  # SIGKILL a node's agent and all its workers (node=N: name or slot index)
     KILL_CONTROLLER = "kill-controller"  # SIGKILL the controller process
     HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
+    SLOW_WORKER = "slow-worker"  # one rank turns slow: every later step takes longer (worker SDK, SIGRTMIN+1)
     CORRUPT_COMPUTE = "corrupt-compute"  # pre-flight: the node's compute check gives wrong bits
     COLLECTIVE_HANG = "collective-hang"  # pre-flight: the node never joins the collective test
     # The first controller dies right after it commits an eviction, before it restarts anything.
@@ -41,7 +42,7 @@ class FaultSpec(BaseModel):
 
 
 _REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.HANG_WORKER: "rank",
-             FaultKind.CORRUPT_COMPUTE: "node", FaultKind.COLLECTIVE_HANG: "node"}  # fmt: skip
+             FaultKind.SLOW_WORKER: "rank", FaultKind.CORRUPT_COMPUTE: "node", FaultKind.COLLECTIVE_HANG: "node"}  # fmt: skip
 _PREFLIGHT_ENV = {FaultKind.CORRUPT_COMPUTE: "STALWART_FAULT_CORRUPT_COMPUTE",
                   FaultKind.COLLECTIVE_HANG: "STALWART_FAULT_COLLECTIVE_HANG"}  # fmt: skip
 
