@@ -192,6 +192,25 @@ def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[st
     assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
 
 
+def test_dual_phase_replay_finds_a_bad_node_that_passes_every_check(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """node-1 kills its workers 5 steps into every run, with no message, and passes the stop-time
+    checks. The first crash is treated as transient; the second in a row starts a replay: the whole
+    job is the horizontal group (it failed), each node alone is a vertical group; node-1's fails,
+    so node-1 is evicted and the standby takes its ranks."""
+    job = job_variant(tmp_path, failure_policy={"replayAfter": 2, "replaySteps": 8}, standbys=1)
+    code, result, output = run_job(tmp_path, stalwart_cmd, "bad-node:node=1", job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS
+    first, second = snap["incidents"]
+    assert first["failure_class"] == second["failure_class"] == "WorkerCrash", snap["incidents"]
+    assert first["evicted"] == [] and second["evicted"] == ["node-1"], second
+    assert "dual-phase replay found node-1" in second["action"], second["action"]
+    assert any("v1 ['node-1']: failed" in line for line in second["evidence"]), second["evidence"]
+    assert any("v0 ['node-0']: passed" in line for line in second["evidence"]), second["evidence"]
+    assert snap["slots"] == ["node-0", "node-2"]
+
+
 def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     before = {p.pid for p in tagged_processes()}
     argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run")]

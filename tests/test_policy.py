@@ -140,3 +140,19 @@ def test_a_nic_must_go_down_twice_in_the_window_other_faults_evict_at_once() -> 
     xid = machine_fault_suspects({"node-2": ["gpu: Xid 79 on GPU 3"]}, {}, 0.0, **kw)
     assert xid == {"node-2": ["gpu: Xid 79 on GPU 3"]}
     assert machine_fault_suspects(nic, {"node-1": NicHistory(downs=[-400.0])}, 0.0, **kw) == {}  # outside the window
+
+
+def test_replay_of_a_data_parallel_job_runs_each_node_alone_and_names_the_one_that_failed() -> None:
+    from stalwart.controller.replay_run import WHOLE_JOB, conclusion, plan
+
+    replay = plan(["node-0", "node-1", "node-2"])
+    # PP = 1: the horizontal group is the whole job, which has just failed; it is not run again.
+    assert replay.phase == "vertical" and [g.nodes for g in replay.vertical] == [["node-0"], ["node-1"], ["node-2"]]
+    assert [(g.outcome, g.reason) for g in replay.horizontal] == [("failed", WHOLE_JOB)]
+    for group, outcome in zip(replay.vertical, ["passed", "failed", "passed"], strict=True):
+        group.outcome = outcome  # type: ignore[assignment]
+    node, summary = conclusion(replay)
+    assert node == "node-1" and "node-1 is in both" in summary
+    replay.vertical[2].outcome = "failed"  # two failing groups: no single machine to blame
+    node, summary = conclusion(replay)
+    assert node is None and "inconclusive" in summary

@@ -25,7 +25,7 @@ from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup, tail_lines
-from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV
+from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV, REPLAY_STEPS_ENV
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
@@ -60,6 +60,12 @@ def _prewarm() -> None:
     from stalwart.signatures import default_database
 
     default_database()
+
+
+def replay_scratch_uri(checkpoint_uri: str, generation: int, group: str) -> str:
+    """Beside the job's checkpoints, never among them: `<uri>-replay/gen-N/<group>` (query kept)."""
+    base, sep, query = checkpoint_uri.partition("?")
+    return f"{base.rstrip('/')}-replay/gen-{generation:04d}/{group}{sep}{query}"
 
 
 class AgentExit(Exception):
@@ -321,18 +327,26 @@ class NodeAgent:
             "STALWART_CHECKPOINT_INTERVAL": str(self.job.spec.checkpoint.interval_steps),
             "STALWART_CHECKPOINT_KEEP": str(self.job.spec.checkpoint.keep_last),
         }
-        memory_uri = self._memory_uri(assignment)
+        replay = assignment.replay_steps is not None
+        memory_uri = None if replay else self._memory_uri(assignment)
         if memory_uri:
             env[MEMORY_URI_ENV] = memory_uri
-        if assignment.resume_max_step is not None:
+        if assignment.resume_max_step is not None and not replay:
             env[RESUME_MAX_STEP_ENV] = str(assignment.resume_max_step)
         if assignment.code_version is not None:
             env["STALWART_CODE_VERSION"] = assignment.code_version
+        if replay:
+            # A replay group trains from scratch at its own size: its checkpoints go to a scratch
+            # folder, never over the job's, and it reads its data in process (the shadow loader
+            # serves the job's layout, not the group's).
+            env[REPLAY_STEPS_ENV] = str(assignment.replay_steps)
+            env["STALWART_CHECKPOINT_URI"] = replay_scratch_uri(self._checkpoint_uri(), cmd.generation, mine.group or self.node)
         if self.shadow_loader is not None:
             from stalwart.agents.data_plane import CONFIG_ENV
             from stalwart.dataloader import SHM_ENV
 
-            env[SHM_ENV] = self.shadow_loader.name
+            if not replay:
+                env[SHM_ENV] = self.shadow_loader.name
             env[CONFIG_ENV] = self.shadow_loader.config.model_dump_json()
             env["STALWART_DATA_MICRO_BATCH"] = str(self.job.spec.data.micro_batch)  # type: ignore[union-attr]
         self.group = WorkerGroup(

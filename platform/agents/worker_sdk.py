@@ -23,11 +23,18 @@ HANG_LIMIT_SECONDS = 3600.0
 # pays this much more, before its next collective, so the other ranks wait for it there.
 SLOW_SIGNAL: int = signal.SIGRTMIN + 1
 SLOW_STEP_SECONDS = 0.4
+# A replay generation's workers stop, successfully, after this many steps (set by the agent).
+REPLAY_STEPS_ENV = "STALWART_REPLAY_STEPS"
+# Fault injection: a bad machine that passes every check but kills its workers, with no message,
+# after this many steps of every run (set on the node's agent, so its workers inherit it).
+CRASH_AFTER_STEPS_ENV = "STALWART_FAULT_CRASH_AFTER_STEPS"
+CRASH_EXIT_CODE = 134
 
 _sock: socket.socket | None = None
 _installed = False
 _hang_requested = False
 _slow_requested = False
+_steps_reported = 0
 
 
 def threading_is_main() -> bool:
@@ -95,11 +102,15 @@ def report_step(
     step_time: float | None = None,
 ) -> None:
     """Report a completed training step (call once per step, after the optimizer step)."""
+    global _steps_reported
     install()
     if _hang_requested:
         _injected_hang()
     if _slow_requested:
         time.sleep(SLOW_STEP_SECONDS)
+    _steps_reported += 1
+    if os.environ.get(CRASH_AFTER_STEPS_ENV) and _steps_reported >= int(os.environ[CRASH_AFTER_STEPS_ENV]):
+        os._exit(CRASH_EXIT_CODE)
     rank, local_rank = _ranks()
     _send(
         ProgressReport(
@@ -113,6 +124,14 @@ def report_step(
             sent_at=time.time(),
         )
     )
+    _end_replay_if_done()
+
+
+def _end_replay_if_done() -> None:
+    if os.environ.get(REPLAY_STEPS_ENV) and _steps_reported >= int(os.environ[REPLAY_STEPS_ENV]):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # every rank of the group stops after the same step's collectives: none is left waiting
 
 
 def report_checkpoint(step: int) -> None:

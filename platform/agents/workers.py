@@ -50,12 +50,12 @@ def torchrun_env(assignment: Assignment, node: NodeAssignment, local_rank: int) 
     return {
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(assignment.world_size),
+        "WORLD_SIZE": str(node.world_size or assignment.world_size),
         "LOCAL_WORLD_SIZE": str(node.local_world_size),
         "GROUP_RANK": str(node.node_rank),
         "ROLE_NAME": node.role,
-        "MASTER_ADDR": assignment.master_addr,
-        "MASTER_PORT": str(assignment.master_port),
+        "MASTER_ADDR": node.master_addr or assignment.master_addr,
+        "MASTER_PORT": str(node.master_port or assignment.master_port),
         "TORCHELASTIC_RUN_ID": assignment.job,
         "TORCHELASTIC_RESTART_COUNT": str(max(0, assignment.generation - 1)),
     }

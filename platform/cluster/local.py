@@ -19,6 +19,7 @@ from stalwart.processes import kill_session, spawn, wait_for
 
 
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
+NODE_FAULTS_ENV = "STALWART_NODE_FAULTS"  # {"node-1": {"VAR": "value"}}: injected machine faults
 
 
 class LocalCluster(Cluster):
@@ -55,8 +56,10 @@ class LocalCluster(Cluster):
             "--job", self.job, "--node", name, "--etcd", self.etcd_endpoint,
             "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
         ]  # fmt: skip
+        faults: dict[str, dict[str, str]] = json.loads(os.environ.get(NODE_FAULTS_ENV, "{}"))
+        env = {**os.environ, **faults.get(name, {})} if name in faults else None
         with open(node_dir / "agent.log", "ab") as log:
-            proc = spawn(argv, stdout=log, stderr=subprocess.STDOUT, die_with_parent=False, new_session=True)
+            proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, die_with_parent=False, new_session=True)
         (node_dir / "agent.pid").write_text(str(proc.pid))
         # We will not wait() for it from here (it outlives us); a reaper thread avoids a zombie.
         _reap_in_background(proc)

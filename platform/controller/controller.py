@@ -50,6 +50,9 @@ from stalwart.controller.policy import (
     slowdown_onset,
 )
 from stalwart.controller.ranks import assign, slot_roles
+from stalwart.controller.replay_run import conclusion as replay_conclusion
+from stalwart.controller.replay_run import judge, phase_assignment, replayable
+from stalwart.controller.replay_run import plan as plan_replay_groups
 from stalwart.controller.standby_pool import standbys_for
 from stalwart.faults.spec import CONTROLLER_CRASH_ENV
 from stalwart.logs import ContextLogger, get_logger
@@ -85,6 +88,7 @@ MAX_PREFLIGHT_ROUNDS = 3
 MISSED_BEATS_AFTER_CRASH = 3
 LOSS_HISTORY = 20
 PACE_HISTORY = 200
+REPLAY_RECENT_SECONDS = 3600.0  # failures further apart than this do not add up towards a replay
 Extra = dict[str, "Incident | Assignment | Cordon | OperatorRequest"]
 
 
@@ -247,6 +251,9 @@ class JobController:
         self._commit(state, revision, extra)
 
     def _restarting(self, state: JobState, revision: int, log: ContextLogger) -> None:
+        if state.replay is not None and state.replay.generation is not None:
+            self._replaying(state, revision, log)
+            return
         # Stop the old generation's workers on the healthy nodes (they may be stuck in a collective).
         for node in state.slots:
             self._command(node, state.generation, AgentAction.STOP)
@@ -261,6 +268,9 @@ class JobController:
             if still:
                 return  # the checks need the machines to themselves
             self._stop_time_checks(state, revision, log)
+            return
+        if state.replay is not None:
+            self._start_replay_phase(state, revision, log)
             return
         self._start_generation(state, revision, log)
 
@@ -280,8 +290,91 @@ class JobController:
                 incident.action += f"; stop-time checks evicted {', '.join(v.node for v in failed)}"
                 extra[keys.incident(self.job_name, incident.id)] = incident
         state.checks_pending = False
+        self._count_unexplained(state, bool(failed), log)
         if self._commit(state, revision, extra):
             log.info("stop-time checks done", fields={"failed": [v.node for v in failed]})
+
+    # -- dual-phase replay (rung 6) ------------------------------------------------------------
+    def _count_unexplained(self, state: JobState, explained: bool, log: ContextLogger) -> None:
+        """A failure the checks cannot explain counts towards a replay; one that recurs within the
+        hour counts on top of the last (a job that ran well for longer starts the count again)."""
+        if explained:
+            state.unexplained_failures = 0
+            return
+        ran = time.time() - (state.generation_started_at or time.time())
+        state.unexplained_failures = 1 if ran > REPLAY_RECENT_SECONDS else state.unexplained_failures + 1
+        if not self.policy.replay_after or state.unexplained_failures < self.policy.replay_after:
+            return
+        why_not = replayable(self.job.spec, state.slots)
+        if why_not:
+            log.warning("failures keep coming with nothing to blame, and the job cannot be replayed",
+                        fields={"why": why_not})  # fmt: skip
+            return
+        state.replay = plan_replay_groups(state.slots)
+        log.warning("failures keep coming with nothing to blame; dual-phase replay",
+                    fields={"failures": state.unexplained_failures,
+                            "vertical": [g.nodes for g in state.replay.vertical]})  # fmt: skip
+
+    def _start_replay_phase(self, state: JobState, revision: int, log: ContextLogger) -> None:
+        """Run the current phase's groups, each a small copy of the job, as one generation."""
+        assert state.replay is not None
+        pending = [g for g in state.replay.groups() if g.outcome is None]
+        generation = state.generation + 1
+        assignment = phase_assignment(self.job_name, self.job.spec, pending, generation, self.cluster.rendezvous)
+        assignment.replay_steps = self.policy.replay_steps
+        state.generation = generation
+        state.replay.generation, state.replay.started_at = generation, time.time()
+        if self._commit(state, revision, {keys.generation(self.job_name, generation): assignment}):
+            log.info("replay phase started", fields={"replay_phase": state.replay.phase, "generation": generation,
+                                                     "groups": {g.id: g.nodes for g in pending}})  # fmt: skip
+            for group in pending:
+                for node in group.nodes:
+                    self._command(node, generation, AgentAction.RUN)
+
+    def _replaying(self, state: JobState, revision: int, log: ContextLogger) -> None:
+        """Judge the running phase's groups; when all are judged, go on to the next phase, or read
+        the faulty node off the failing groups and evict it (a standby steps in)."""
+        replay = state.replay
+        assert replay is not None and replay.generation is not None
+        registered, beats = self._read_nodes()
+        procs = self.job.spec.roles[0].processes_per_node
+        now, changed = time.time(), False
+        for group in replay.groups():
+            if group.outcome is not None:
+                continue
+            verdict = judge(group, beats, set(registered), replay.generation, procs, replay.started_at or now,
+                            self.ft.first_step_timeout_seconds, now)  # fmt: skip
+            if verdict is not None:
+                group.outcome, group.reason = verdict  # type: ignore[assignment]
+                changed = True
+                log.info("replay group judged", fields={"group": group.id, "nodes": group.nodes,
+                                                        "outcome": group.outcome, "why": group.reason})  # fmt: skip
+        if any(g.outcome is None for g in replay.groups()):
+            if changed:
+                self._commit(state, revision)
+            return
+        replay.generation = None  # the next tick stops what is left of this phase's workers
+        if replay.phase == "horizontal":
+            replay.phase = "vertical"
+            self._commit(state, revision)
+            return
+        node, summary = replay_conclusion(replay)
+        state.replay, state.unexplained_failures = None, 0
+        extra: Extra = {}
+        incident = self.store.get(keys.incident(self.job_name, state.open_incident), Incident) \
+            if state.open_incident else None  # fmt: skip
+        if incident is not None:
+            incident.evidence += [summary] + [f"{g.id} {g.nodes}: {g.outcome}, {g.reason}"
+                                              for g in [*replay.horizontal, *replay.vertical]]  # fmt: skip
+            if node is not None:
+                incident.suspects = sorted(set(incident.suspects) | {node})
+                self._evict(state, [node], incident, extra)
+                incident.action += f"; dual-phase replay found {node}, evicted"
+            else:
+                incident.action += "; dual-phase replay inconclusive, restarting"
+            extra[keys.incident(self.job_name, incident.id)] = incident
+        if self._commit(state, revision, extra):
+            log.warning("replay done", fields={"found": node, "summary": summary})
 
     def _running(self, state: JobState, revision: int, log: ContextLogger) -> None:
         for node in state.slots:

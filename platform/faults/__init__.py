@@ -6,8 +6,9 @@ from stalwart.faults.spec import (
     FaultKind,
     FaultSpec,
     controller_fault_env,
+    node_fault_env,
     parse_fault,
     preflight_fault_env,
 )
 
-__all__ = ["CONTROLLER_CRASH_ENV", "controller_fault_env", "FaultInjector", "FaultKind", "FaultSpec", "FiredFault", "parse_fault", "preflight_fault_env"]
+__all__ = ["CONTROLLER_CRASH_ENV", "controller_fault_env", "FaultInjector", "FaultKind", "FaultSpec", "FiredFault", "node_fault_env", "parse_fault", "preflight_fault_env"]

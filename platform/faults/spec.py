@@ -6,6 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from stalwart.agents.worker_sdk import CRASH_AFTER_STEPS_ENV
+
 
 class FaultKind(str, Enum):
     KILL_WORKER = "kill-worker"  # SIGKILL one worker process (rank=R)
@@ -15,6 +17,8 @@ class FaultKind(str, Enum):
     SLOW_WORKER = "slow-worker"  # one rank turns slow: every later step takes longer (worker SDK, SIGRTMIN+1)
     CORRUPT_COMPUTE = "corrupt-compute"  # pre-flight: the node's compute check gives wrong bits
     COLLECTIVE_HANG = "collective-hang"  # pre-flight: the node never joins the collective test
+    # A bad machine no check catches: its workers die, with no message, 5 steps into every run.
+    BAD_NODE = "bad-node"
     # The first controller dies right after it commits an eviction, before it restarts anything.
     KILL_CONTROLLER_MID_RECOVERY = "kill-controller-mid-recovery"
 
@@ -25,7 +29,7 @@ class FaultKind(str, Enum):
     @property
     def through_environment(self) -> bool:
         """Faults that act through a process's environment, not through the injector's poll."""
-        return self.preflight or self is FaultKind.KILL_CONTROLLER_MID_RECOVERY
+        return self.preflight or self in (FaultKind.KILL_CONTROLLER_MID_RECOVERY, FaultKind.BAD_NODE)
 
 
 class FaultSpec(BaseModel):
@@ -42,19 +46,31 @@ class FaultSpec(BaseModel):
 
 
 _REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.HANG_WORKER: "rank",
-             FaultKind.SLOW_WORKER: "rank", FaultKind.CORRUPT_COMPUTE: "node", FaultKind.COLLECTIVE_HANG: "node"}  # fmt: skip
-_PREFLIGHT_ENV = {FaultKind.CORRUPT_COMPUTE: "STALWART_FAULT_CORRUPT_COMPUTE",
-                  FaultKind.COLLECTIVE_HANG: "STALWART_FAULT_COLLECTIVE_HANG"}  # fmt: skip
+             FaultKind.SLOW_WORKER: "rank", FaultKind.CORRUPT_COMPUTE: "node", FaultKind.COLLECTIVE_HANG: "node",
+             FaultKind.BAD_NODE: "node"}  # fmt: skip
+_PREFLIGHT_ENV = {FaultKind.CORRUPT_COMPUTE: {"STALWART_FAULT_CORRUPT_COMPUTE": "1"},
+                  FaultKind.COLLECTIVE_HANG: {"STALWART_FAULT_COLLECTIVE_HANG": "1"}}  # fmt: skip
+# Set on the node's agent, whose workers inherit it (the worker SDK acts on it).
+_NODE_ENV = {FaultKind.BAD_NODE: {CRASH_AFTER_STEPS_ENV: "5"}}
+
+
+def _per_node(faults: list[FaultSpec], table: dict[FaultKind, dict[str, str]]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for f in faults:
+        if f.kind in table and f.node is not None:
+            node = f"node-{f.node}" if f.node.isdigit() else f.node
+            out.setdefault(node, {}).update(table[f.kind])
+    return out
 
 
 def preflight_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
     """Pre-flight faults as environment for the named nodes' check processes (node index -> node-N)."""
-    out: dict[str, dict[str, str]] = {}
-    for f in faults:
-        if f.kind.preflight and f.node is not None:
-            node = f"node-{f.node}" if f.node.isdigit() else f.node
-            out.setdefault(node, {})[_PREFLIGHT_ENV[f.kind]] = "1"
-    return out
+    return _per_node(faults, _PREFLIGHT_ENV)
+
+
+def node_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
+    """Machine faults as environment for the named nodes' agents (node index -> node-N)."""
+    return _per_node(faults, _NODE_ENV)
 
 
 CONTROLLER_CRASH_ENV = "STALWART_FAULT_CONTROLLER_CRASH"  # "after-evict"

@@ -18,8 +18,15 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from stalwart.cluster.local import LocalCluster
-from stalwart.cluster.local import PREFLIGHT_FAULTS_ENV
-from stalwart.faults import FaultInjector, FaultSpec, FiredFault, controller_fault_env, preflight_fault_env
+from stalwart.cluster.local import NODE_FAULTS_ENV, PREFLIGHT_FAULTS_ENV
+from stalwart.faults import (
+    FaultInjector,
+    FaultSpec,
+    FiredFault,
+    controller_fault_env,
+    node_fault_env,
+    preflight_fault_env,
+)
 from stalwart.logs import configure, get_logger
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
@@ -87,7 +94,8 @@ class LocalRun:
             "--job", self.job.name, "--etcd", endpoint,
             "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
         ]  # fmt: skip
-        env = {**os.environ, PREFLIGHT_FAULTS_ENV: json.dumps(preflight_fault_env(self.faults))}
+        env = {**os.environ, PREFLIGHT_FAULTS_ENV: json.dumps(preflight_fault_env(self.faults)),
+               NODE_FAULTS_ENV: json.dumps(node_fault_env(self.faults))}
         if self.controller_starts == 0:
             env.update(controller_fault_env(self.faults))
         with open(self.workdir / "controller.log", "ab") as log:

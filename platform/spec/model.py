@@ -238,6 +238,15 @@ class FailurePolicy(SpecModel):
         RecoveryMode, Field(description="HotSwap (default) restarts workers in place and swaps standbys in; "
                             "Requeue relaunches every node, as resubmitting the job would (for comparison).")
     ] = RecoveryMode.HOT_SWAP
+    replay_after: Annotated[
+        int, Field(ge=0, le=100, description="Dual-phase replay, the last rung: after this many failures in a "
+                   "row that no check explains (0: never), replay the job on groups of its nodes to find the "
+                   "faulty one.")
+    ] = 2
+    replay_steps: Annotated[
+        int, Field(ge=1, le=100_000, description="Training steps each replay group runs (from scratch, on a "
+                   "scratch checkpoint folder) to pass.")
+    ] = 20
 
     @field_validator("rules")
     @classmethod

@@ -37,6 +37,28 @@ class JobPhase(str, Enum):
         return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
 
 
+class ReplayGroupRun(BaseModel):
+    """One group of a dual-phase replay: a few steps of the job on these nodes alone."""
+
+    id: str
+    nodes: list[str]
+    outcome: Literal["passed", "failed"] | None = None
+    reason: str = ""
+
+
+class ReplayState(BaseModel):
+    """A dual-phase replay in progress: the horizontal groups, then the vertical ones."""
+
+    phase: Literal["horizontal", "vertical"] = "horizontal"
+    horizontal: list[ReplayGroupRun]
+    vertical: list[ReplayGroupRun]
+    generation: int | None = None  # the generation running the current phase's groups
+    started_at: float | None = None
+
+    def groups(self) -> list[ReplayGroupRun]:
+        return self.horizontal if self.phase == "horizontal" else self.vertical
+
+
 class JobState(Record):
     """What the controller must not forget about a job."""
 
@@ -60,6 +82,9 @@ class JobState(Record):
     standbys_checked: list[str] = []
     # Run the stop-time checks (collectives, compute) before the next generation starts.
     checks_pending: bool = False
+    # Failures in a row that no check explained; at failurePolicy.replayAfter, a replay starts.
+    unexplained_failures: int = 0
+    replay: ReplayState | None = None
     # Resume from a checkpoint no newer than this step (a rollback), until a newer one is saved.
     resume_max_step: int | None = None
     generation_started_at: float | None = None
@@ -166,6 +191,11 @@ class NodeAssignment(Record):
     role: str
     first_rank: int
     local_world_size: int
+    # A replay group's own rendezvous (ranks then count from the group's first node).
+    group: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    world_size: int | None = None
 
 
 class Assignment(Record):
@@ -180,6 +210,7 @@ class Assignment(Record):
     created_at: float
     resume_max_step: int | None = None  # rollback: load no checkpoint newer than this
     code_version: str | None = None
+    replay_steps: int | None = None  # a replay generation: each worker stops after this many steps
 
     def for_node(self, node: str) -> NodeAssignment | None:
         return next((n for n in self.nodes if n.node == node), None)
