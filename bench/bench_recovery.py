@@ -12,8 +12,9 @@ incident the controller recorded: failure -> detected -> restarted -> first comp
 - Lost node, requeue (the anchor): the same fault with `failurePolicy.recovery: Requeue`, no standby
   and no warm workers: every node is relaunched from scratch and loads the checkpoint from storage,
   as a resubmitted job would.
-- Detection latency per class: a worker crash, a lost node (lease TTL), a hang (adaptive timeout,
-  then stacks and diagnosis) and NaN loss.
+- Detection latency per class: a node that goes silent (SIGSTOP: no socket closes, only its lease
+  tells), a worker crash, a hang (adaptive timeout, then stacks and diagnosis), NaN loss and a rank
+  that turns slow (the pace, then rounds of stacks).
 
 Writes docs/recovery-measured.json (read by the ETTR simulator) and prints a markdown table.
 """
@@ -127,9 +128,11 @@ def main() -> None:
             scenario("lost-node/hot-swap", "kill-node:node=1,step=60")
             scenario("lost-node/requeue", "kill-node:node=1,step=60", requeue=True)
         print("detection latency per class:")
+        scenario("silent-node", "freeze-node:node=1,step=60")
         scenario("worker-crash", "kill-worker:rank=3,step=60")
         scenario("hang", "hang-worker:rank=1,step=60", ft={"hangTimeoutFloorSeconds": 4})
         scenario("nan", args=["--nan-at-step", "65"])
+        scenario("slowdown", "slow-worker:rank=3,step=60", ft={"slowdownFactor": 2})
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in rows if r["scenario"] == name)
@@ -148,9 +151,12 @@ def main() -> None:
         "ratio_after_detection": req_after / hot_after,
         "detect_seconds": {
             "WorkerCrash": med("worker-crash", "detect"),
-            "LostNode": med("lost-node/hot-swap", "detect"),
+            # The simulator reads LostNode: the silent machine (lease TTL), the slower of the two.
+            "LostNode": med("silent-node", "detect"),
+            "LostNode (its processes died)": med("lost-node/hot-swap", "detect"),
             "Hang": med("hang", "detect"),
             "NaNLoss": med("nan", "detect"),
+            "Slowdown": med("slowdown", "detect"),
         },
         "hang_diagnosis_seconds": med("hang", "diagnose") if any(r["diagnose"] for r in rows) else None,
         "runs": rows,

@@ -94,17 +94,34 @@ def kill_all(procs: Sequence[psutil.Process]) -> None:
     psutil.wait_procs(list(procs), timeout=5)
 
 
-def kill_session(sid: int) -> list[int]:
-    """SIGKILL every process in session `sid` (a local 'node'); returns the pids signalled."""
-    victims: list[psutil.Process] = []
+def _session(sid: int) -> list[psutil.Process]:
+    members: list[psutil.Process] = []
     for p in psutil.process_iter():
         try:
             if os.getsid(p.pid) == sid:
-                victims.append(p)
+                members.append(p)
         except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
             continue
+    return members
+
+
+def kill_session(sid: int) -> list[int]:
+    """SIGKILL every process in session `sid` (a local 'node'); returns the pids signalled."""
+    victims = _session(sid)
     kill_all(victims)
     return [p.pid for p in victims]
+
+
+def signal_session(sid: int, sig: int) -> list[int]:
+    """Send `sig` to every process in session `sid`; returns the pids signalled."""
+    out = []
+    for p in _session(sid):
+        try:
+            p.send_signal(sig)
+            out.append(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:  # type: ignore[no-untyped-def]

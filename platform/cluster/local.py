@@ -15,7 +15,7 @@ import psutil
 
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.net import free_port
-from stalwart.processes import kill_session, spawn, wait_for
+from stalwart.processes import kill_session, signal_session, spawn, wait_for
 
 
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
@@ -81,6 +81,11 @@ class LocalCluster(Cluster):
         """Fault injection: the machine dies at once, agent and workers alike (SIGKILL)."""
         pid = self._pid(name)
         return kill_session(pid) if pid is not None else []
+
+    def freeze_node(self, name: str) -> list[int]:
+        """Fault injection: the machine goes silent (SIGSTOP to everything on it); stop_node ends it."""
+        pid = self._pid(name)
+        return signal_session(pid, signal.SIGSTOP) if pid is not None else []
 
     def list_nodes(self) -> list[NodeInfo]:
         out = []

@@ -65,10 +65,11 @@ class FaultInjector:
             except ProcessLookupError:
                 return None
             return f"rank {fault.rank} (pid {worker.pid})"
-        if fault.kind is FaultKind.KILL_NODE:
+        if fault.kind in (FaultKind.KILL_NODE, FaultKind.FREEZE_NODE):
             assert fault.node is not None
             node = state.slots[int(fault.node)] if fault.node.isdigit() else fault.node
-            pids = self.cluster.kill_node(node)
+            freeze = fault.kind is FaultKind.FREEZE_NODE
+            pids = self.cluster.freeze_node(node) if freeze else self.cluster.kill_node(node)
             return f"{node} ({len(pids)} processes)" if pids else None
         pid = self.kill_controller()
         return f"controller (pid {pid})" if pid else None

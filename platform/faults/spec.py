@@ -12,6 +12,9 @@ from stalwart.agents.worker_sdk import CRASH_AFTER_STEPS_ENV
 class FaultKind(str, Enum):
     KILL_WORKER = "kill-worker"  # SIGKILL one worker process (rank=R)
     KILL_NODE = "kill-node"  # SIGKILL a node's agent and all its workers (node=N: name or slot index)
+    # SIGSTOP them instead: a machine that goes silent (kernel hang, power loss) without closing a
+    # socket; only its lease can tell.
+    FREEZE_NODE = "freeze-node"
     KILL_CONTROLLER = "kill-controller"  # SIGKILL the controller process
     HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
     SLOW_WORKER = "slow-worker"  # one rank turns slow: every later step takes longer (worker SDK, SIGRTMIN+1)
@@ -45,7 +48,8 @@ class FaultSpec(BaseModel):
         return f"{self.kind.value}{target} at step {self.step}"
 
 
-_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.HANG_WORKER: "rank",
+_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.FREEZE_NODE: "node",
+             FaultKind.HANG_WORKER: "rank",
              FaultKind.SLOW_WORKER: "rank", FaultKind.CORRUPT_COMPUTE: "node", FaultKind.COLLECTIVE_HANG: "node",
              FaultKind.BAD_NODE: "node"}  # fmt: skip
 _PREFLIGHT_ENV = {FaultKind.CORRUPT_COMPUTE: {"STALWART_FAULT_CORRUPT_COMPUTE": "1"},
