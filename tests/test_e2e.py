@@ -109,7 +109,9 @@ def test_lost_node_is_hot_swapped_even_when_the_controller_dies_mid_recovery(
     assert incident["evicted"] == ["node-1"] and incident["replacements"] == {"node-1": "node-2"}
     assert snap["evicted"] == ["node-1"] and snap["slots"] == ["node-0", "node-2"]
     assert snap["standbys"] == ["node-3"]  # the pool was replenished
-    assert incident["detected_at"] - incident["failed_at"] > 1.0  # it waited for the lease, as it must
+    # The cluster saw the node's processes die, so the controller fenced it without waiting out its lease.
+    assert incident["detected_at"] >= incident["failed_at"]
+    assert incident["evidence"] == ["node-1: its machine is gone (the cluster reports it dead); lease revoked"]
     assert incident["resumed_step"] > 1 and incident["first_step_at"] is not None
     agents = {int(g): pids for g, pids in result["agents_by_generation"].items()}
     assert agents[1]["node-0"] == agents[2]["node-0"], agents  # the healthy agent was kept
@@ -194,20 +196,19 @@ def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[st
 
 def test_dual_phase_replay_finds_a_bad_node_that_passes_every_check(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     """node-1 kills its workers 5 steps into every run, with no message, and passes the stop-time
-    checks. The first crash is treated as transient; the second in a row starts a replay: the whole
-    job is the horizontal group (it failed), each node alone is a vertical group; node-1's fails,
-    so node-1 is evicted and the standby takes its ranks."""
-    job = job_variant(tmp_path, failure_policy={"replayAfter": 2, "replaySteps": 8}, standbys=1)
+    checks. With replayAfter 1 (2 by default) that unexplained failure starts a replay: the whole job
+    is the horizontal group (it failed), each node alone is a vertical group; node-1's fails, so
+    node-1 is evicted and the standby takes its ranks."""
+    job = job_variant(tmp_path, failure_policy={"replayAfter": 1, "replaySteps": 8}, standbys=1)
     code, result, output = run_job(tmp_path, stalwart_cmd, "bad-node:node=1", job=job)
     snap = result["snapshot"]
     assert code == 0, output
     assert snap["step"] == STEPS
-    first, second = snap["incidents"]
-    assert first["failure_class"] == second["failure_class"] == "WorkerCrash", snap["incidents"]
-    assert first["evicted"] == [] and second["evicted"] == ["node-1"], second
-    assert "dual-phase replay found node-1" in second["action"], second["action"]
-    assert any("v1 ['node-1']: failed" in line for line in second["evidence"]), second["evidence"]
-    assert any("v0 ['node-0']: passed" in line for line in second["evidence"]), second["evidence"]
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "WorkerCrash" and incident["evicted"] == ["node-1"], incident
+    assert "dual-phase replay found node-1" in incident["action"], incident["action"]
+    assert any("v1 ['node-1']: failed" in line for line in incident["evidence"]), incident["evidence"]
+    assert any("v0 ['node-0']: passed" in line for line in incident["evidence"]), incident["evidence"]
     assert snap["slots"] == ["node-0", "node-2"]
 
 

@@ -88,6 +88,7 @@ MAX_PREFLIGHT_ROUNDS = 3
 MISSED_BEATS_AFTER_CRASH = 3
 LOSS_HISTORY = 20
 PACE_HISTORY = 200
+PACE_QUIET_SECONDS = 10.0  # after slowdown rounds that blame no one; doubles each time
 REPLAY_RECENT_SECONDS = 3600.0  # failures further apart than this do not add up towards a replay
 Extra = dict[str, "Incident | Assignment | Cordon | OperatorRequest"]
 
@@ -116,6 +117,7 @@ class JobController:
         # The generation's pace: (time, step time) once per step seen, and the step last sampled.
         self._pace: list[tuple[float, float]] = []
         self._paced_step: int | None = None
+        self._pace_quiet_until, self._pace_backoff = 0.0, PACE_QUIET_SECONDS
         self._hang_second_look_at = 0.0  # a stall with no suspect is looked at twice before acting
         self._cordoned: set[str] = set()
         # Standbys that join after the pre-flight are checked on a thread; results land here.
@@ -123,6 +125,7 @@ class JobController:
         self._checking: set[str] = set()
         self._pool_checked_at = 0.0  # the pool is looked after once per heartbeat interval
         self._stopping: dict[str, threading.Thread] = {}  # nodes being stopped, off the control loop
+        self._fenced: dict[str, str] = {}  # node -> why this controller revoked its lease (the evidence)
 
     def _read_spec(self) -> TrainingJob:
         """The job's spec as etcd holds it now; parsed only when it changed (it is read every tick
@@ -416,13 +419,15 @@ class JobController:
             patience = max(MISSED_BEATS_AFTER_CRASH * self.ft.heartbeat_interval_seconds, self.ft.lease_ttl_seconds / 2)
             gone = self._gone_per_cluster(silent)
             if gone or now - (crashed[0].exited_at or now) > patience:
-                why = "its machine is gone" if gone else "silent since its peers crashed"
+                why = "its machine is gone (the cluster reports it dead)" if gone else \
+                    f"silent for {patience:g}s since its peers crashed"  # fmt: skip
                 self._fence(gone or silent, registered, why, log)
             return
         if lost:
             last = [self._last_beats[n].sent_at for n in lost if n in self._last_beats]
             failed_at = min(last) if last else now - self.ft.lease_ttl_seconds
-            evidence = [f"{n}: node lease lapsed (no heartbeat for {self.ft.lease_ttl_seconds}s)" for n in lost]
+            evidence = [f"{n}: " + self._fenced.pop(n, f"node lease lapsed (no heartbeat for {self.ft.lease_ttl_seconds}s)")
+                        for n in lost]  # fmt: skip
             self._handle(state, revision, workers, Classified(FailureEvent.LOST_NODE, lost, evidence), failed_at, log)
         elif crashed:
             owner = {w.rank: n for n in state.slots if (b := beats.get(n)) for w in b.workers}
@@ -521,8 +526,8 @@ class JobController:
         rank reports the same step time, so the pace tells that someone is slow, the stacks who."""
         steps = [w.step for w in running if w.step is not None]
         times = sorted(w.step_time for w in running if w.step_time)
-        if not steps or not times or max(steps) == self._paced_step:
-            return
+        if not steps or not times or max(steps) == self._paced_step or now < self._pace_quiet_until:
+            return  # (nothing sampled while quiet, so a pause cannot turn into the baseline)
         self._paced_step = max(steps)
         self._pace = [*self._pace[-PACE_HISTORY + 1:], (now, times[len(times) // 2])]
         onset = slowdown_onset(self._pace, self.ft.slowdown_factor)
@@ -540,13 +545,15 @@ class JobController:
                                         rounds=self.ft.slowdown_rounds, interval=max(0.5, 1.5 * recent))  # fmt: skip
         except ImportError:
             finding = None
-        # Whatever the rounds found, the pace starts over from here: a slowdown nobody is to blame for
-        # (a data change, a shared filesystem, a noisy neighbour), or one an Ignore rule tolerates, is
-        # the new normal, and only a further slowdown starts rounds again.
-        self._pace, self._paced_step = [], None
         if finding is None or not finding.suspects:
+            # Everyone slowed down together (a noisy neighbour, a shared filesystem, a data change):
+            # forget the slow samples but keep the baseline, and look again only after a pause that
+            # doubles each time. A slowdown that lasts becomes the baseline by itself.
+            self._pace = [p for p in self._pace if p[0] < onset]
+            self._pace_quiet_until, self._pace_backoff = time.time() + self._pace_backoff, 2 * self._pace_backoff
             log.warning("slowdown with no culprit; watching", fields={"evidence": (finding.evidence if finding else [])[:2]})
             return
+        self._pace, self._paced_step = [], None  # handled (or tolerated by an Ignore rule): a new baseline
         classified = Classified(FailureEvent.SLOWDOWN, finding.suspects,
                                 [f"step time {recent:.3g}s, more than {self.ft.slowdown_factor:g}x this generation's "
                                  "baseline"] + finding.evidence, runbook=finding.runbook or "slowdown")  # fmt: skip
@@ -752,7 +759,7 @@ class JobController:
         known = {n.name: n for n in self.cluster.list_nodes()}
         # A slot node whose machine died is lost now, not when its lease lapses.
         if gone := self._gone_per_cluster([n for n in state.slots if n in registered], known):
-            self._fence(gone, registered, "its machine is gone", log)
+            self._fence(gone, registered, "its machine is gone (the cluster reports it dead)", log)
         drop = {s: "died" for s in state.standbys if s in known and not known[s].alive and s not in registered}
         drop.update({s: "; ".join(beats[s].machine_faults[:2]) for s in state.standbys
                      if s in registered and s in beats and beats[s].machine_faults})  # fmt: skip
@@ -913,6 +920,7 @@ class JobController:
         if self._commit(state, revision, extra):
             self._losses, self._hang_second_look_at = [], 0.0
             self._pace, self._paced_step = [], None
+            self._pace_quiet_until, self._pace_backoff = 0.0, PACE_QUIET_SECONDS
             log.info("generation started", fields={"generation": generation, "slots": state.slots,
                                                    "standbys": state.standbys,
                                                    "master": f"{assignment.master_addr}:{assignment.master_port}"})  # fmt: skip
@@ -978,6 +986,7 @@ class JobController:
             if (reg := registered.get(node)) is not None:
                 log.warning("fencing node", fields={"node": node, "why": why})
                 self.store.revoke_lease(reg.lease_id)
+                self._fenced[node] = f"{why}; lease revoked"
 
     def _silent_since(self, state: JobState, beats: dict[str, Heartbeat], t: float) -> list[str]:
         """Slot nodes with no heartbeat sent after time `t`. Agents beat at once when a worker
