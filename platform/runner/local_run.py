@@ -202,7 +202,7 @@ class LocalRun:
                     break
                 state = store.get(keys.job_state(self.job.name), JobState)
                 for fired in injector.poll(state, read_nodes(store, self.job.name).heartbeats):
-                    verb = "hung" if fired.fault.startswith("hang") else "killed"
+                    verb = {"hang": "hung", "slow": "slowed", "freeze": "froze"}.get(fired.fault.split("-")[0], "killed")
                     view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
                 snap = snapshot(store, self.job.name)
                 if snap is not None:
