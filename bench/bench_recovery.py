@@ -81,6 +81,10 @@ def run(name: str, job: Path, folder: Path, *inject: str) -> dict[str, Any]:
     # incident is the first one detected after it (a node starved of CPU at start-up would be another).
     failed = result["faults"][0]["fired_at"] if result.get("faults") else snap["incidents"][0]["failed_at"]
     inc = next((i for i in snap["incidents"] if i["detected_at"] >= failed), snap["incidents"][0])
+    if inc.get("first_step_at") is None:
+        print(f"  {name:<22} NOT MEASURED: incident {inc['id']} ({inc['failure_class']}) has no first step after it",
+              flush=True)  # fmt: skip
+        return {"scenario": name, "failed": f"incident {inc['id']} has no first step after it"}
     out = {
         "scenario": name,
         "class": inc["failure_class"],
