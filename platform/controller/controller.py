@@ -86,6 +86,7 @@ MAX_PREFLIGHT_ROUNDS = 3
 # After a crash, a node that misses this many heartbeats (and half its lease) while its peers report
 # is fenced as lost.
 MISSED_BEATS_AFTER_CRASH = 3
+GONE_PER_CLUSTER = "its machine is gone (the cluster reports it dead)"  # why a node was fenced at once
 LOSS_HISTORY = 20
 PACE_HISTORY = 200
 PACE_QUIET_SECONDS = 10.0  # after slowdown rounds that blame no one; doubles each time
@@ -419,7 +420,7 @@ class JobController:
             patience = max(MISSED_BEATS_AFTER_CRASH * self.ft.heartbeat_interval_seconds, self.ft.lease_ttl_seconds / 2)
             gone = self._gone_per_cluster(silent)
             if gone or now - (crashed[0].exited_at or now) > patience:
-                why = "its machine is gone (the cluster reports it dead)" if gone else \
+                why = GONE_PER_CLUSTER if gone else \
                     f"silent for {patience:g}s since its peers crashed"  # fmt: skip
                 self._fence(gone or silent, registered, why, log)
             return
@@ -759,7 +760,7 @@ class JobController:
         known = {n.name: n for n in self.cluster.list_nodes()}
         # A slot node whose machine died is lost now, not when its lease lapses.
         if gone := self._gone_per_cluster([n for n in state.slots if n in registered], known):
-            self._fence(gone, registered, "its machine is gone (the cluster reports it dead)", log)
+            self._fence(gone, registered, GONE_PER_CLUSTER, log)
         drop = {s: "died" for s in state.standbys if s in known and not known[s].alive and s not in registered}
         drop.update({s: "; ".join(beats[s].machine_faults[:2]) for s in state.standbys
                      if s in registered and s in beats and beats[s].machine_faults})  # fmt: skip

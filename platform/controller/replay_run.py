@@ -81,20 +81,15 @@ def judge(group: ReplayGroupRun, beats: Mapping[str, Heartbeat], registered: set
 
 def conclusion(replay: ReplayState) -> tuple[str | None, str]:
     """The faulty node (or None) and the sentence that says how the replay found it."""
-    from stalwart.diagnosis.replay import ReplayInconclusive, ReplayPlan, locate
+    from stalwart.diagnosis.replay import ReplayInconclusive, locate, plan_replay
 
-    failed_h = [g for g in replay.horizontal if g.outcome == "failed"]
-    failed_v = [g for g in replay.vertical if g.outcome == "failed"]
-    summary = (f"replay: horizontal groups failed {[g.id for g in failed_h]}, "
-               f"vertical groups failed {[g.id for g in failed_v]}")  # fmt: skip
-    machines = sorted({n for g in replay.horizontal for n in g.nodes})
-    layout = ReplayPlan.model_validate({
-        "pp": 1, "dp": len(machines), "scheme": "diagonal", "machines": machines,
-        "horizontal": [{"id": g.id, "phase": "horizontal", "pipelines": [[n] for n in g.nodes]} for g in replay.horizontal],
-        "vertical": [{"id": g.id, "phase": "vertical", "pipelines": [[n] for n in g.nodes]} for g in replay.vertical],
-    })  # fmt: skip
+    failed_h = [g.id for g in replay.horizontal if g.outcome == "failed"]
+    failed_v = [g.id for g in replay.vertical if g.outcome == "failed"]
+    summary = f"replay: horizontal groups failed {failed_h}, vertical groups failed {failed_v}"
+    # The plan `plan` made, again: with PP = 1 the horizontal groups hold the slots in order.
+    slots = [n for g in replay.horizontal for n in g.nodes]
     try:
-        node = locate(layout, [g.id for g in failed_h], [g.id for g in failed_v])
+        node = locate(plan_replay(1, len(slots), slots), failed_h, failed_v)
     except ReplayInconclusive as exc:
         return None, f"{summary}: inconclusive ({exc})"
     return node, f"{summary}: {node} is in both"
