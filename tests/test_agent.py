@@ -174,3 +174,25 @@ def test_agent_never_imports_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_report_from_the_previous_generation_is_not_the_new_ones_progress(tmp_path: Path) -> None:
+    """The old workers' last reports can still sit in the agent's socket when the new generation's
+    workers start (same ranks): counted, they would mark the recovery done before it is."""
+    from stalwart.agents.workers import WorkerGroup
+    from stalwart.store.records import ProgressReport
+
+    node = NodeAssignment(node="node-0", node_rank=0, role="trainer", first_rank=0, local_world_size=1)
+    assignment = Assignment(job="j", generation=2, world_size=1, master_addr="127.0.0.1", master_port=1,
+                            nodes=[node], created_at=time.time())  # fmt: skip
+    group = WorkerGroup(assignment, node, [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
+                        tmp_path, tmp_path / "logs")  # fmt: skip
+    try:
+        group.record(ProgressReport(rank=0, local_rank=0, step=62, generation=1, sent_at=time.time()))
+        assert group.statuses()[0].step is None and group.statuses()[0].first_step is None
+        group.record(ProgressReport(rank=0, local_rank=0, step=61, generation=2, sent_at=time.time()))
+        assert group.statuses()[0].first_step == 61
+        group.record(ProgressReport(rank=0, local_rank=0, step=62))  # a worker outside Stalwart's launch
+        assert group.statuses()[0].step == 62
+    finally:
+        group.stop(grace=1)

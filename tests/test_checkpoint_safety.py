@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -212,3 +213,72 @@ def test_memory_peers_share_no_parallel_group() -> None:
     # With one DP group spanning every node there is no outside: the next node still holds a copy.
     assert choose_peers({0: "a", 1: "b"}, [[0, 1]]) == {"a": "b", "b": "a"}
     assert choose_peers({0: "a", 1: "a"}, [[0, 1]]) == {}
+
+
+def test_a_memory_store_takes_a_burst_of_connections() -> None:
+    """After a node loss every restarted rank connects to the same store at once. A listen backlog
+    of 5 (socketserver's default) drops the SYNs past it; the kernel resends them a second later,
+    and that second was most of a hot-swap's checkpoint load. Nothing accepts here, so each
+    connection must fit in the backlog."""
+    from stalwart.checkpoint.memory_server import serve
+
+    server = serve("127.0.0.1", free_port(), 1 << 20)
+    clients = []
+    try:
+        for _ in range(64):
+            sock = socket.create_connection(server.server_address, timeout=3)
+            clients.append(sock)
+    finally:
+        for sock in clients:
+            sock.close()
+        server.server_close()
+    assert len(clients) == 64
+
+
+def test_a_memory_tier_load_merges_reads_and_skips_a_lost_store(tmp_path: Path) -> None:
+    """A standby loading a lost node's shards from its peer: a few requests per file, not one per
+    tensor, and the lost store is tried once, not once per read."""
+    import threading
+
+    from stalwart.checkpoint import TrainState
+    from stalwart.checkpoint.memory_server import serve
+    from stalwart.checkpoint.storage.memory import MemoryStorage
+
+    servers = [serve("127.0.0.1", free_port(), 64 << 20) for _ in range(2)]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    peer, standby = (f"127.0.0.1:{s.server_address[1]}" for s in servers)
+    lost = f"127.0.0.1:{free_port()}"  # nothing listens: the lost node's store
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(20)])
+        optim = torch.optim.AdamW(model.parameters())
+        model(torch.ones(2, 16)).sum().backward()
+        optim.step()
+        Checkpointer(open_storage(f"mem://{peer}/job")).save({"train": TrainState(model, optim)}, 10, blocking=True)
+        want = {k: v.clone() for k, v in model.state_dict().items()}
+
+        fresh = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(20)])
+        fresh_optim = torch.optim.AdamW(fresh.parameters())
+        storage = open_storage(f"mem://{standby}/job?peer={lost}&nodes={lost},{peer}")
+        assert isinstance(storage, MemoryStorage)
+        calls: list[str] = []
+        for ep in storage.readers:
+            original = ep.request
+
+            def counted(method: str, path: str, *args: object, _ep: object = ep, _orig=original, **kw: object):  # type: ignore[no-untyped-def]
+                calls.append(_ep.address)  # type: ignore[attr-defined]
+                return _orig(method, path, *args, **kw)
+
+            ep.request = counted  # type: ignore[method-assign]
+        assert Checkpointer(storage).load({"train": TrainState(fresh, fresh_optim)}, 10) == 10
+        assert all(torch.equal(fresh.state_dict()[k], v) for k, v in want.items())
+        # 40 parameters and 80 optimizer moments, in one file: listing, manifest, metadata and a
+        # handful of reads, where one read per tensor took over a hundred.
+        assert len(calls) < 40, calls
+        assert calls.count(lost) <= 2, calls  # it did not answer: asked last from then on
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

@@ -25,7 +25,7 @@ from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup, tail_lines
-from stalwart.agents.worker_sdk import PROGRESS_SOCKET_ENV, REPLAY_STEPS_ENV
+from stalwart.agents.worker_sdk import GENERATION_ENV, PROGRESS_SOCKET_ENV, REPLAY_STEPS_ENV
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
@@ -321,7 +321,7 @@ class NodeAgent:
             **role.env,
             "STALWART_JOB": self.job_name,
             "STALWART_NODE": self.node,
-            "STALWART_GENERATION": str(cmd.generation),
+            GENERATION_ENV: str(cmd.generation),
             PROGRESS_SOCKET_ENV: self.inbox.path,
             "STALWART_CHECKPOINT_URI": self._checkpoint_uri(),
             "STALWART_CHECKPOINT_INTERVAL": str(self.job.spec.checkpoint.interval_steps),

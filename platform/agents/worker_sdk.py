@@ -25,6 +25,7 @@ SLOW_SIGNAL: int = signal.SIGRTMIN + 1
 SLOW_STEP_SECONDS = 0.4
 # A replay generation's workers stop, successfully, after this many steps (set by the agent).
 REPLAY_STEPS_ENV = "STALWART_REPLAY_STEPS"
+GENERATION_ENV = "STALWART_GENERATION"  # set by the agent: the generation this worker belongs to
 # Fault injection: a bad machine that passes every check but kills its workers, with no message,
 # after this many steps of every run (set on the node's agent, so its workers inherit it).
 CRASH_AFTER_STEPS_ENV = "STALWART_FAULT_CRASH_AFTER_STEPS"
@@ -64,6 +65,11 @@ def _send(report: ProgressReport) -> None:
 
 def _ranks() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _generation() -> int | None:
+    raw = os.environ.get(GENERATION_ENV)
+    return int(raw) if raw and raw.isdigit() else None
 
 
 def _request_hang(_signum: int, _frame: object) -> None:
@@ -117,6 +123,7 @@ def report_step(
             kind="step",
             rank=rank,
             local_rank=local_rank,
+            generation=_generation(),
             step=step,
             loss=loss,
             tokens=tokens,
@@ -137,7 +144,8 @@ def _end_replay_if_done() -> None:
 def report_checkpoint(step: int) -> None:
     """Report that the checkpoint for `step` is committed."""
     rank, local_rank = _ranks()
-    _send(ProgressReport(kind="checkpoint", rank=rank, local_rank=local_rank, step=step, sent_at=time.time()))
+    _send(ProgressReport(kind="checkpoint", rank=rank, local_rank=local_rank, step=step, sent_at=time.time(),
+                         generation=_generation()))
 
 
 if os.environ.get(PROGRESS_SOCKET_ENV) and threading_is_main():

@@ -166,6 +166,8 @@ class WorkerGroup:
     def record(self, report: ProgressReport) -> None:
         if not 0 <= report.local_rank < len(self.workers):
             return
+        if report.generation is not None and report.generation != self.generation:
+            return  # sent by the previous generation's worker before it stopped
         s = self.workers[report.local_rank].status
         if report.kind == "checkpoint":
             s.last_checkpoint_step = report.step

@@ -82,20 +82,23 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(200, json.dumps(names).encode(), "application/json")
             return
         path = self._path()
-        with self.store.lock:
+        m = _RANGE.fullmatch(self.headers.get("Range", ""))
+        with self.store.lock:  # copy only the range asked for: a load makes many ranged reads
             buf = self.store.objects.get(path or "")
-            data = None if buf is None else bytes(buf)
+            if buf is None:
+                data = None
+            elif m is None:
+                data = bytes(buf)
+            elif int(m.group(2)) >= len(buf):
+                data = b""
+            else:
+                data = bytes(memoryview(buf)[int(m.group(1)) : int(m.group(2)) + 1])
         if data is None:
             self._reply(404)
-            return
-        m = _RANGE.fullmatch(self.headers.get("Range", ""))
-        if m:
-            a, b = int(m.group(1)), int(m.group(2))
-            if b >= len(data):
-                self._reply(416)
-                return
-            data = data[a : b + 1]
-        self._reply(206 if m else 200, data)
+        elif m is not None and not data:
+            self._reply(416)
+        else:
+            self._reply(206 if m else 200, data)
 
     do_HEAD = do_GET
 
@@ -110,9 +113,16 @@ class Handler(BaseHTTPRequestHandler):
         self._reply(200)
 
 
-def serve(host: str, port: int, capacity_bytes: int) -> ThreadingHTTPServer:
+class Server(ThreadingHTTPServer):
+    # After a node loss every restarted rank opens a connection per reading thread to the same
+    # store at once. socketserver's default backlog of 5 drops the SYNs past it, and the kernel
+    # resends them only after a second: that second was most of a hot-swap's checkpoint load.
+    request_queue_size = 1024
+
+
+def serve(host: str, port: int, capacity_bytes: int) -> Server:
     handler = type("BoundHandler", (Handler,), {"store": MemoryStore(capacity_bytes)})
-    server = ThreadingHTTPServer((host, port), handler)
+    server = Server((host, port), handler)
     server.daemon_threads = True
     return server
 

@@ -4,6 +4,9 @@ DCP's load planner works out, for every target shard, which saved chunks overlap
 (`ReadItem`: saved chunk, offsets inside it, offsets in the target, lengths). A saved chunk's raw
 bytes are row-major, so the overlap is one strided view of a contiguous span of them: we read that
 span (rounded out to checksum blocks), verify the blocks, and copy the view into the target.
+Where a request costs more than the bytes (host memory over HTTP, S3), the spans of one file that
+lie close together are merged into one read: a replicated model loads in a few requests a file
+instead of one per tensor.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -19,6 +23,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from stalwart.checkpoint.manifest import Manifest, ShardEntry
 from stalwart.checkpoint.storage.base import Storage
 from stalwart.checkpoint.writer import checksum
+
+
+#: a merged read never grows past this: its bytes are held until the items in it are copied out
+MAX_SPAN = 64 << 20
+
+_ReadInto = Callable[[str, int, memoryview], None]
 
 
 class ChecksumError(RuntimeError):
@@ -63,29 +73,36 @@ class RangedReader:
                     f"{self.storage.describe(self._path(shard.file))}: the checkpoint is corrupt"
                 )
 
-    def _read_tensor(self, item: ReadItem, planner: LoadPlanner) -> None:
+    def _box(self, item: ReadItem) -> tuple[str, torch.dtype, ShardEntry, int, int, int, int]:
+        """Where a tensor item's bytes lie in its shard: element span [first, last] and the
+        block-aligned byte span [lo, hi) that covers it (blocks are the unit of checksums)."""
         key = (item.storage_index.fqn, tuple(item.storage_index.offset or ()))
         fqn, dtype_name, shard = self._shards[key]
         dtype = _dtype(dtype_name)
         elem = torch.empty((), dtype=dtype).element_size()
         strides = _strides(shard.lengths)
-        if any(n == 0 for n in item.lengths):
-            return
         first = sum(o * s for o, s in zip(item.storage_offsets, strides, strict=True))
         last = first + sum((n - 1) * s for n, s in zip(item.lengths, strides, strict=True))
         block = self.manifest.block_size
+        lo, hi = (first * elem // block) * block, min(math.ceil((last + 1) * elem / block) * block, shard.nbytes)
+        return fqn, dtype, shard, first, last, lo, hi
+
+    def _read_tensor(self, item: ReadItem, planner: LoadPlanner, read_into: _ReadInto) -> None:
+        if any(n == 0 for n in item.lengths):
+            return
+        fqn, dtype, shard, first, last, lo, hi = self._box(item)
+        elem = torch.empty((), dtype=dtype).element_size()
         start, end = first * elem, (last + 1) * elem
-        lo, hi = (start // block) * block, min(math.ceil(end / block) * block, shard.nbytes)
         target = planner.resolve_tensor(item).detach()
         if target.dtype != dtype or list(target.shape) != list(item.lengths):
-            raise RuntimeError(f"{fqn}: target {target.dtype} {tuple(target.shape)} vs saved {dtype_name} "
+            raise RuntimeError(f"{fqn}: target {target.dtype} {tuple(target.shape)} vs saved {dtype} "
                                f"box {tuple(item.lengths)}")  # fmt: skip
         count = math.prod(item.lengths)
         path = self._path(shard.file)
         if target.is_contiguous() and count == last - first + 1 and (lo, hi) == (start, end):
             # The overlap is one contiguous, block-aligned run: read it straight into the target.
             view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
-            self.storage.read_range_into(path, shard.data_offset + lo, view)
+            read_into(path, shard.data_offset + lo, view)
             self._verify(fqn, shard, view, lo)
         else:
             # Reused: faulting in fresh pages for every read costs more than the read itself.
@@ -94,27 +111,71 @@ class RangedReader:
                 scratch = self._buffers.buf = torch.empty(hi - lo, dtype=torch.uint8)
             buf = scratch[: hi - lo]
             view = memoryview(buf.numpy())
-            self.storage.read_range_into(path, shard.data_offset + lo, view)
+            read_into(path, shard.data_offset + lo, view)
             self._verify(fqn, shard, view, lo)
             flat = buf.view(dtype)
+            strides = _strides(shard.lengths)
             src = flat.as_strided(list(item.lengths), strides, first - lo // elem) if item.lengths else flat[
                 first - lo // elem]  # fmt: skip
             target.copy_(src)
         planner.commit_tensor(item, target)
 
-    def _read_bytes(self, item: ReadItem, planner: LoadPlanner) -> None:
+    def _object_bytes(self, item: ReadItem, read_into: _ReadInto) -> bytes:
         entry = self.manifest.objects[item.storage_index.fqn]
-        data = self.storage.read_range(self._path(entry.file), entry.offset, entry.length)
+        data = bytearray(entry.length)
+        read_into(self._path(entry.file), entry.offset, memoryview(data))
         if checksum(data) != entry.checksum:
             raise ChecksumError(f"checksum mismatch in object {item.storage_index.fqn!r} of "
                                 f"{self.storage.describe(self._path(entry.file))}: the checkpoint is corrupt")  # fmt: skip
-        planner.load_bytes(item, io.BytesIO(data))
+        return bytes(data)
+
+    def _extent(self, item: ReadItem) -> tuple[str, int, int]:
+        """The file and absolute byte range [start, end) an item reads."""
+        if item.type == LoadItemType.BYTE_IO:
+            entry = self.manifest.objects[item.storage_index.fqn]
+            return self._path(entry.file), entry.offset, entry.offset + entry.length
+        _, _, shard, _, _, lo, hi = self._box(item)
+        return self._path(shard.file), shard.data_offset + lo, shard.data_offset + hi
+
+    def _spans(self, items: list[ReadItem], gap: int) -> list[tuple[str, int, int, list[ReadItem]]]:
+        """Items grouped into merged reads: same file, at most `gap` bytes apart, MAX_SPAN at most."""
+        extents = sorted(((self._extent(i), n) for n, i in enumerate(items)), key=lambda e: e[0])
+        spans: list[tuple[str, int, int, list[ReadItem]]] = []
+        for (path, start, end), n in extents:
+            if spans and spans[-1][0] == path and start <= spans[-1][2] + gap and end - spans[-1][1] <= MAX_SPAN:
+                p, lo, hi, members = spans[-1]
+                spans[-1] = (p, lo, max(hi, end), members + [items[n]])
+            else:
+                spans.append((path, start, end, [items[n]]))
+        return spans
+
+    def _read_span(self, path: str, lo: int, hi: int, members: list[ReadItem],
+                   planner: LoadPlanner) -> list[tuple[ReadItem, bytes]]:  # fmt: skip
+        """One read for all of `members`; tensors are copied here, objects handed back to unpickle."""
+        data = memoryview(self.storage.read_range(path, lo, hi - lo))
+
+        def read_into(_: str, offset: int, out: memoryview) -> None:
+            out[:] = data[offset - lo : offset - lo + len(out)]
+
+        objects = []
+        for item in members:
+            if item.type == LoadItemType.BYTE_IO:
+                objects.append((item, self._object_bytes(item, read_into)))
+            else:
+                self._read_tensor(item, planner, read_into)
+        return objects
 
     def execute(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        tensors = [i for i in plan.items if i.type != LoadItemType.BYTE_IO]
-        objects = [i for i in plan.items if i.type == LoadItemType.BYTE_IO]
+        gap = self.storage.coalesce_gap
         with ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="ckpt-read") as pool:
-            for f in [pool.submit(self._read_tensor, i, planner) for i in tensors]:
-                f.result()
-        for item in objects:  # unpickling touches Python state: keep it on this thread
-            self._read_bytes(item, planner)
+            if gap is None:
+                tensors = [i for i in plan.items if i.type != LoadItemType.BYTE_IO]
+                for f in [pool.submit(self._read_tensor, i, planner, self.storage.read_range_into) for i in tensors]:
+                    f.result()
+                objects = [(i, self._object_bytes(i, self.storage.read_range_into))
+                           for i in plan.items if i.type == LoadItemType.BYTE_IO]  # fmt: skip
+            else:
+                spans = [pool.submit(self._read_span, *span, planner) for span in self._spans(plan.items, gap)]
+                objects = [o for f in spans for o in f.result()]
+        for item, data in objects:  # unpickling touches Python state: keep it on this thread
+            planner.load_bytes(item, io.BytesIO(data))

@@ -54,6 +54,7 @@ from stalwart.controller.replay_run import conclusion as replay_conclusion
 from stalwart.controller.replay_run import judge, phase_assignment, replayable
 from stalwart.controller.replay_run import plan as plan_replay_groups
 from stalwart.controller.standby_pool import standbys_for
+from stalwart.diagnosis.log_classify import SYMPTOMS
 from stalwart.faults.spec import CONTROLLER_CRASH_ENV
 from stalwart.logs import ContextLogger, get_logger
 from stalwart.spec import TrainingJob, parse_job
@@ -79,6 +80,7 @@ from stalwart.store.records import (
 )
 
 TICK_SECONDS = 0.1
+MAX_HURRIED_TICKS = 4  # ticks run back to back while each one commits a step of a recovery
 STARTUP_TIMEOUT_SECONDS = 300.0
 SHUTDOWN_WAIT_SECONDS = 30.0
 PROGRESS_PERSIST_SECONDS = 5.0
@@ -86,6 +88,7 @@ MAX_PREFLIGHT_ROUNDS = 3
 # After a crash, a node that misses this many heartbeats (and half its lease) while its peers report
 # is fenced as lost.
 MISSED_BEATS_AFTER_CRASH = 3
+PEER_TROUBLE_SECONDS = 5.0  # how long a peer-loss symptom makes every tick ask the cluster for dead machines
 GONE_PER_CLUSTER = "its machine is gone (the cluster reports it dead)"  # why a node was fenced at once
 LOSS_HISTORY = 20
 PACE_HISTORY = 200
@@ -127,6 +130,7 @@ class JobController:
         self._pool_checked_at = 0.0  # the pool is looked after once per heartbeat interval
         self._stopping: dict[str, threading.Thread] = {}  # nodes being stopped, off the control loop
         self._fenced: dict[str, str] = {}  # node -> why this controller revoked its lease (the evidence)
+        self._moved = False  # whether this tick committed: the run loop then skips its sleep
 
     def _read_spec(self) -> TrainingJob:
         """The job's spec as etcd holds it now; parsed only when it changed (it is read every tick
@@ -144,15 +148,21 @@ class JobController:
             raise NotLeader(f"another controller holds {self.leader.key}")
         self.log.info("leading", fields={"identity": self.leader.identity})
         try:
+            hurried = 0
             while True:
                 self.leader.keep()
+                self._moved = False
                 self.tick()
                 # Decide from what etcd holds, never from an object a failed commit left changed.
                 state = self.store.get(keys.job_state(self.job_name), JobState)
                 if state is not None and state.phase.terminal:
                     self._finish(state)
                     return state.phase
-                time.sleep(TICK_SECONDS)
+                # A tick that moved the state (a failure handled, a generation started) is followed
+                # at once by the next step of the recovery, a few times in a row at most.
+                hurried = hurried + 1 if self._moved and hurried < MAX_HURRIED_TICKS else 0
+                if not hurried:
+                    time.sleep(TICK_SECONDS)
         except LeaseLost:
             raise NotLeader("leadership lapsed") from None
         finally:
@@ -188,6 +198,7 @@ class JobController:
             expect_revision={keys.job_state(self.job_name): revision, **(guard or {})},
             deletes=deletes,
         )
+        self._moved = self._moved or ok
         if not ok:
             self.log.warning("state changed under us; re-reading")
         return ok
@@ -388,6 +399,11 @@ class JobController:
                    for w in b.workers]  # fmt: skip
         if self._track_progress(state, revision, workers, log):
             return  # it committed: the state's revision moved, so decide the rest on the next tick
+        # A rank that just lost a peer's connection is the first sign of a dead machine, often a few
+        # hundred ms before any worker exits: ask the cluster now, not at the next pool check.
+        if self._peer_trouble(workers, time.time()) and \
+                (gone := self._gone_per_cluster([n for n in state.slots if n in registered])):  # fmt: skip
+            self._fence(gone, registered, GONE_PER_CLUSTER, log)
         # Looking after the pool lists the cluster's nodes (a pod listing on Kubernetes): not every tick.
         if time.monotonic() - self._pool_checked_at >= self.ft.heartbeat_interval_seconds:
             self._pool_checked_at = time.monotonic()
@@ -419,11 +435,12 @@ class JobController:
             # pod failed): that is certain, and asking costs one listing per tick while this lasts.
             patience = max(MISSED_BEATS_AFTER_CRASH * self.ft.heartbeat_interval_seconds, self.ft.lease_ttl_seconds / 2)
             gone = self._gone_per_cluster(silent)
-            if gone or now - (crashed[0].exited_at or now) > patience:
-                why = GONE_PER_CLUSTER if gone else \
-                    f"silent for {patience:g}s since its peers crashed"  # fmt: skip
-                self._fence(gone or silent, registered, why, log)
-            return
+            if not gone and now - (crashed[0].exited_at or now) <= patience:
+                return
+            why = GONE_PER_CLUSTER if gone else \
+                f"silent for {patience:g}s since its peers crashed"  # fmt: skip
+            self._fence(gone or silent, registered, why, log)
+            lost = [n for n in state.slots if n not in registered]
         if lost:
             last = [self._last_beats[n].sent_at for n in lost if n in self._last_beats]
             failed_at = min(last) if last else now - self.ft.lease_ttl_seconds
@@ -980,6 +997,14 @@ class JobController:
             known = {n.name: n for n in self.cluster.list_nodes()}
         return [n for n in nodes if n in known and not known[n].alive]
 
+    @staticmethod
+    def _peer_trouble(workers: list[WorkerStatus], now: float) -> bool:
+        """A worker reported, in the last few seconds, a symptom of another rank's failure (its
+        peer's socket closed, a collective timed out): bounded, so a chatty job does not make the
+        controller list the cluster's nodes every tick for ever."""
+        return any(m.failure_class in SYMPTOMS and now - m.matched_at < PEER_TROUBLE_SECONDS
+                   for w in workers for m in w.matches)  # fmt: skip
+
     def _fence(self, nodes: list[str], registered: dict[str, NodeRegistration], why: str, log: ContextLogger) -> None:
         """Revoke the nodes' leases: from here on they are lost nodes, and a zombie agent that wakes
         up finds its lease gone and stops its workers."""
@@ -988,6 +1013,7 @@ class JobController:
                 log.warning("fencing node", fields={"node": node, "why": why})
                 self.store.revoke_lease(reg.lease_id)
                 self._fenced[node] = f"{why}; lease revoked"
+                del registered[node]  # lost from here on: this tick handles it, not the next one
 
     def _silent_since(self, state: JobState, beats: dict[str, Heartbeat], t: float) -> list[str]:
         """Slot nodes with no heartbeat sent after time `t`. Agents beat at once when a worker

@@ -297,6 +297,9 @@ class ProgressReport(Record):
     tokens: int | None = None
     step_time: float | None = None
     sent_at: float = Field(default=0.0)
+    # The sender's generation: a report the old workers sent just before they were stopped must
+    # not count as the new generation's progress (same ranks, same socket).
+    generation: int | None = None
 
 
 class LogRequest(Record):

@@ -39,6 +39,9 @@ class Storage(ABC):
     name: str = "storage"
     #: concurrent ranged reads worth issuing: a disk gains little from more, S3 hides latency with them
     read_parallelism: int = 4
+    #: where a request costs more than reading past a gap of up to this many bytes, a load merges
+    #: ranged reads of one file that lie this close into one (None: every range is its own read)
+    coalesce_gap: int | None = None
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
