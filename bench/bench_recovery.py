@@ -1,6 +1,6 @@
 """Recovery benchmark: hot-swap against requeue, in the same run, on this machine.
 
-    .venv/bin/python bench/bench_recovery.py              # about 8 minutes on 2 cores
+    .venv/bin/python bench/bench_recovery.py              # about 10 minutes on 2 cores
     .venv/bin/python bench/bench_recovery.py --repeats 1  # a quicker single pass
 
 Each scenario is a real `stalwart run` of the example job (2 nodes x 2 gloo workers, real etcd,
@@ -115,7 +115,7 @@ def _warm_starts(run_dir: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=OUT)
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(REPO), "examples/data/shards/stories-00000.stok",
@@ -151,7 +151,7 @@ def main() -> None:
     measured = {
         "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.platform()}",
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": "python bench/bench_recovery.py" + (f" --repeats {args.repeats}" if args.repeats != 2 else ""),
+        "command": "python bench/bench_recovery.py" + (f" --repeats {args.repeats}" if args.repeats != 3 else ""),
         "hot_swap_seconds": hot,
         "requeue_seconds": req,
         "hot_swap_after_detection_seconds": hot_after,

@@ -282,3 +282,43 @@ def test_a_memory_tier_load_merges_reads_and_skips_a_lost_store(tmp_path: Path) 
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+def test_a_standby_mirrors_the_newest_committed_checkpoint_into_its_own_store() -> None:
+    import threading
+
+    from stalwart.checkpoint import TrainState
+    from stalwart.checkpoint.memory_mirror import sync_newest
+    from stalwart.checkpoint.memory_server import serve
+
+    servers = [serve("127.0.0.1", free_port(), 64 << 20) for _ in range(2)]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    slot, standby = (f"127.0.0.1:{s.server_address[1]}" for s in servers)
+    try:
+        model = torch.nn.Linear(64, 64)
+        state = {"train": TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))}
+        ckpt = Checkpointer(open_storage(f"mem://{slot}/job"))
+        ckpt.save(state, 10, blocking=True)
+        first = sync_newest(standby, [slot], "job", budget_bytes=1 << 30)
+        assert first.step == 10 and first.copied_bytes > 64 * 64 * 4 and first.skipped is None
+        assert sync_newest(standby, [slot], "job", budget_bytes=1 << 30).copied_bytes == 0  # held already
+
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ckpt.save(state, 20, blocking=True)
+        assert sync_newest(standby, [slot], "job", budget_bytes=1 << 30).step == 20
+        mine = Checkpointer(open_storage(f"mem://{standby}/job"))  # the standby's store alone
+        assert [c.step for c in mine.catalog()] == [20]  # the older copy is dropped
+        fresh = torch.nn.Linear(64, 64)
+        assert mine.load({"train": TrainState(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1))}) == 20
+        assert torch.equal(fresh.weight, model.weight)
+
+        ckpt.save(state, 30, blocking=True)
+        skipped = sync_newest(standby, [slot], "job", budget_bytes=1000)
+        assert skipped.step is None and "over the budget" in (skipped.skipped or "")
+        assert [c.step for c in mine.catalog()] == [20]  # what it held stays
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

@@ -25,6 +25,7 @@ from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup, tail_lines
+from stalwart.checkpoint.storage.base import StorageError
 from stalwart.agents.worker_sdk import GENERATION_ENV, PROGRESS_SOCKET_ENV, REPLAY_STEPS_ENV
 from stalwart.logs import get_logger
 from stalwart.net import free_port
@@ -38,6 +39,7 @@ from stalwart.store.records import (
     AgentCommand,
     Assignment,
     Heartbeat,
+    JobState,
     LogReport,
     LogRequest,
     NodeRegistration,
@@ -47,6 +49,7 @@ from stalwart.store.records import (
 )
 
 LOOP_INTERVAL = 0.05
+MIRROR_INTERVAL = 1.0  # a standby looks for a newer checkpoint to copy this often
 METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
 STACK_TIMEOUT_SECONDS = 8.0
 RESUME_MAX_STEP_ENV = "STALWART_RESUME_MAX_STEP"
@@ -166,6 +169,9 @@ class NodeAgent:
         self._beat_thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
         self._beat_thread.start()
         threading.Thread(target=_prewarm, name="prewarm", daemon=True).start()
+        if memory_port is not None and self.job.spec.standbys.preload_checkpoint:
+            threading.Thread(target=self._mirror_loop, args=(f"{self.address}:{memory_port}",), name="mirror",
+                             daemon=True).start()  # fmt: skip
         self.probes.start()
         # A command written before our watch started is not replayed by the watch: read it once.
         current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
@@ -385,6 +391,32 @@ class NodeAgent:
         query = [f"peer={stores[peer]}"] if peer in stores else []
         query.append("nodes=" + ",".join(stores[n] for n in sorted(stores) if n != self.node))
         return f"mem://{stores[self.node]}/{self.job_name}?" + "&".join(query)
+
+    def _mirror_loop(self, local: str) -> None:
+        """While this node is a standby, keep the job's newest in-memory checkpoint in its own store:
+        the ranks it may take over then load locally (see stalwart.checkpoint.memory_mirror)."""
+        from stalwart.checkpoint.memory_mirror import sync_newest
+
+        budget = int(self.job.spec.checkpoint.memory_capacity_gib * (1 << 30) / 2)
+        held, said = None, None
+        while not self._stopping.wait(MIRROR_INTERVAL):
+            try:
+                state = self.store.get(keys.job_state(self.job_name), JobState)
+                if state is None or self.node not in state.standbys:
+                    continue
+                registrations = read_nodes(self.store, self.job_name).registrations
+                sources = [f"{r.address}:{r.memory_port}" for n, r in registrations.items()
+                           if n in state.slots and r.memory_port]  # fmt: skip
+                result = sync_newest(local, sources, self.job_name, budget) if sources else None
+            except (StoreUnavailable, StorageError) as exc:
+                self.log.debug("checkpoint mirror skipped a round", fields={"error": str(exc)})
+                continue
+            if result is not None and result.step != held:
+                held = result.step
+                self.log.info("standby holds the newest checkpoint", fields={"step": held, "bytes": result.copied_bytes})
+            if result is not None and result.skipped and result.skipped != said:
+                said = result.skipped
+                self.log.warning("standby cannot hold the newest checkpoint", fields={"why": said})
 
     def _reload_spec(self) -> None:
         raw = self.store.get_raw(keys.job_spec(self.job_name))

@@ -274,6 +274,11 @@ class StandbySettings(SpecModel):
                      "the default matches ByteRobust's table (2 standbys for 128-256 nodes, 4 for 1,024).")
     ] = 0.0012
     minimum: Annotated[int, Field(ge=0, le=1024, description="Never keep fewer standbys than this.")] = 1
+    preload_checkpoint: Annotated[
+        bool, Field(description="While it waits, each standby copies the newest in-memory checkpoint into its "
+                    "own memory store (when it fits in half of checkpoint.memoryCapacityGib), so the ranks it "
+                    "takes over load locally instead of from other nodes on the recovery's critical path.")
+    ] = True
 
 
 class CleanPodPolicy(str, Enum):

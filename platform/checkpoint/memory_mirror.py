@@ -1,0 +1,66 @@
+"""A warm standby's copy of the job's newest in-memory checkpoint.
+
+A standby that takes a lost node's ranks would otherwise read every byte of the restart's
+checkpoint from other nodes' memory stores, on the critical path of the recovery. Instead its agent
+copies the newest committed step into its own memory store while it waits, off that path, so the
+restarted ranks on it read locally. Objects are copied whole and the commit marker (the manifest)
+last, so a half-copied step is never taken for a committed one; older copies are dropped.
+
+Pure HTTP against the memory stores: the agent that runs this never imports torch.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from stalwart.checkpoint.manifest import DCP_METADATA_NAME, MANIFEST_NAME, Manifest, parse_step_dir
+from stalwart.checkpoint.storage.base import StorageError
+from stalwart.checkpoint.storage.memory import MemoryStorage
+
+
+class MirrorResult(BaseModel):
+    """What one sync did: the step held locally afterwards, and what it cost."""
+
+    step: int | None = None
+    copied_bytes: int = 0
+    skipped: str | None = None  # why the newest step was not copied (too big, a source went away)
+
+
+def sync_newest(local: str, sources: list[str], namespace: str, budget_bytes: int) -> MirrorResult:
+    """Copy the newest step committed on any of `sources` into the store at `local`, unless it is
+    there already or bigger than `budget_bytes`; then drop the local copies of older steps."""
+    reader = MemoryStorage(local, None, namespace, nodes=[s for s in sources if s != local])
+    local_only = MemoryStorage(local, None, namespace)
+    steps = sorted(((step, name) for name in reader.list_dirs() if (step := parse_step_dir(name)) is not None),
+                   reverse=True)  # fmt: skip
+    result = MirrorResult()
+    for step, name in steps:
+        raw = reader.read_bytes(f"{name}/{MANIFEST_NAME}")
+        if raw is None:
+            continue  # not committed (yet): the one before it is the newest
+        if local_only.read_bytes(f"{name}/{MANIFEST_NAME}") is not None:
+            result.step = step
+            break
+        manifest = Manifest.model_validate_json(raw)
+        if manifest.total_bytes > budget_bytes:
+            result.skipped = f"step {step} holds {manifest.total_bytes} bytes, over the budget of {budget_bytes}"
+            break
+        try:
+            for file in sorted(manifest.files() | {DCP_METADATA_NAME}):
+                data = reader.read_bytes(f"{name}/{file}")
+                if data is None:
+                    raise StorageError(f"{name}/{file} is gone from every store")
+                local_only.write_bytes(f"{name}/{file}", data)
+                result.copied_bytes += len(data)
+            local_only.write_bytes(f"{name}/{MANIFEST_NAME}", raw)  # the commit marker, last
+        except StorageError as exc:
+            local_only.delete_dir(name)
+            result.skipped = f"step {step}: {exc}"
+            break
+        result.step = step
+        break
+    if result.step is not None:
+        for name in local_only.list_dirs():
+            if (step := parse_step_dir(name)) is not None and step < result.step:
+                local_only.delete_dir(name)
+    return result
