@@ -25,8 +25,8 @@ from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup, tail_lines
-from stalwart.checkpoint.storage.base import StorageError
 from stalwart.agents.worker_sdk import GENERATION_ENV, PROGRESS_SOCKET_ENV, REPLAY_STEPS_ENV
+from stalwart.checkpoint.storage.base import StorageError
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process

@@ -31,36 +31,37 @@ def sync_newest(local: str, sources: list[str], namespace: str, budget_bytes: in
     there already or bigger than `budget_bytes`; then drop the local copies of older steps."""
     reader = MemoryStorage(local, None, namespace, nodes=[s for s in sources if s != local])
     local_only = MemoryStorage(local, None, namespace)
-    steps = sorted(((step, name) for name in reader.list_dirs() if (step := parse_step_dir(name)) is not None),
-                   reverse=True)  # fmt: skip
-    result = MirrorResult()
-    for step, name in steps:
-        raw = reader.read_bytes(f"{name}/{MANIFEST_NAME}")
-        if raw is None:
-            continue  # not committed (yet): the one before it is the newest
-        if local_only.read_bytes(f"{name}/{MANIFEST_NAME}") is not None:
-            result.step = step
-            break
+    newest = _newest_committed(reader)
+    if newest is None:
+        return MirrorResult()
+    step, name, raw = newest
+    copied = 0
+    if local_only.read_bytes(f"{name}/{MANIFEST_NAME}") is None:  # not held yet
         manifest = Manifest.model_validate_json(raw)
         if manifest.total_bytes > budget_bytes:
-            result.skipped = f"step {step} holds {manifest.total_bytes} bytes, over the budget of {budget_bytes}"
-            break
+            return MirrorResult(skipped=f"step {step} holds {manifest.total_bytes} bytes, over the budget of {budget_bytes}")
         try:
             for file in sorted(manifest.files() | {DCP_METADATA_NAME}):
                 data = reader.read_bytes(f"{name}/{file}")
                 if data is None:
                     raise StorageError(f"{name}/{file} is gone from every store")
                 local_only.write_bytes(f"{name}/{file}", data)
-                result.copied_bytes += len(data)
+                copied += len(data)
             local_only.write_bytes(f"{name}/{MANIFEST_NAME}", raw)  # the commit marker, last
         except StorageError as exc:
             local_only.delete_dir(name)
-            result.skipped = f"step {step}: {exc}"
-            break
-        result.step = step
-        break
-    if result.step is not None:
-        for name in local_only.list_dirs():
-            if (step := parse_step_dir(name)) is not None and step < result.step:
-                local_only.delete_dir(name)
-    return result
+            return MirrorResult(skipped=f"step {step}: {exc}")
+    for older in local_only.list_dirs():
+        if (older_step := parse_step_dir(older)) is not None and older_step < step:
+            local_only.delete_dir(older)
+    return MirrorResult(step=step, copied_bytes=copied)
+
+
+def _newest_committed(reader: MemoryStorage) -> tuple[int, str, bytes] | None:
+    """The newest step that has its commit marker on some store: (step, folder, manifest bytes)."""
+    steps = sorted(((step, name) for name in reader.list_dirs() if (step := parse_step_dir(name)) is not None),
+                   reverse=True)  # fmt: skip
+    for step, name in steps:
+        if (raw := reader.read_bytes(f"{name}/{MANIFEST_NAME}")) is not None:
+            return step, name, raw
+    return None

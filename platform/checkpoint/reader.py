@@ -16,6 +16,7 @@ import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
@@ -29,6 +30,22 @@ from stalwart.checkpoint.writer import checksum
 MAX_SPAN = 64 << 20
 
 _ReadInto = Callable[[str, int, memoryview], None]
+
+
+class _Box(NamedTuple):
+    """Where a tensor item's bytes lie in its saved shard: elements [first, last] (row-major, with
+    the shard's strides) and the block-aligned byte span [lo, hi) around them (blocks are the unit
+    of checksums)."""
+
+    fqn: str
+    dtype: torch.dtype
+    elem: int  # bytes per element
+    shard: ShardEntry
+    strides: list[int]
+    first: int
+    last: int
+    lo: int
+    hi: int
 
 
 class ChecksumError(RuntimeError):
@@ -73,9 +90,7 @@ class RangedReader:
                     f"{self.storage.describe(self._path(shard.file))}: the checkpoint is corrupt"
                 )
 
-    def _box(self, item: ReadItem) -> tuple[str, torch.dtype, ShardEntry, int, int, int, int]:
-        """Where a tensor item's bytes lie in its shard: element span [first, last] and the
-        block-aligned byte span [lo, hi) that covers it (blocks are the unit of checksums)."""
+    def _box(self, item: ReadItem) -> _Box:
         key = (item.storage_index.fqn, tuple(item.storage_index.offset or ()))
         fqn, dtype_name, shard = self._shards[key]
         dtype = _dtype(dtype_name)
@@ -85,38 +100,36 @@ class RangedReader:
         last = first + sum((n - 1) * s for n, s in zip(item.lengths, strides, strict=True))
         block = self.manifest.block_size
         lo, hi = (first * elem // block) * block, min(math.ceil((last + 1) * elem / block) * block, shard.nbytes)
-        return fqn, dtype, shard, first, last, lo, hi
+        return _Box(fqn, dtype, elem, shard, strides, first, last, lo, hi)
 
     def _read_tensor(self, item: ReadItem, planner: LoadPlanner, read_into: _ReadInto) -> None:
         if any(n == 0 for n in item.lengths):
             return
-        fqn, dtype, shard, first, last, lo, hi = self._box(item)
-        elem = torch.empty((), dtype=dtype).element_size()
-        start, end = first * elem, (last + 1) * elem
+        b = self._box(item)
+        start, end = b.first * b.elem, (b.last + 1) * b.elem
         target = planner.resolve_tensor(item).detach()
-        if target.dtype != dtype or list(target.shape) != list(item.lengths):
-            raise RuntimeError(f"{fqn}: target {target.dtype} {tuple(target.shape)} vs saved {dtype} "
+        if target.dtype != b.dtype or list(target.shape) != list(item.lengths):
+            raise RuntimeError(f"{b.fqn}: target {target.dtype} {tuple(target.shape)} vs saved {b.dtype} "
                                f"box {tuple(item.lengths)}")  # fmt: skip
         count = math.prod(item.lengths)
-        path = self._path(shard.file)
-        if target.is_contiguous() and count == last - first + 1 and (lo, hi) == (start, end):
+        path = self._path(b.shard.file)
+        if target.is_contiguous() and count == b.last - b.first + 1 and (b.lo, b.hi) == (start, end):
             # The overlap is one contiguous, block-aligned run: read it straight into the target.
             view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
-            read_into(path, shard.data_offset + lo, view)
-            self._verify(fqn, shard, view, lo)
+            read_into(path, b.shard.data_offset + b.lo, view)
+            self._verify(b.fqn, b.shard, view, b.lo)
         else:
             # Reused: faulting in fresh pages for every read costs more than the read itself.
             scratch = getattr(self._buffers, "buf", None)
-            if scratch is None or scratch.numel() < hi - lo:
-                scratch = self._buffers.buf = torch.empty(hi - lo, dtype=torch.uint8)
-            buf = scratch[: hi - lo]
+            if scratch is None or scratch.numel() < b.hi - b.lo:
+                scratch = self._buffers.buf = torch.empty(b.hi - b.lo, dtype=torch.uint8)
+            buf = scratch[: b.hi - b.lo]
             view = memoryview(buf.numpy())
-            read_into(path, shard.data_offset + lo, view)
-            self._verify(fqn, shard, view, lo)
-            flat = buf.view(dtype)
-            strides = _strides(shard.lengths)
-            src = flat.as_strided(list(item.lengths), strides, first - lo // elem) if item.lengths else flat[
-                first - lo // elem]  # fmt: skip
+            read_into(path, b.shard.data_offset + b.lo, view)
+            self._verify(b.fqn, b.shard, view, b.lo)
+            flat = buf.view(b.dtype)
+            offset = b.first - b.lo // b.elem
+            src = flat.as_strided(list(item.lengths), b.strides, offset) if item.lengths else flat[offset]
             target.copy_(src)
         planner.commit_tensor(item, target)
 
@@ -134,8 +147,8 @@ class RangedReader:
         if item.type == LoadItemType.BYTE_IO:
             entry = self.manifest.objects[item.storage_index.fqn]
             return self._path(entry.file), entry.offset, entry.offset + entry.length
-        _, _, shard, _, _, lo, hi = self._box(item)
-        return self._path(shard.file), shard.data_offset + lo, shard.data_offset + hi
+        b = self._box(item)
+        return self._path(b.shard.file), b.shard.data_offset + b.lo, b.shard.data_offset + b.hi
 
     def _spans(self, items: list[ReadItem], gap: int) -> list[tuple[str, int, int, list[ReadItem]]]:
         """Items grouped into merged reads: same file, at most `gap` bytes apart, MAX_SPAN at most."""

@@ -401,9 +401,8 @@ class JobController:
             return  # it committed: the state's revision moved, so decide the rest on the next tick
         # A rank that just lost a peer's connection is the first sign of a dead machine, often a few
         # hundred ms before any worker exits: ask the cluster now, not at the next pool check.
-        if self._peer_trouble(workers, time.time()) and \
-                (gone := self._gone_per_cluster([n for n in state.slots if n in registered])):  # fmt: skip
-            self._fence(gone, registered, GONE_PER_CLUSTER, log)
+        if self._peer_trouble(workers, time.time()):
+            self._fence_dead_slots(state, registered, log)
         # Looking after the pool lists the cluster's nodes (a pod listing on Kubernetes): not every tick.
         if time.monotonic() - self._pool_checked_at >= self.ft.heartbeat_interval_seconds:
             self._pool_checked_at = time.monotonic()
@@ -775,9 +774,7 @@ class JobController:
         """Keep the pool at its target: drop dead or faulty standbys, add new ones, check newcomers
         on a thread. True if it committed."""
         known = {n.name: n for n in self.cluster.list_nodes()}
-        # A slot node whose machine died is lost now, not when its lease lapses.
-        if gone := self._gone_per_cluster([n for n in state.slots if n in registered], known):
-            self._fence(gone, registered, GONE_PER_CLUSTER, log)
+        self._fence_dead_slots(state, registered, log, known)
         drop = {s: "died" for s in state.standbys if s in known and not known[s].alive and s not in registered}
         drop.update({s: "; ".join(beats[s].machine_faults[:2]) for s in state.standbys
                      if s in registered and s in beats and beats[s].machine_faults})  # fmt: skip
@@ -996,6 +993,12 @@ class JobController:
         if known is None:
             known = {n.name: n for n in self.cluster.list_nodes()}
         return [n for n in nodes if n in known and not known[n].alive]
+
+    def _fence_dead_slots(self, state: JobState, registered: dict[str, NodeRegistration], log: ContextLogger,
+                          known: dict[str, NodeInfo] | None = None) -> None:  # fmt: skip
+        """A slot node whose machine the cluster reports dead is lost now, not when its lease lapses."""
+        if gone := self._gone_per_cluster([n for n in state.slots if n in registered], known):
+            self._fence(gone, registered, GONE_PER_CLUSTER, log)
 
     @staticmethod
     def _peer_trouble(workers: list[WorkerStatus], now: float) -> bool:
