@@ -35,9 +35,7 @@ def make_state(gb: float, layout: str, fill: bool) -> dict[str, Any]:
     Each rank creates only its own shard (as FSDP does), so memory stays at gb / ranks per state.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
-
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     world, rank = dist.get_world_size(), dist.get_rank()
     n_tensors = 16
@@ -56,8 +54,9 @@ def make_state(gb: float, layout: str, fill: bool) -> dict[str, Any]:
         kind = ("weight", "exp_avg", "exp_avg_sq")[i % 3]
         g = torch.Generator().manual_seed(i * 1000 + rank)
         local = torch.randn(local_shape, generator=g) if fill else torch.zeros(local_shape)
-        state[f"layer{i}.{kind}"] = DTensor.from_local(local, mesh, placements, run_check=False,
-                                                       shape=torch.Size((rows, cols)), stride=(cols, 1))  # fmt: skip
+        state[f"layer{i}.{kind}"] = DTensor.from_local(
+            local, mesh, placements, run_check=False, shape=torch.Size((rows, cols)), stride=(cols, 1)
+        )
     return state
 
 
@@ -72,8 +71,9 @@ def barrier_time(fn):  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0, out
 
 
-def run_stalwart(state: dict[str, Any], target: dict[str, Any], resharded: dict[str, Any], base: Path,
-                 regrouped: dict[str, Any]) -> dict[str, float]:  # fmt: skip
+def run_stalwart(
+    state: dict[str, Any], target: dict[str, Any], resharded: dict[str, Any], base: Path, regrouped: dict[str, Any]
+) -> dict[str, float]:
     from stalwart.checkpoint import Checkpointer, open_storage
 
     ck = Checkpointer(open_storage(str(base)))
@@ -93,8 +93,9 @@ def run_stalwart(state: dict[str, Any], target: dict[str, Any], resharded: dict[
     return {"stall": stall, "total": total, "load": load, "load_regroup": regroup, "load_reshard": reshard}
 
 
-def run_dcp(state: dict[str, Any], target: dict[str, Any], resharded: dict[str, Any], base: Path,
-            regrouped: dict[str, Any]) -> dict[str, float]:  # fmt: skip
+def run_dcp(
+    state: dict[str, Any], target: dict[str, Any], resharded: dict[str, Any], base: Path, regrouped: dict[str, Any]
+) -> dict[str, float]:
     import torch.distributed.checkpoint as dcp
 
     t_sync, _ = barrier_time(lambda: dcp.save(state, checkpoint_id=str(base / "sync")))
@@ -107,12 +108,19 @@ def run_dcp(state: dict[str, Any], target: dict[str, Any], resharded: dict[str, 
     load, _ = barrier_time(lambda: dcp.load(target, checkpoint_id=str(base / "sync")))
     regroup, _ = barrier_time(lambda: dcp.load(regrouped, checkpoint_id=str(base / "sync")))
     reshard, _ = barrier_time(lambda: dcp.load(resharded, checkpoint_id=str(base / "sync")))
-    return {"sync_total": t_sync, "async_stall": stall, "async_total": total, "load": load,
-            "load_regroup": regroup, "load_reshard": reshard}  # fmt: skip
+    return {
+        "sync_total": t_sync,
+        "async_stall": stall,
+        "async_total": total,
+        "load": load,
+        "load_regroup": regroup,
+        "load_reshard": reshard,
+    }
 
 
-def run_torchsnapshot(state: dict[str, Any], target: dict[str, Any], resharded: dict[str, Any],
-                      base: Path, regrouped: dict[str, Any]) -> dict[str, float | str]:  # fmt: skip
+def run_torchsnapshot(
+    state: dict[str, Any], target: dict[str, Any], resharded: dict[str, Any], base: Path, regrouped: dict[str, Any]
+) -> dict[str, float | str]:
     """torchsnapshot 0.1.0 predates DTensor: it saves each rank's local shards as that rank's own
     objects, and cannot reshard them."""
     import logging
@@ -131,8 +139,14 @@ def run_torchsnapshot(state: dict[str, Any], target: dict[str, Any], resharded: 
     pending.wait()
     total = time.perf_counter() - t0
     load, _ = barrier_time(lambda: Snapshot(path).restore({"s": StateDict(**local_target)}))
-    return {"sync_total": t_sync, "async_stall": stall, "async_total": total, "load": load,
-            "load_regroup": "not supported", "load_reshard": "not supported"}  # fmt: skip
+    return {
+        "sync_total": t_sync,
+        "async_stall": stall,
+        "async_total": total,
+        "load": load,
+        "load_regroup": "not supported",
+        "load_reshard": "not supported",
+    }
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -166,8 +180,12 @@ def dd_bandwidth(folder: Path, gb: float) -> float:
     """Raw sequential write bandwidth (bytes/s) with dd, flushed to the disk (conv=fdatasync)."""
     path = folder / "dd.bin"
     count = max(1, int(gb * 1024 / 64))
-    out = subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=64M", f"count={count}", "conv=fdatasync"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=64M", f"count={count}", "conv=fdatasync"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     path.unlink(missing_ok=True)
     m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", out.stderr)
     assert m, out.stderr
@@ -181,11 +199,27 @@ def launch(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     port = free_port()
     procs = []
     for rank in range(args.ranks):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(args.ranks), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "PYTHONWARNINGS": "ignore"}  # fmt: skip
-        argv = [sys.executable, __file__, "--rank-main", "--dir", str(folder), "--gb", str(args.gb),
-                "--systems", *args.systems]  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(args.ranks),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONWARNINGS": "ignore",
+        }
+        argv = [
+            sys.executable,
+            __file__,
+            "--rank-main",
+            "--dir",
+            str(folder),
+            "--gb",
+            str(args.gb),
+            "--systems",
+            *args.systems,
+        ]
         procs.append(spawn(argv, env=env))
     try:
         codes = [p.wait(timeout=3000) for p in procs]
@@ -209,16 +243,23 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], dd: float) -
     s = {k: slowest(results, "stalwart", k) for k in ("stall", "total", "load", "load_regroup", "load_reshard")}
     rows = [("Stalwart (async)", s["stall"], s["total"], s["load"], s["load_regroup"], s["load_reshard"])]
     if "dcp" in args.systems:
-        d = {k: slowest(results, "dcp", k) for k in ("sync_total", "async_stall", "async_total", "load", "load_regroup",
-                                                     "load_reshard")}  # fmt: skip
-        rows += [("DCP save (sync)", d["sync_total"], d["sync_total"], d["load"], d["load_regroup"], d["load_reshard"]),
-                 ("DCP async_save", d["async_stall"], d["async_total"], "-", "-", "-")]  # fmt: skip
+        d = {
+            k: slowest(results, "dcp", k)
+            for k in ("sync_total", "async_stall", "async_total", "load", "load_regroup", "load_reshard")
+        }
+        rows += [
+            ("DCP save (sync)", d["sync_total"], d["sync_total"], d["load"], d["load_regroup"], d["load_reshard"]),
+            ("DCP async_save", d["async_stall"], d["async_total"], "-", "-", "-"),
+        ]
     if "torchsnapshot" in args.systems:
-        t = {k: slowest(results, "torchsnapshot", k) for k in ("sync_total", "async_stall", "async_total", "load",
-                                                               "load_regroup", "load_reshard")}  # fmt: skip
-        rows += [("torchsnapshot take", t["sync_total"], t["sync_total"], t["load"], t["load_regroup"],
-                  t["load_reshard"]),
-                 ("torchsnapshot async_take", t["async_stall"], t["async_total"], "-", "-", "-")]  # fmt: skip
+        t = {
+            k: slowest(results, "torchsnapshot", k)
+            for k in ("sync_total", "async_stall", "async_total", "load", "load_regroup", "load_reshard")
+        }
+        rows += [
+            ("torchsnapshot take", t["sync_total"], t["sync_total"], t["load"], t["load_regroup"], t["load_reshard"]),
+            ("torchsnapshot async_take", t["async_stall"], t["async_total"], "-", "-", "-"),
+        ]
 
     def fmt(v: float | str) -> str:
         return v if isinstance(v, str) else f"{v:.3f}"
@@ -242,14 +283,18 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], dd: float) -
         lines.append(f"| DCP sync save time / Stalwart stall | {stall_ratio:.1f}x | >= 50x |")
         lines.append(f"| DCP async_save stall / Stalwart stall | {d['async_stall'] / s['stall']:.1f}x | - |")  # type: ignore[operator]
     throughput = total_bytes / s["total"]  # type: ignore[operator]
-    lines.append(f"| Stalwart save throughput / raw disk bandwidth | {throughput / dd:.2f} "
-                 f"({throughput / 1e9:.2f} GB/s) | >= 0.8 |")  # fmt: skip
+    lines.append(
+        f"| Stalwart save throughput / raw disk bandwidth | {throughput / dd:.2f} "
+        f"({throughput / 1e9:.2f} GB/s) | >= 0.8 |"
+    )
     if "dcp" in args.systems:
         lines.append(f"| DCP load / Stalwart load, same layout | {d['load'] / s['load']:.2f}x | - |")
-        lines.append(f"| DCP load / Stalwart load, rows 4 -> 2x2 | {d['load_regroup'] / s['load_regroup']:.2f}x"
-                     " | >= 1.0 |")  # fmt: skip
-        lines.append(f"| DCP load / Stalwart load, rows -> columns | {d['load_reshard'] / s['load_reshard']:.2f}x"
-                     " | >= 1.0 |")  # fmt: skip
+        lines.append(
+            f"| DCP load / Stalwart load, rows 4 -> 2x2 | {d['load_regroup'] / s['load_regroup']:.2f}x | >= 1.0 |"
+        )
+        lines.append(
+            f"| DCP load / Stalwart load, rows -> columns | {d['load_reshard'] / s['load_reshard']:.2f}x | >= 1.0 |"
+        )
     return "\n".join(lines)
 
 
@@ -265,8 +310,10 @@ def main() -> None:
     if args.rank_main:
         rank_main(args)
         return
-    folder = Path(args.dir or tempfile.mkdtemp(prefix="bench-ckpt-", dir=ROOT / ".stalwart" if
-                                               (ROOT / ".stalwart").exists() else None))  # fmt: skip
+    folder = Path(
+        args.dir
+        or tempfile.mkdtemp(prefix="bench-ckpt-", dir=ROOT / ".stalwart" if (ROOT / ".stalwart").exists() else None)
+    )
     folder.mkdir(parents=True, exist_ok=True)
     try:
         print(f"measuring raw disk bandwidth in {folder} ...", flush=True)
@@ -279,8 +326,9 @@ def main() -> None:
     print(text)
     if args.out:
         command = "python bench/bench_checkpoint.py " + " ".join(sys.argv[1:])
-        Path(args.out).write_text(f"# Checkpoint benchmark\n\nMeasured on {time.strftime('%Y-%m-%d')} with:\n\n"
-                                  f"    {command}\n\n{text}\n")  # fmt: skip
+        Path(args.out).write_text(
+            f"# Checkpoint benchmark\n\nMeasured on {time.strftime('%Y-%m-%d')} with:\n\n    {command}\n\n{text}\n"
+        )
 
 
 if __name__ == "__main__":

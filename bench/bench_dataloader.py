@@ -61,8 +61,9 @@ WEIGHTS = {"prose": 0.5, "code": 0.3, "numbers": 0.2}
 def make_corpus(root: Path, tokens_per_source: int) -> DataConfig:
     """Three generated sources of about tokens_per_source byte tokens each, built into shards."""
     rng = random.Random(0)
-    words = ("model node rank step loss shard epoch token batch seed worker restart checkpoint "
-             "trains fails recovers waits learns quickly slowly again").split()  # fmt: skip
+    words = "model node rank step loss shard epoch token batch seed worker restart checkpoint trains fails recovers "
+    words += "waits learns quickly slowly again"
+    words = words.split()
     makers: dict[str, Callable[[], str]] = {
         "prose": lambda: " ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) + ".",
         "code": lambda: f"def f{rng.randint(0, 9999)}(x): return x * {rng.randint(2, 99)} + {rng.randint(0, 9)}",
@@ -77,8 +78,12 @@ def make_corpus(root: Path, tokens_per_source: int) -> DataConfig:
                 f.write(line)
                 written += len(line)
         build_shards([text_path], root / name, shard_tokens=1 << 20, doc_per="line")
-    return DataConfig(sources=[SourceSpec(name=n, shards=[str(root / n / "*.stok")]) for n in makers],
-                      weights=WEIGHTS, seq_len=SEQ_LEN, seed=1234)  # fmt: skip
+    return DataConfig(
+        sources=[SourceSpec(name=n, shards=[str(root / n / "*.stok")]) for n in makers],
+        weights=WEIGHTS,
+        seq_len=SEQ_LEN,
+        seed=1234,
+    )
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -207,10 +212,12 @@ def check_map_state_patch(dataset: TokenDataset) -> bool:
     patched["_sampler_iter_state"]["samples_yielded"] = 1000
     patched["_sampler_iter_state"]["sampler_iter_state"]["yielded"] = 1000
     patched["_sampler_iter_yielded"] = patched["_num_yielded"] = 125
-    return torch.equal(real["_sampler_iter_state"]["sampler_iter_state"]["generator"],
-                       patched["_sampler_iter_state"]["sampler_iter_state"]["generator"]) and \
-        {k: v for k, v in real.items() if k != "_sampler_iter_state"} == \
-        {k: v for k, v in patched.items() if k != "_sampler_iter_state"}  # fmt: skip
+    return torch.equal(
+        real["_sampler_iter_state"]["sampler_iter_state"]["generator"],
+        patched["_sampler_iter_state"]["sampler_iter_state"]["generator"],
+    ) and {k: v for k, v in real.items() if k != "_sampler_iter_state"} == {
+        k: v for k, v in patched.items() if k != "_sampler_iter_state"
+    }
 
 
 # -------------------------------------------------------------------------------- ours: resume
@@ -243,8 +250,9 @@ def lane_prefilled(sup: ShadowLoaderSupervisor, position: int) -> bool:
     return int(lane.ctrl[A.OWNER_PID]) == 0 and int(lane.ctrl[A.POSITION]) == position and full
 
 
-def shadow_resume(sup: ShadowLoaderSupervisor, dataset: TokenDataset, position: int, repeats: int,
-                  prewarm: bool) -> tuple[float, int]:  # fmt: skip
+def shadow_resume(
+    sup: ShadowLoaderSupervisor, dataset: TokenDataset, position: int, repeats: int, prewarm: bool
+) -> tuple[float, int]:
     """Client attach + load_state_dict + first batch. Returns (median seconds, adopted count)."""
     state = state_at(dataset, position).model_dump()
     times, adopted = [], 0
@@ -320,8 +328,11 @@ def shadow_throughput(sup: ShadowLoaderSupervisor, batches: int) -> dict[str, fl
     for _ in range(batches):
         client.next_batch()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    out = {"samples_per_s": batches * MICRO_BATCH / wall, "client_cpu_s_per_batch": cpu / batches,
-           "local_fallbacks": client.stats.local}  # fmt: skip
+    out = {
+        "samples_per_s": batches * MICRO_BATCH / wall,
+        "client_cpu_s_per_batch": cpu / batches,
+        "local_fallbacks": client.stats.local,
+    }
     client.close()
     return out
 
@@ -359,10 +370,15 @@ def shadow_paced(sup: ShadowLoaderSupervisor, step_s: float, seconds: float) -> 
     wall = time.perf_counter() - t0
     cpu = sum(proc.cpu_times()[:2]) - cpu0
     mem = proc.memory_full_info()
-    out = {"steps": steps, "loader_cpu_percent_of_one_core": 100 * cpu / wall, "loader_rss_mib": mem.rss / 2**20,
-           "loader_uss_mib": mem.uss / 2**20, "client_s_per_batch": client_wait / steps,
-           "ready_on_arrival_fraction": client.stats.ready_on_arrival / max(1, client.stats.shadow),
-           "shm_segment_kib": os.path.getsize(sup.segment.path) / 1024}  # type: ignore[union-attr]  # fmt: skip
+    out = {
+        "steps": steps,
+        "loader_cpu_percent_of_one_core": 100 * cpu / wall,
+        "loader_rss_mib": mem.rss / 2**20,
+        "loader_uss_mib": mem.uss / 2**20,
+        "client_s_per_batch": client_wait / steps,
+        "ready_on_arrival_fraction": client.stats.ready_on_arrival / max(1, client.stats.shadow),
+        "shm_segment_kib": os.path.getsize(sup.segment.path) / 1024,
+    }  # type: ignore[union-attr]
     client.close()
     return out
 
@@ -376,9 +392,13 @@ def main() -> int:
     args = parser.parse_args()
     repeats = 3 if args.quick else 7
     results: dict[str, Any] = {
-        "machine": {"cpus": psutil.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-                    "python": platform.python_version(), "torch": torch.__version__,
-                    "processor": platform.processor() or platform.machine()},  # fmt: skip
+        "machine": {
+            "cpus": psutil.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "processor": platform.processor() or platform.machine(),
+        },
         "setup": {"seq_len": SEQ_LEN, "micro_batch": MICRO_BATCH, "weights": WEIGHTS},
     }
     try:
@@ -402,16 +422,18 @@ def main() -> int:
         resume: dict[str, dict[str, Any]] = {
             str(p): {"ours_inprocess_s": s} for p, s in ours_resume(config, dataset, repeats).items()
         }
-        sup = ShadowLoaderSupervisor(config, job=f"bench-{uuid.uuid4().hex[:6]}", node="n0", lanes=1,
-                                     max_micro_batch=MICRO_BATCH, slots=8).start()  # fmt: skip
+        sup = ShadowLoaderSupervisor(
+            config, job=f"bench-{uuid.uuid4().hex[:6]}", node="n0", lanes=1, max_micro_batch=MICRO_BATCH, slots=8
+        ).start()
         try:
             time.sleep(0.5)
             shadow_resume(sup, dataset, POSITIONS[0], 1, prewarm=False)  # warm-up
             for position in POSITIONS:
                 cold, _ = shadow_resume(sup, dataset, position, repeats, prewarm=False)
                 warm, adopted = shadow_resume(sup, dataset, position, repeats, prewarm=True)
-                resume[str(position)].update(ours_shadow_cold_s=cold, ours_shadow_prefilled_s=warm,
-                                             prefilled_adopted=f"{adopted}/{repeats}")  # fmt: skip
+                resume[str(position)].update(
+                    ours_shadow_cold_s=cold, ours_shadow_prefilled_s=warm, prefilled_adopted=f"{adopted}/{repeats}"
+                )
             if have_sdl:
                 results["sdl_map_state_patch_verified"] = check_map_state_patch(dataset)
                 per_sample = None
@@ -429,8 +451,11 @@ def main() -> int:
 
             # ---- throughput and overhead
             step_s = trainer_step_time(10 if args.quick else 30)
-            results["trainer"] = {"step_s": step_s, "samples_per_s": MICRO_BATCH / step_s,
-                                  "what": "examples/pretrain_tiny.py TinyGPT, batch 8 x seq 64, 1 thread"}  # fmt: skip
+            results["trainer"] = {
+                "step_s": step_s,
+                "samples_per_s": MICRO_BATCH / step_s,
+                "what": "examples/pretrain_tiny.py TinyGPT, batch 8 x seq 64, 1 thread",
+            }
             results["throughput"] = {
                 "inprocess": inprocess_throughput(config, 500 if args.quick else 2000),
                 "shadow": shadow_throughput(sup, 500 if args.quick else 2000),
@@ -462,36 +487,52 @@ def print_table(r: dict[str, Any]) -> None:
     print("-" * len(header))
     for position in POSITIONS:
         row = res[str(position)]
-        line = (f"{position:>10.0e} | {ms(row['ours_inprocess_s']):>12} | {ms(row['ours_shadow_cold_s']):>12} | "
-                f"{ms(row['ours_shadow_prefilled_s']):>16}")  # fmt: skip
+        line = (
+            f"{position:>10.0e} | {ms(row['ours_inprocess_s']):>12} | {ms(row['ours_shadow_cold_s']):>12} | "
+            f"{ms(row['ours_shadow_prefilled_s']):>16}"
+        )
         if "sdl_stream_s" in row:
             mark = "" if row["sdl_stream_measured"] else " (extrap.)"
-            line += (f" | {ms(row['sdl_stream_s']) + mark:>22} | {ms(row['sdl_map_s']):>20} | "
-                     f"{row['sdl_stream_s'] / row['ours_inprocess_s']:>16.0f}x")  # fmt: skip
+            line += (
+                f" | {ms(row['sdl_stream_s']) + mark:>22} | {ms(row['sdl_map_s']):>20} | "
+                f"{row['sdl_stream_s'] / row['ours_inprocess_s']:>16.0f}x"
+            )
         print(line)
     flat = hi["ours_inprocess_s"] / lo["ours_inprocess_s"]
     flat_shadow = hi["ours_shadow_prefilled_s"] / lo["ours_shadow_prefilled_s"]
-    print(f"flatness, ours in-process: cost(1e7) / cost(1e3) = {flat:.2f} (target <= 1.2); "
-          f"shadow prefilled: {flat_shadow:.2f}")
+    print(
+        f"flatness, ours in-process: cost(1e7) / cost(1e3) = {flat:.2f} (target <= 1.2); "
+        f"shadow prefilled: {flat_shadow:.2f}"
+    )
     if "sdl_map_s" in hi:
         print(f"StatefulDataLoader map-style: cost(1e7) / cost(1e3) = {hi['sdl_map_s'] / lo['sdl_map_s']:.1f}")
     t, tp, p = r["trainer"], r["throughput"], r["paced"]
     print("\nthroughput (samples of 65 tokens per second, one rank)")
     print(f"  trainer consumes     {t['samples_per_s']:10.0f}/s  ({t['step_s'] * 1000:.1f} ms/step, {t['what']})")
     for name in ("inprocess", "shadow"):
-        print(f"  {name:<10} loader   {tp[name]['samples_per_s']:10.0f}/s  "
-              f"= {tp[name]['samples_per_s'] / t['samples_per_s']:.0f}x the trainer's need")  # fmt: skip
-    print(f"  in-process loader CPU per batch, back to back: {tp['inprocess']['cpu_s_per_batch'] * 1000:.3f} ms "
-          f"= {100 * tp['inprocess']['cpu_s_per_batch'] / t['step_s']:.1f}% of a step")  # fmt: skip
+        print(
+            f"  {name:<10} loader   {tp[name]['samples_per_s']:10.0f}/s  "
+            f"= {tp[name]['samples_per_s'] / t['samples_per_s']:.0f}x the trainer's need"
+        )
+    print(
+        f"  in-process loader CPU per batch, back to back: {tp['inprocess']['cpu_s_per_batch'] * 1000:.3f} ms "
+        f"= {100 * tp['inprocess']['cpu_s_per_batch'] / t['step_s']:.1f}% of a step"
+    )
     print(f"\nshadow loader while keeping pace with the trainer ({p['steps']} steps):")
-    print(f"  loader process CPU {p['loader_cpu_percent_of_one_core']:.1f}% of one core, "
-          f"RSS {p['loader_rss_mib']:.0f} MiB (USS {p['loader_uss_mib']:.0f} MiB), "
-          f"shared memory {p['shm_segment_kib']:.0f} KiB")
-    print(f"  trainer-side cost per batch {p['client_s_per_batch'] * 1000:.3f} ms "
-          f"({100 * p['client_s_per_batch'] / t['step_s']:.1f}% of a step; copy, CRC and sample-id check); "
-          f"batch already waiting: {100 * p['ready_on_arrival_fraction']:.0f}%")
-    print(f"  the in-process loader at the same pace: {p['inprocess_s_per_batch'] * 1000:.3f} ms per batch "
-          f"({100 * p['inprocess_s_per_batch'] / t['step_s']:.1f}% of a step)")
+    print(
+        f"  loader process CPU {p['loader_cpu_percent_of_one_core']:.1f}% of one core, "
+        f"RSS {p['loader_rss_mib']:.0f} MiB (USS {p['loader_uss_mib']:.0f} MiB), "
+        f"shared memory {p['shm_segment_kib']:.0f} KiB"
+    )
+    print(
+        f"  trainer-side cost per batch {p['client_s_per_batch'] * 1000:.3f} ms "
+        f"({100 * p['client_s_per_batch'] / t['step_s']:.1f}% of a step; copy, CRC and sample-id check); "
+        f"batch already waiting: {100 * p['ready_on_arrival_fraction']:.0f}%"
+    )
+    print(
+        f"  the in-process loader at the same pace: {p['inprocess_s_per_batch'] * 1000:.3f} ms per batch "
+        f"({100 * p['inprocess_s_per_batch'] / t['step_s']:.1f}% of a step)"
+    )
 
 
 if __name__ == "__main__":

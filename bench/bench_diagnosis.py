@@ -38,8 +38,11 @@ CORPUS = REPO / "tests" / "data" / "diagnosis" / "corpus"
 HANG_CASE = "hang-t2p4d2-sleep-r5"
 SLOW_CASE = "slow-t2p2d2-sleep-r5"
 
-from stalwart.diagnosis import EvidenceBundle, diagnose  # noqa: E402
-from stalwart.diagnosis import stack_parse  # noqa: E402
+from stalwart.diagnosis import (  # noqa: E402
+    EvidenceBundle,
+    diagnose,
+    stack_parse,
+)
 from stalwart.diagnosis.corpus import CorpusCase, load_corpus  # noqa: E402
 from stalwart.diagnosis.corpus_gen import expand_hang, expand_metrics  # noqa: E402
 from stalwart.diagnosis.metric_outliers import DIRECTIONS, OutlierConfig  # noqa: E402
@@ -86,8 +89,10 @@ def naive_metric_outliers(bundle: EvidenceBundle, cfg: OutlierConfig) -> set[str
         direction = DIRECTIONS.get(name, "both")
         rows = [[v for v in (m.series.get(name) or []) if v is not None] for m in bundle.metrics]
         length = min(len(r) for r in rows)
-        wins = [[statistics.median(r[j : j + cfg.window]) for j in range(0, length - cfg.window + 1, cfg.stride)]
-                for r in rows]  # fmt: skip
+        wins = [
+            [statistics.median(r[j : j + cfg.window]) for j in range(0, length - cfg.window + 1, cfg.stride)]
+            for r in rows
+        ]
         runs = [0] * len(rows)
         for j in range(len(wins[0]) if wins else 0):
             col = [w[j] for w in wins]
@@ -140,13 +145,20 @@ def bench_stacks(case: CorpusCase, ranks: int, repeats: int, url: str | None = N
         http_s, remote = timed(lambda: client.diagnose(bundle), repeats)
         http = {"http_s": round(http_s, 3), "http_correct": remote.flagged == grown.truth.faulty_nodes}
     return {
-        "ranks": ranks, "nodes": ranks // 8, "distinct_texts": len(set(texts)),
-        "json_mib": round(len(body) / 2**20, 1), "gzip_mib": round(len(gzip.compress(body, 3)) / 2**20, 2),
-        "validate_s": round(validate_s, 3), "diagnose_s": round(diagnose_s, 3),
-        "total_s": round(validate_s + diagnose_s, 3), "anchor_s": round(anchor_s, 3),
+        "ranks": ranks,
+        "nodes": ranks // 8,
+        "distinct_texts": len(set(texts)),
+        "json_mib": round(len(body) / 2**20, 1),
+        "gzip_mib": round(len(gzip.compress(body, 3)) / 2**20, 2),
+        "validate_s": round(validate_s, 3),
+        "diagnose_s": round(diagnose_s, 3),
+        "total_s": round(validate_s + diagnose_s, 3),
+        "anchor_s": round(anchor_s, 3),
         "anchor_ratio": round(anchor_s / diagnose_s, 1),
-        "correct": verdict.flagged == grown.truth.faulty_nodes, "flagged": verdict.flagged, **http,
-    }  # fmt: skip
+        "correct": verdict.flagged == grown.truth.faulty_nodes,
+        "flagged": verdict.flagged,
+        **http,
+    }
 
 
 def bench_metrics(case: CorpusCase, series: int, per: str, repeats: int) -> dict[str, Any]:
@@ -157,12 +169,19 @@ def bench_metrics(case: CorpusCase, series: int, per: str, repeats: int) -> dict
     anchor_s, anchor = timed(lambda: naive_metric_outliers(bundle, OutlierConfig()), 1)
     samples = max(len(v) for m in bundle.metrics for v in m.series.values())
     return {
-        "series_per": per, "series": series, "metrics": len(bundle.metrics[0].series), "samples": samples,
-        "validate_s": round(validate_s, 3), "diagnose_s": round(diagnose_s, 3),
-        "total_s": round(validate_s + diagnose_s, 3), "anchor_s": round(anchor_s, 3),
-        "anchor_ratio": round(anchor_s / diagnose_s, 1), "anchor_agrees": sorted(anchor) == verdict.flagged,
-        "correct": verdict.flagged == grown.truth.faulty_nodes, "flagged": verdict.flagged,
-    }  # fmt: skip
+        "series_per": per,
+        "series": series,
+        "metrics": len(bundle.metrics[0].series),
+        "samples": samples,
+        "validate_s": round(validate_s, 3),
+        "diagnose_s": round(diagnose_s, 3),
+        "total_s": round(validate_s + diagnose_s, 3),
+        "anchor_s": round(anchor_s, 3),
+        "anchor_ratio": round(anchor_s / diagnose_s, 1),
+        "anchor_agrees": sorted(anchor) == verdict.flagged,
+        "correct": verdict.flagged == grown.truth.faulty_nodes,
+        "flagged": verdict.flagged,
+    }
 
 
 def main() -> None:
@@ -192,20 +211,31 @@ def main() -> None:
             print(f"metrics {n:6d} ranks, per {per}: {json.dumps(metrics[-1])}", flush=True)
     load = os.getloadavg()
     command = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
-    env = {"python": sys.version.split()[0], "machine": platform.machine(), "cpus": os.cpu_count(),
-           "loadavg_at_end": [round(x, 1) for x in load], "command": command}  # fmt: skip
-    print("\nstack aggregation (hang)        ranks  distinct  JSON MiB  gzip MiB  validate  diagnose  total   "
-          "anchor  ratio  HTTP    right")  # fmt: skip
+    env = {
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_end": [round(x, 1) for x in load],
+        "command": command,
+    }
+    print(
+        "\nstack aggregation (hang)        ranks  distinct  JSON MiB  gzip MiB  validate  diagnose  total   "
+        "anchor  ratio  HTTP    right"
+    )
     for r in stacks:
         http = f"{r['http_s']:5.2f}s" if "http_s" in r else "   - "
-        print(f"{'':32}{r['ranks']:6d}  {r['distinct_texts']:8d}  {r['json_mib']:8.1f}  {r['gzip_mib']:8.2f}  "
-              f"{r['validate_s']:7.2f}s  {r['diagnose_s']:7.2f}s  {r['total_s']:5.2f}s  {r['anchor_s']:6.2f}s  "
-              f"{r['anchor_ratio']:4.1f}x  {http}  {r['correct'] and r.get('http_correct', True)}")  # fmt: skip
+        print(
+            f"{'':32}{r['ranks']:6d}  {r['distinct_texts']:8d}  {r['json_mib']:8.1f}  {r['gzip_mib']:8.2f}  "
+            f"{r['validate_s']:7.2f}s  {r['diagnose_s']:7.2f}s  {r['total_s']:5.2f}s  {r['anchor_s']:6.2f}s  "
+            f"{r['anchor_ratio']:4.1f}x  {http}  {r['correct'] and r.get('http_correct', True)}"
+        )
     print("\nmetric outliers (slowdown)      ranks  series  samples  validate  diagnose  total   anchor  ratio  right")
     for r, n in zip(metrics, [s for s in sizes for _ in (0, 1)], strict=True):
-        print(f"{'':32}{n:6d}  {r['series']:6d}/{r['series_per']:4}  {r['samples']:4d}  {r['validate_s']:7.2f}s  "
-              f"{r['diagnose_s']:7.2f}s  {r['total_s']:5.2f}s  {r['anchor_s']:6.2f}s  {r['anchor_ratio']:5.1f}x  "
-              f"{r['correct']}")  # fmt: skip
+        print(
+            f"{'':32}{n:6d}  {r['series']:6d}/{r['series_per']:4}  {r['samples']:4d}  {r['validate_s']:7.2f}s  "
+            f"{r['diagnose_s']:7.2f}s  {r['total_s']:5.2f}s  {r['anchor_s']:6.2f}s  {r['anchor_ratio']:5.1f}x  "
+            f"{r['correct']}"
+        )
     print(f"\n{env}")
     if args.out:
         args.out.write_text(json.dumps({"env": env, "stacks": stacks, "metrics": metrics}, indent=1) + "\n")

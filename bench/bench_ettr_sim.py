@@ -32,20 +32,44 @@ def sensitivity(seeds: list[int], measured_path: Path | None) -> str:
     slow_swap = measured.model_copy(update={"hot_swap_seconds": 3 * measured.hot_swap_seconds})
     cases = [
         ("defaults", base, classes, stalwart(measured, base, classes)),
-        ("without the estimated classes (Llama 3 data + planned only)", base,
-         default_classes(include_estimates=False), stalwart(measured, base, default_classes(include_estimates=False))),
+        (
+            "without the estimated classes (Llama 3 data + planned only)",
+            base,
+            default_classes(include_estimates=False),
+            stalwart(measured, base, default_classes(include_estimates=False)),
+        ),
         (f"local hot-swap x3 ({slow_swap.hot_swap_seconds:.0f} s)", base, classes, stalwart(slow_swap, base, classes)),
-        ("collective init 90 s instead of 30 s", base, classes,
-         stalwart(measured, base.model_copy(update={"collective_init_seconds": 90.0}), classes)),
-        ("stop-time checks 10 min", base, classes,
-         stalwart(measured, base.model_copy(update={"stop_time_check_seconds": 600.0}), classes)),
-        ("no warm standbys (every eviction a cold replacement)", base, classes,
-         stalwart(measured, base, classes).model_copy(update={"standbys": 0})),
-        ("failure rates x2", base, [c.model_copy(update={"count": 2 * c.count}) for c in classes],
-         stalwart(measured, base, [c.model_copy(update={"count": 2 * c.count}) for c in classes])),
-        ("ByteRobust-like with free per-step checkpoints (not Stalwart)", base, classes,
-         byterobust_like(measured, base, classes, zero_stall_every_step=True)),
-    ]  # fmt: skip
+        (
+            "collective init 90 s instead of 30 s",
+            base,
+            classes,
+            stalwart(measured, base.model_copy(update={"collective_init_seconds": 90.0}), classes),
+        ),
+        (
+            "stop-time checks 10 min",
+            base,
+            classes,
+            stalwart(measured, base.model_copy(update={"stop_time_check_seconds": 600.0}), classes),
+        ),
+        (
+            "no warm standbys (every eviction a cold replacement)",
+            base,
+            classes,
+            stalwart(measured, base, classes).model_copy(update={"standbys": 0}),
+        ),
+        (
+            "failure rates x2",
+            base,
+            [c.model_copy(update={"count": 2 * c.count}) for c in classes],
+            stalwart(measured, base, [c.model_copy(update={"count": 2 * c.count}) for c in classes]),
+        ),
+        (
+            "ByteRobust-like with free per-step checkpoints (not Stalwart)",
+            base,
+            classes,
+            byterobust_like(measured, base, classes, zero_stall_every_step=True),
+        ),
+    ]
     rows = ["| case | ETTR mean | min |", "|---|---|---|"]
     for label, job, case_classes, strategy in cases:
         runs = run_many([strategy], case_classes, job, seeds)[strategy.name]

@@ -43,14 +43,15 @@ OUT = REPO / "docs" / "recovery-measured.json"
 def job_file(folder: Path, *, requeue: bool = False, args: list[str] = (), ft: dict[str, Any] | None = None) -> Path:  # type: ignore[assignment]
     doc = yaml.safe_load(EXAMPLE.read_text())
     role = doc["spec"]["roles"][0]
-    role["command"] = [c for c in role["command"]]
+    role["command"] = list(role["command"])
     role["command"][role["command"].index("--steps") + 1] = "100"
     role["command"] += list(args)
     role["workingDir"] = str(EXAMPLE.parent)
     for source in doc["spec"]["data"]["sources"]:
         source["shards"] = [str(EXAMPLE.parent / s) for s in source["shards"]]
-    doc["spec"]["faultTolerance"].update({"preflight": False, "heartbeatIntervalSeconds": 0.5,
-                                          "leaseTtlSeconds": 5, "stopGraceSeconds": 2, **(ft or {})})  # fmt: skip
+    doc["spec"]["faultTolerance"].update(
+        {"preflight": False, "heartbeatIntervalSeconds": 0.5, "leaseTtlSeconds": 5, "stopGraceSeconds": 2, **(ft or {})}
+    )
     if requeue:
         doc["spec"]["failurePolicy"]["recovery"] = "Requeue"
         doc["spec"]["standbys"] = {"count": 0, "minimum": 0}
@@ -62,8 +63,19 @@ def job_file(folder: Path, *, requeue: bool = False, args: list[str] = (), ft: d
 
 def run(name: str, job: Path, folder: Path, *inject: str) -> dict[str, Any]:
     summary = folder / "summary.json"
-    argv = [sys.executable, "-m", "stalwart.cli.main", "run", str(job), "--workdir", str(folder / "run"),
-            "--summary-json", str(summary), "--timeout", "400"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "stalwart.cli.main",
+        "run",
+        str(job),
+        "--workdir",
+        str(folder / "run"),
+        "--summary-json",
+        str(summary),
+        "--timeout",
+        "400",
+    ]
     for fault in inject:
         argv += ["--inject", fault]
     t0 = time.monotonic()
@@ -82,8 +94,10 @@ def run(name: str, job: Path, folder: Path, *inject: str) -> dict[str, Any]:
     failed = result["faults"][0]["fired_at"] if result.get("faults") else snap["incidents"][0]["failed_at"]
     inc = next((i for i in snap["incidents"] if i["detected_at"] >= failed), snap["incidents"][0])
     if inc.get("first_step_at") is None:
-        print(f"  {name:<22} NOT MEASURED: incident {inc['id']} ({inc['failure_class']}) has no first step after it",
-              flush=True)  # fmt: skip
+        print(
+            f"  {name:<22} NOT MEASURED: incident {inc['id']} ({inc['failure_class']}) has no first step after it",
+            flush=True,
+        )
         return {"scenario": name, "failed": f"incident {inc['id']} has no first step after it"}
     out = {
         "scenario": name,
@@ -98,8 +112,11 @@ def run(name: str, job: Path, folder: Path, *inject: str) -> dict[str, Any]:
         "wall": time.monotonic() - t0,
         "warm_starts": _warm_starts(folder / "run"),
     }
-    print(f"  {name:<22} {out['class']:<10} detect {out['detect']:6.2f}s  restart {out['restart']:6.2f}s  "
-          f"first step {out['first_step']:6.2f}s  (run {out['wall']:.0f}s)", flush=True)
+    print(
+        f"  {name:<22} {out['class']:<10} detect {out['detect']:6.2f}s  restart {out['restart']:6.2f}s  "
+        f"first step {out['first_step']:6.2f}s  (run {out['wall']:.0f}s)",
+        flush=True,
+    )
     return out
 
 
@@ -118,8 +135,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=OUT)
     args = parser.parse_args()
-    subprocess.run(["make", "-s", "-C", str(REPO), "examples/data/shards/stories-00000.stok",
-                    "examples/data/shards/logs-00000.stok"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "make",
+            "-s",
+            "-C",
+            str(REPO),
+            "examples/data/shards/stories-00000.stok",
+            "examples/data/shards/logs-00000.stok",
+        ],
+        check=True,
+    )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stalwart-bench-recovery-") as tmp:
         root = Path(tmp)

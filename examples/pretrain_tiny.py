@@ -22,11 +22,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
-from stalwart.dataloader import DataConfig, SourceSpec, open_loader
-
 # Outside Stalwart (no agent socket) these are no-ops, so the script also runs under plain torchrun.
 from stalwart.agents.worker_sdk import report_checkpoint, report_step
+from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
+from stalwart.dataloader import DataConfig, SourceSpec, open_loader
 
 
 # --------------------------------------------------------------------------------------- model
@@ -80,12 +79,23 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos)")
-    parser.add_argument("--nan-at-step", type=int, default=None,
-                        help="fault demo: the loss turns NaN at this step, unless resuming from a rollback (transient)")
-    parser.add_argument("--raise-at-step", type=int, default=None,
-                        help="fault demo: a bug in the training code raises at this step, every time")
-    parser.add_argument("--shards", default=os.path.join(os.path.dirname(__file__), "data", "shards", "*.stok"),
-                        help="token shards when not run by Stalwart")  # fmt: skip
+    parser.add_argument(
+        "--nan-at-step",
+        type=int,
+        default=None,
+        help="fault demo: the loss turns NaN at this step, unless resuming from a rollback (transient)",
+    )
+    parser.add_argument(
+        "--raise-at-step",
+        type=int,
+        default=None,
+        help="fault demo: a bug in the training code raises at this step, every time",
+    )
+    parser.add_argument(
+        "--shards",
+        default=os.path.join(os.path.dirname(__file__), "data", "shards", "*.stok"),
+        help="token shards when not run by Stalwart",
+    )
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
@@ -119,9 +129,12 @@ def main() -> None:
     t_ckpt = time.perf_counter()
     pending = None
     if rank == 0:
-        print(f"world={world} device={device} resuming_from_step={start} tier={ckpt.last_load_tier or '-'} "
-              f"steps={args.steps} startup: process group {t_pg - t0:.2f}s, data {t_data - t_pg:.2f}s, "
-              f"model {t_model - t_data:.2f}s, checkpoint {t_ckpt - t_model:.2f}s", flush=True)
+        print(
+            f"world={world} device={device} resuming_from_step={start} tier={ckpt.last_load_tier or '-'} "
+            f"steps={args.steps} startup: process group {t_pg - t0:.2f}s, data {t_data - t_pg:.2f}s, "
+            f"model {t_model - t_data:.2f}s, checkpoint {t_ckpt - t_model:.2f}s",
+            flush=True,
+        )
 
     for step in range(start + 1, args.steps + 1):
         t0 = time.perf_counter()

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from kubernetes import client as k8s
+
 from stalwart.cluster.base import Cluster, NodeInfo
 from stalwart.controller.ranks import slot_roles
 from stalwart.controller.standby_pool import standbys_for
@@ -26,9 +27,7 @@ from stalwart_operator import names, pods
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.kube import is_status
 
-LIST_CACHE_SECONDS = (
-    0.5  # the controller lists nodes every tick; the API server need not answer each
-)
+LIST_CACHE_SECONDS = 0.5  # the controller lists nodes every tick; the API server need not answer each
 _ALIVE_PHASES = ("Pending", "Running")
 
 
@@ -65,17 +64,17 @@ class KubernetesCluster(Cluster):
     def list_pods(self, fresh: bool = False) -> list[dict[str, Any]]:
         """The job's pods (label-filtered here too: not every API server honours selectors)."""
         with self._lock:
-            if (
-                not fresh
-                and self._cache is not None
-                and time.monotonic() - self._cache[0] < LIST_CACHE_SECONDS
-            ):
+            if not fresh and self._cache is not None and time.monotonic() - self._cache[0] < LIST_CACHE_SECONDS:
                 return self._cache[1]
-        listed = self.core.list_namespaced_pod(self.namespace, label_selector=names.job_selector(self.job.name),
-                                               _preload_content=False)  # fmt: skip
-        items = [p for p in _json(listed).get("items", [])
-                 if (p.get("metadata", {}).get("labels") or {}).get(names.JOB_LABEL) == self.job.name
-                 and p.get("metadata", {}).get("namespace", self.namespace) == self.namespace]  # fmt: skip
+        listed = self.core.list_namespaced_pod(
+            self.namespace, label_selector=names.job_selector(self.job.name), _preload_content=False
+        )
+        items = [
+            p
+            for p in _json(listed).get("items", [])
+            if (p.get("metadata", {}).get("labels") or {}).get(names.JOB_LABEL) == self.job.name
+            and p.get("metadata", {}).get("namespace", self.namespace) == self.namespace
+        ]
         with self._lock:
             self._cache = (time.monotonic(), items)
             for pod in items:
@@ -95,32 +94,30 @@ class KubernetesCluster(Cluster):
         roles = {r.name: r for r in self.job.spec.roles}
         if state is not None and node in state.slots:
             return roles[slot_roles(self.job.spec)[state.slots.index(node)]]
-        if (
-            state is None
-        ):  # before the controller wrote its state, the first nodes are the slots in order
-            index = (
-                int(node.rsplit("-", 1)[-1])
-                if node.rsplit("-", 1)[-1].isdigit()
-                else -1
-            )
+        if state is None:  # before the controller wrote its state, the first nodes are the slots in order
+            index = int(node.rsplit("-", 1)[-1]) if node.rsplit("-", 1)[-1].isdigit() else -1
             per_slot = slot_roles(self.job.spec)
             if 0 <= index < len(per_slot):
                 return roles[per_slot[index]]
         return pods.standby_role(self.job)
 
     def pod_manifest(self, node: str) -> dict[str, Any]:
-        total = self.job.spec.node_count + standbys_for(
-            self.job.spec.standbys, self.job.spec.node_count
+        total = self.job.spec.node_count + standbys_for(self.job.spec.standbys, self.job.spec.node_count)
+        return pods.node_pod(
+            self.job,
+            namespace=self.namespace,
+            job_id=self.job_id,
+            node=node,
+            role=self.role_for(node),
+            owner_uid=self.owner_uid,
+            config=self.config,
+            total_pods=total,
         )
-        return pods.node_pod(self.job, namespace=self.namespace, job_id=self.job_id, node=node,
-                             role=self.role_for(node), owner_uid=self.owner_uid, config=self.config,
-                             total_pods=total)  # fmt: skip
 
     def start_node(self, name: str) -> None:
         try:
-            self.core.create_namespaced_pod(
-                self.namespace, self.pod_manifest(name), _preload_content=False
-            )
+            manifest = self.pod_manifest(name)  # a dict body: the client sends it as it is
+            self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)  # type: ignore[arg-type]
             self.log.info(
                 "pod created",
                 fields={"node": name, "pod": names.pod_name(self.job.name, name)},
@@ -132,9 +129,12 @@ class KubernetesCluster(Cluster):
 
     def _delete_pod(self, name: str) -> None:
         try:
-            self.core.delete_namespaced_pod(names.pod_name(self.job.name, name), self.namespace,
-                                            grace_period_seconds=self.config.termination_grace_seconds,
-                                            _preload_content=False)  # fmt: skip
+            self.core.delete_namespaced_pod(
+                names.pod_name(self.job.name, name),
+                self.namespace,
+                grace_period_seconds=self.config.termination_grace_seconds,
+                _preload_content=False,
+            )
             self.log.info("pod deleted", fields={"node": name})
         except Exception as exc:
             if not is_status(exc, 404):
@@ -149,13 +149,8 @@ class KubernetesCluster(Cluster):
             if policy is CleanPodPolicy.NONE:
                 return
             if policy is CleanPodPolicy.RUNNING:
-                pod = next(
-                    (p for p in self.list_pods(fresh=True) if _node_of(p) == name), None
-                )
-                if (
-                    pod is None
-                    or (pod.get("status") or {}).get("phase") not in _ALIVE_PHASES
-                ):
+                pod = next((p for p in self.list_pods(fresh=True) if _node_of(p) == name), None)
+                if pod is None or (pod.get("status") or {}).get("phase") not in _ALIVE_PHASES:
                     return
         self._delete_pod(name)
 
@@ -176,16 +171,24 @@ class KubernetesCluster(Cluster):
                 continue
             phase = (pod.get("status") or {}).get("phase", "Pending")
             terminating = bool(pod["metadata"].get("deletionTimestamp"))
-            out.append(NodeInfo(name=node, alive=phase in _ALIVE_PHASES and not terminating,
-                                machine=(pod.get("spec") or {}).get("nodeName")))  # fmt: skip
+            out.append(
+                NodeInfo(
+                    name=node,
+                    alive=phase in _ALIVE_PHASES and not terminating,
+                    machine=(pod.get("spec") or {}).get("nodeName"),
+                )
+            )
         return sorted(out, key=lambda n: n.name)
 
     def rendezvous(self, node: str) -> tuple[str, int]:
         """Rank 0's pod IP (its DNS name under the headless Service until it has one)."""
         port = self.config.rendezvous_port or free_port()
         try:
-            pod = _json(self.core.read_namespaced_pod(names.pod_name(self.job.name, node), self.namespace,
-                                                      _preload_content=False))  # fmt: skip
+            pod = _json(
+                self.core.read_namespaced_pod(
+                    names.pod_name(self.job.name, node), self.namespace, _preload_content=False
+                )
+            )
             ip = (pod.get("status") or {}).get("podIP")
         except Exception as exc:
             if not is_status(exc, 404):
@@ -216,24 +219,22 @@ class KubernetesCluster(Cluster):
             return
         machine = self.machine_of(node)
         if machine is None:
-            self.log.warning(
-                "cannot cordon: no machine known for the node", fields={"node": node}
-            )
+            self.log.warning("cannot cordon: no machine known for the node", fields={"node": node})
             return
         current = _json(self.core.read_node(machine, _preload_content=False))
-        taints = [
-            t
-            for t in (current.get("spec") or {}).get("taints") or []
-            if t.get("key") != names.CORDON_TAINT
-        ]
-        taints.append(
-            {"key": names.CORDON_TAINT, "value": "true", "effect": "NoSchedule"}
+        taints = [t for t in (current.get("spec") or {}).get("taints") or [] if t.get("key") != names.CORDON_TAINT]
+        taints.append({"key": names.CORDON_TAINT, "value": "true", "effect": "NoSchedule"})
+        self.core.patch_node(
+            machine,
+            {
+                "metadata": {
+                    "labels": {names.CORDON_LABEL: "true"},
+                    "annotations": {names.CORDON_REASON_ANNOTATION: f"{self.job_id}/{node}: {reason}"[:1000]},
+                },
+                "spec": {"taints": taints},
+            },
+            _preload_content=False,
         )
-        self.core.patch_node(machine, {
-            "metadata": {"labels": {names.CORDON_LABEL: "true"},
-                         "annotations": {names.CORDON_REASON_ANNOTATION: f"{self.job_id}/{node}: {reason}"[:1000]}},
-            "spec": {"taints": taints},
-        }, _preload_content=False)  # fmt: skip
         self.log.warning(
             "machine cordoned",
             fields={"node": node, "machine": machine, "reason": reason},
@@ -244,15 +245,18 @@ class KubernetesCluster(Cluster):
         if machine is None:
             return
         current = _json(self.core.read_node(machine, _preload_content=False))
-        taints = [
-            t
-            for t in (current.get("spec") or {}).get("taints") or []
-            if t.get("key") != names.CORDON_TAINT
-        ]
-        self.core.patch_node(machine, {
-            "metadata": {"labels": {names.CORDON_LABEL: None}, "annotations": {names.CORDON_REASON_ANNOTATION: None}},
-            "spec": {"taints": taints},
-        }, _preload_content=False)  # fmt: skip
+        taints = [t for t in (current.get("spec") or {}).get("taints") or [] if t.get("key") != names.CORDON_TAINT]
+        self.core.patch_node(
+            machine,
+            {
+                "metadata": {
+                    "labels": {names.CORDON_LABEL: None},
+                    "annotations": {names.CORDON_REASON_ANNOTATION: None},
+                },
+                "spec": {"taints": taints},
+            },
+            _preload_content=False,
+        )
         self.log.info("machine uncordoned", fields={"node": node, "machine": machine})
 
 
@@ -262,4 +266,4 @@ def _node_of(pod: dict[str, Any]) -> str | None:
 
 def _json(response: Any) -> dict[str, Any]:
     """Raw JSON of a `_preload_content=False` call: plain dicts, as the API server sent them."""
-    return json.loads(response.data)  # type: ignore[no-any-return]
+    return json.loads(response.data)

@@ -20,39 +20,33 @@ class OperatorConfig(BaseModel):
 
     etcd: Annotated[
         str,
-        Field(
-            description="etcd endpoint HOST:PORT, shared by the operator, controllers and agents."
-        ),
+        Field(description="etcd endpoint HOST:PORT, shared by the operator, controllers and agents."),
     ]
     operator_name: Annotated[
         str,
         Field(description="Replicas with the same name elect one leader among them."),
     ] = "stalwart-operator"
-    identity: Annotated[
-        str, Field(description="This replica's name in the election (the pod name).")
-    ] = socket.gethostname()
+    identity: Annotated[str, Field(description="This replica's name in the election (the pod name).")] = (
+        socket.gethostname()
+    )
     namespaces: Annotated[
         list[str],
-        Field(
-            description="Namespaces to serve (comma-separated); empty: the whole cluster."
-        ),
+        Field(description="Namespaces to serve (comma-separated); empty: the whole cluster."),
     ] = []
-    agent_image: Annotated[
-        str, Field(description="Image of the node pods when a role names none.")
-    ] = "stalwart/stalwart:0.1.0"
+    agent_image: Annotated[str, Field(description="Image of the node pods when a role names none.")] = (
+        "stalwart/stalwart:0.1.0"
+    )
     image_pull_policy: str = "IfNotPresent"
     python: Annotated[
         str,
         Field(description="The Python interpreter in the image, which runs the agent."),
     ] = "python"
-    pod_workdir: Annotated[
-        str, Field(description="Where each pod's agent keeps logs (an emptyDir).")
-    ] = "/var/run/stalwart"
+    pod_workdir: Annotated[str, Field(description="Where each pod's agent keeps logs (an emptyDir).")] = (
+        "/var/run/stalwart"
+    )
     job_dir: Annotated[
         str,
-        Field(
-            description="Folder in the image that relative paths of the spec start from."
-        ),
+        Field(description="Folder in the image that relative paths of the spec start from."),
     ] = "/workspace"
     rendezvous_port: Annotated[
         int,
@@ -63,12 +57,8 @@ class OperatorConfig(BaseModel):
             "loopback port (only for an emulated cluster whose 'pods' share one host).",
         ),
     ] = 29500
-    agent_metrics_port: Annotated[
-        int, Field(ge=0, le=65535, description="The agent's /metrics port; 0: any.")
-    ] = 9400
-    agent_metrics_host: Annotated[
-        str, Field(description="Address the agent's /metrics binds to.")
-    ] = "0.0.0.0"
+    agent_metrics_port: Annotated[int, Field(ge=0, le=65535, description="The agent's /metrics port; 0: any.")] = 9400
+    agent_metrics_host: Annotated[str, Field(description="Address the agent's /metrics binds to.")] = "0.0.0.0"
     termination_grace_seconds: Annotated[int, Field(ge=0, le=3600)] = 30
     status_interval_seconds: Annotated[
         float,
@@ -78,9 +68,7 @@ class OperatorConfig(BaseModel):
             description="How often each TrainingJob's status is refreshed from etcd.",
         ),
     ] = 5.0
-    probe_port: Annotated[
-        int, Field(ge=0, le=65535, description="/healthz and /readyz; 0: none.")
-    ] = 8080
+    probe_port: Annotated[int, Field(ge=0, le=65535, description="/healthz and /readyz; 0: none.")] = 8080
     probe_host: str = "0.0.0.0"
     election_ttl_seconds: Annotated[
         int,
@@ -99,13 +87,7 @@ class OperatorConfig(BaseModel):
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is None or raw == "":
                 continue
-            values[name] = (
-                [n.strip() for n in raw.split(",") if n.strip()]
-                if name == "namespaces"
-                else raw
-            )
+            values[name] = [n.strip() for n in raw.split(",") if n.strip()] if name == "namespaces" else raw
         if "etcd" not in values:
-            raise ValueError(
-                f"{ENV_PREFIX}ETCD must name the etcd endpoint (HOST:PORT)"
-            )
+            raise ValueError(f"{ENV_PREFIX}ETCD must name the etcd endpoint (HOST:PORT)")
         return cls.model_validate(values)

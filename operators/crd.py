@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
+
 from stalwart.spec.model import FaultTolerance, TrainingJobSpec
 from stalwart_operator import names
 from stalwart_operator.status import TrainingJobStatus
@@ -41,18 +42,10 @@ class SchemaError(ValueError):
 
 def _describe_default(description: str | None, default: Any) -> str | None:
     """'... Default: 5.' for scalar defaults; objects and empty values say nothing new."""
-    if (
-        default is None
-        or isinstance(default, dict | list)
-        or (description and "Default:" in description)
-    ):
+    if default is None or isinstance(default, dict | list) or (description and "Default:" in description):
         return description
     shown = json.dumps(default) if not isinstance(default, str) else default
-    return (
-        f"{description.rstrip('.')}. Default: {shown}."
-        if description
-        else f"Default: {shown}."
-    )
+    return f"{description.rstrip('.')}. Default: {shown}." if description else f"Default: {shown}."
 
 
 def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
@@ -78,9 +71,7 @@ def convert(node: Schema, defs: dict[str, Schema], path: str = "") -> Schema:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         nullable = len(options) < len(node["anyOf"])
         if len(options) != 1:
-            raise SchemaError(
-                f"{path or '(root)'}: a union of {len(options)} types has no structural form"
-            )
+            raise SchemaError(f"{path or '(root)'}: a union of {len(options)} types has no structural form")
         inner = _resolve(options[0], defs)
         node = {**inner, **{k: v for k, v in node.items() if k != "anyOf"}}
         if "description" not in node and "description" in inner:
@@ -100,8 +91,19 @@ def convert(node: Schema, defs: dict[str, Schema], path: str = "") -> Schema:
         raise SchemaError(f"{path or '(root)'}: no type")
     if nullable:
         out["nullable"] = True
-    for key in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
-                "maxProperties", "pattern", "format", "required"):  # fmt: skip
+    for key in (
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "minProperties",
+        "maxProperties",
+        "pattern",
+        "format",
+        "required",
+    ):
         if key in node:
             out[key] = node[key]
     for bound, plain in (
@@ -114,14 +116,9 @@ def convert(node: Schema, defs: dict[str, Schema], path: str = "") -> Schema:
     kind = out["type"]
     if kind == "object":
         if "properties" in node:
-            out["properties"] = {
-                k: convert(v, defs, f"{path}.{k}")
-                for k, v in node["properties"].items()
-            }
+            out["properties"] = {k: convert(v, defs, f"{path}.{k}") for k, v in node["properties"].items()}
         elif isinstance(node.get("additionalProperties"), dict):
-            out["additionalProperties"] = convert(
-                node["additionalProperties"], defs, f"{path}[*]"
-            )
+            out["additionalProperties"] = convert(node["additionalProperties"], defs, f"{path}[*]")
             out.setdefault("maxProperties", DEFAULT_MAX_PROPERTIES)
         else:
             out["x-kubernetes-preserve-unknown-fields"] = True
@@ -130,12 +127,24 @@ def convert(node: Schema, defs: dict[str, Schema], path: str = "") -> Schema:
         out.setdefault("maxItems", DEFAULT_MAX_ITEMS)
     elif kind == "string" and "enum" not in out:
         out.setdefault("maxLength", DEFAULT_MAX_STRING)
-    leftover = set(node) - set(out) - _DROP - {"properties", "items", "anyOf", "exclusiveMinimum", "exclusiveMaximum",
-                                               "enum", "const", "type", "description"}  # fmt: skip
+    leftover = (
+        set(node)
+        - set(out)
+        - _DROP
+        - {
+            "properties",
+            "items",
+            "anyOf",
+            "exclusiveMinimum",
+            "exclusiveMaximum",
+            "enum",
+            "const",
+            "type",
+            "description",
+        }
+    )
     if leftover:
-        raise SchemaError(
-            f"{path or '(root)'}: unhandled JSON Schema keys {sorted(leftover)}"
-        )
+        raise SchemaError(f"{path or '(root)'}: unhandled JSON Schema keys {sorted(leftover)}")
     return out
 
 
@@ -146,16 +155,16 @@ def model_schema(model: type[BaseModel]) -> Schema:
 
 def _ft_defaults() -> tuple[float, int]:
     fields = FaultTolerance.model_fields
-    return float(fields["heartbeat_interval_seconds"].default), int(
-        fields["lease_ttl_seconds"].default
-    )
+    return float(fields["heartbeat_interval_seconds"].default), int(fields["lease_ttl_seconds"].default)
 
 
 def spec_schema() -> Schema:
     """The spec's schema plus what the JSON Schema cannot carry: list semantics and CEL rules."""
     spec = model_schema(TrainingJobSpec)
-    spec["description"] = ("A training job: its roles (groups of nodes), fault tolerance, failure policy, "
-                           "warm standbys, checkpoints, data and scheduling.")  # fmt: skip
+    spec["description"] = (
+        "A training job: its roles (groups of nodes), fault tolerance, failure policy, "
+        "warm standbys, checkpoints, data and scheduling."
+    )
     props = spec["properties"]
     roles = props["roles"]
     # Named lists, as in Kubeflow Trainer and JobSet: the API server keeps names unique.
@@ -164,23 +173,29 @@ def spec_schema() -> Schema:
     role = roles["items"]["properties"]
     role["name"]["maxLength"] = 63
     role["name"]["pattern"] = DNS_LABEL
-    role["env"]["x-kubernetes-validations"] = [{
-        "rule": "self.all(k, k.matches('^[A-Za-z_][A-Za-z0-9_]*$'))",
-        "message": "env names must be valid environment variable names ([A-Za-z_][A-Za-z0-9_]*)",
-    }]  # fmt: skip
+    role["env"]["x-kubernetes-validations"] = [
+        {
+            "rule": "self.all(k, k.matches('^[A-Za-z_][A-Za-z0-9_]*$'))",
+            "message": "env names must be valid environment variable names ([A-Za-z_][A-Za-z0-9_]*)",
+        }
+    ]
     rules = props["failurePolicy"]["properties"]["rules"]
     rules["x-kubernetes-list-type"] = "map"
     rules["x-kubernetes-list-map-keys"] = ["event"]
     heartbeat, lease = _ft_defaults()
-    props["faultTolerance"]["x-kubernetes-validations"] = [{
-        "rule": f"double(has(self.leaseTtlSeconds) ? self.leaseTtlSeconds : {lease}) >= "
-                f"2.0 * (has(self.heartbeatIntervalSeconds) ? self.heartbeatIntervalSeconds : {heartbeat})",
-        "message": "leaseTtlSeconds must be at least twice heartbeatIntervalSeconds",
-    }]  # fmt: skip
-    spec["x-kubernetes-validations"] = [{
-        "rule": "self.roles == oldSelf.roles",
-        "message": "roles cannot change while the job exists: delete the TrainingJob and create it again",
-    }]  # fmt: skip
+    props["faultTolerance"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"double(has(self.leaseTtlSeconds) ? self.leaseTtlSeconds : {lease}) >= "
+            f"2.0 * (has(self.heartbeatIntervalSeconds) ? self.heartbeatIntervalSeconds : {heartbeat})",
+            "message": "leaseTtlSeconds must be at least twice heartbeatIntervalSeconds",
+        }
+    ]
+    spec["x-kubernetes-validations"] = [
+        {
+            "rule": "self.roles == oldSelf.roles",
+            "message": "roles cannot change while the job exists: delete the TrainingJob and create it again",
+        }
+    ]
     return spec
 
 
@@ -205,28 +220,44 @@ def openapi_schema() -> Schema:
             "spec": spec_schema(),
             "status": status_schema(),
         },
-        "x-kubernetes-validations": [{
-            "rule": f"self.metadata.name.matches('{DNS_LABEL}')",
-            "message": "a TrainingJob's name must be a DNS-1123 label (lowercase letters, digits and '-', "
-                       "at most 63 characters): it names pods, a Service and etcd keys",
-        }],
-    }  # fmt: skip
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name.matches('{DNS_LABEL}')",
+                "message": "a TrainingJob's name must be a DNS-1123 label (lowercase letters, digits and '-', "
+                "at most 63 characters): it names pods, a Service and etcd keys",
+            }
+        ],
+    }
 
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "The job's phase."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.currentStep", "description": "Newest training step."},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total",
-     "description": "Restarts of the workers, whatever the cause."},
+    {
+        "name": "Restarts",
+        "type": "integer",
+        "jsonPath": ".status.restarts.total",
+        "description": "Restarts of the workers, whatever the cause.",
+    },
     {"name": "ETTR", "type": "number", "jsonPath": ".status.ettr", "description": "Effective training time ratio."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    {"name": "Counted", "type": "integer", "jsonPath": ".status.restarts.counted", "priority": 1,
-     "description": "Restarts counted against failurePolicy.maxRestarts."},
+    {
+        "name": "Counted",
+        "type": "integer",
+        "jsonPath": ".status.restarts.counted",
+        "priority": 1,
+        "description": "Restarts counted against failurePolicy.maxRestarts.",
+    },
     {"name": "Generation", "type": "integer", "jsonPath": ".status.currentGeneration", "priority": 1},
     {"name": "Incident", "type": "string", "jsonPath": ".status.lastIncident.class", "priority": 1},
-    {"name": "Job-ID", "type": "string", "jsonPath": ".status.jobId", "priority": 1,
-     "description": "The job's name for the stalwart CLI."},
-]  # fmt: skip
+    {
+        "name": "Job-ID",
+        "type": "string",
+        "jsonPath": ".status.jobId",
+        "priority": 1,
+        "description": "The job's name for the stalwart CLI.",
+    },
+]
 
 
 def crd() -> Schema:
@@ -234,8 +265,10 @@ def crd() -> Schema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": names.CRD_NAME, "labels": {"app.kubernetes.io/name": "stalwart",
-                                                        "app.kubernetes.io/component": "crd"}},
+        "metadata": {
+            "name": names.CRD_NAME,
+            "labels": {"app.kubernetes.io/name": "stalwart", "app.kubernetes.io/component": "crd"},
+        },
         "spec": {
             "group": names.GROUP,
             "scope": "Namespaced",
@@ -247,16 +280,18 @@ def crd() -> Schema:
                 "shortNames": list(names.SHORT_NAMES),
                 "categories": ["stalwart"],
             },
-            "versions": [{
-                "name": names.VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": openapi_schema()},
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-            }],
+            "versions": [
+                {
+                    "name": names.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
         },
-    }  # fmt: skip
+    }
 
 
 HEADER = (
@@ -266,9 +301,7 @@ HEADER = (
 
 
 def render() -> str:
-    return HEADER + yaml.safe_dump(
-        crd(), sort_keys=False, width=100, allow_unicode=True
-    )
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100, allow_unicode=True)
 
 
 def main() -> None:

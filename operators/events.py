@@ -43,14 +43,9 @@ def pod_disruption(pod: dict[str, Any]) -> Disruption | None:
             f"pod failed: {_termination(status) or status.get('reason') or 'unknown'}",
         )
     for condition in status.get("conditions") or []:
-        if (
-            condition.get("type") == "DisruptionTarget"
-            and condition.get("status") == "True"
-        ):
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
             detail = condition.get("message") or condition.get("reason") or "disruption"
-            return Disruption(
-                "pod-disrupted", f"pod disrupted ({condition.get('reason')}): {detail}"
-            )
+            return Disruption("pod-disrupted", f"pod disrupted ({condition.get('reason')}): {detail}")
     return None
 
 
@@ -68,8 +63,13 @@ def node_not_ready(node: dict[str, Any]) -> Disruption | None:
     for condition in (node.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Ready" and condition.get("status") != "True":
             name = (node.get("metadata") or {}).get("name")
-            return Disruption("node-not-ready", f"Kubernetes node {name} is NotReady "
-                              f"({condition.get('reason') or condition.get('status')}): {condition.get('message') or ''}".rstrip(": "))  # fmt: skip
+            return Disruption(
+                "node-not-ready",
+                f"Kubernetes node {name} is NotReady "
+                f"({condition.get('reason') or condition.get('status')}): {condition.get('message') or ''}".rstrip(
+                    ": "
+                ),
+            )
     return None
 
 
@@ -77,9 +77,7 @@ def request_id(cause: str, pod_uid: str) -> str:
     return _UNSAFE.sub("-", f"k8s-{cause}-{pod_uid}")[:120]
 
 
-def request_eviction(
-    store: Store, job_id: str, node: str, disruption: Disruption, pod_uid: str
-) -> bool:
+def request_eviction(store: Store, job_id: str, node: str, disruption: Disruption, pod_uid: str) -> bool:
     """Ask the controller to evict `node`. True if this call wrote the request; False if it exists
     already, or the node is not (or no longer) part of a running job."""
     state = store.get(keys.job_state(job_id), JobState)
@@ -87,7 +85,12 @@ def request_eviction(
         return False
     if node not in state.slots and node not in state.standbys:
         return False  # already replaced (a pod that failed because the controller let it go)
-    request = OperatorRequest(id=request_id(disruption.cause, pod_uid), kind=RequestKind.EVICT, node=node,
-                              reason=disruption.reason[:500], requested_by=REQUESTED_BY,
-                              requested_at=time.time())  # fmt: skip
+    request = OperatorRequest(
+        id=request_id(disruption.cause, pod_uid),
+        kind=RequestKind.EVICT,
+        node=node,
+        reason=disruption.reason[:500],
+        requested_by=REQUESTED_BY,
+        requested_at=time.time(),
+    )
     return store.create(keys.request(job_id, request.id), request)

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import kopf
+
 from stalwart.spec import SpecError
 from stalwart_operator import names
 from stalwart_operator.config import OperatorConfig
@@ -24,16 +25,22 @@ JOB_PODS = {names.JOB_LABEL: kopf.PRESENT}
 
 
 def _runtime(memo: Any) -> Runtime:
-    return memo.runtime  # type: ignore[no-any-return]
+    return memo.runtime
 
 
 def _invalid(patch: kopf.Patch, exc: SpecError) -> kopf.PermanentError:
     """Show why the job cannot run in its status, and stop kopf from retrying."""
     now = rfc3339(time.time())
     patch.status["phase"] = TrainingJobPhase.FAILED.value
-    patch.status["conditions"] = [Condition(type=ConditionType.FAILED, status="True", reason="InvalidSpec",
-                                            message=str(exc)[:1024], last_transition_time=now or "")
-                                  .model_dump(mode="json", by_alias=True)]  # fmt: skip
+    patch.status["conditions"] = [
+        Condition(
+            type=ConditionType.FAILED,
+            status="True",
+            reason="InvalidSpec",
+            message=str(exc)[:1024],
+            last_transition_time=now or "",
+        ).model_dump(mode="json", by_alias=True)
+    ]
     return kopf.PermanentError(str(exc))
 
 
@@ -45,9 +52,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         # Our own storage keys, so the status schema stays strict (no status.kopf) and the
         # finalizer says whose it is.
         settings.persistence.finalizer = names.FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix=f"operator.{names.GROUP}"
-        )
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"operator.{names.GROUP}")
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=f"operator.{names.GROUP}", key="last-handled-configuration"
         )
@@ -61,11 +66,22 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         """The official client's configuration: the service account in a pod, else the kubeconfig."""
         return kopf.login_via_client(**kwargs)
 
+    # kopf's handler protocols name every keyword it may pass; ours take the ones they use and
+    # **_ for the rest, which mypy cannot match against the protocols: hence the ignores below.
     # -- the job's lifecycle -----------------------------------------------------------------------
     @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
-    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
-    def reconcile(body: kopf.Body, name: str, namespace: str, uid: str, meta: kopf.Meta, patch: kopf.Patch,
-                  memo: Any, logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)  # type: ignore[arg-type]
+    def reconcile(
+        body: kopf.Body,
+        name: str,
+        namespace: str,
+        uid: str,
+        meta: kopf.Meta,
+        patch: kopf.Patch,
+        memo: Any,
+        logger: logging.Logger,
+        **_: Any,
+    ) -> None:
         """Submit the spec to etcd, create the headless Service, host the controller (which asks
         KubernetesCluster for the pods)."""
         rt = _runtime(memo)
@@ -82,16 +98,23 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             logger.info(f"controller started for {job_id}")
         if not (body.get("status") or {}).get("jobId"):
             patch.status["jobId"] = job_id
-            patch.status["phase"] = (
-                TrainingJobPhase.SUSPENDED
-                if job.spec.suspend
-                else TrainingJobPhase.CREATED
-            ).value
+            patch.status["phase"] = (TrainingJobPhase.SUSPENDED if job.spec.suspend else TrainingJobPhase.CREATED).value
         patch.status["observedGeneration"] = meta.get("generation")
 
-    @kopf.on.update(*RESOURCE, field="spec", id="spec", registry=registry)
-    def spec_changed(body: kopf.Body, name: str, namespace: str, uid: str, meta: kopf.Meta, patch: kopf.Patch,
-                     old: Any, new: Any, memo: Any, logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+    @kopf.on.update(*RESOURCE, field="spec", id="spec", registry=registry)  # type: ignore[arg-type]
+    def spec_changed(
+        body: kopf.Body,
+        name: str,
+        namespace: str,
+        uid: str,
+        meta: kopf.Meta,
+        patch: kopf.Patch,
+        old: Any,
+        new: Any,
+        memo: Any,
+        logger: logging.Logger,
+        **_: Any,
+    ) -> None:
         """A new spec goes to etcd (the controller applies codeVersion lazily); suspend stops the
         pods and keeps the state, resume hosts the controller again."""
         rt = _runtime(memo)
@@ -101,9 +124,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             raise _invalid(patch, exc) from None
         if (old or {}).get("roles") != (new or {}).get("roles"):
             # The CRD refuses this (a CEL transition rule); an API server without CEL may not.
-            raise kopf.PermanentError(
-                "roles cannot change while the job exists; delete and re-create it"
-            )
+            raise kopf.PermanentError("roles cannot change while the job exists; delete and re-create it")
         job_id = names.job_id(namespace, name)
         rt.submit(job, job_id)
         if job.spec.suspend:
@@ -113,10 +134,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             rt.start(job, namespace, uid, resume=True)
         patch.status["observedGeneration"] = meta.get("generation")
 
-    @kopf.on.delete(*RESOURCE, id="cleanup", registry=registry)
-    def delete(
-        body: kopf.Body, name: str, namespace: str, uid: str, memo: Any, **_: Any
-    ) -> None:
+    @kopf.on.delete(*RESOURCE, id="cleanup", registry=registry)  # type: ignore[arg-type]
+    def delete(body: kopf.Body, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
         """The finalizer: nothing the job owned outlives it, in Kubernetes or in etcd."""
         rt = _runtime(memo)
         try:
@@ -126,10 +145,25 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         rt.cleanup(job, name, namespace, uid)
 
     # -- status ------------------------------------------------------------------------------------
-    @kopf.timer(*RESOURCE, id="status", interval=config.status_interval_seconds, initial_delay=config.status_interval_seconds,
-                registry=registry)  # fmt: skip
-    def mirror(body: kopf.Body, name: str, namespace: str, uid: str, meta: kopf.Meta, status: kopf.Status,
-               patch: kopf.Patch, memo: Any, logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+    @kopf.timer(  # type: ignore[arg-type]
+        *RESOURCE,
+        id="status",
+        interval=config.status_interval_seconds,
+        initial_delay=config.status_interval_seconds,
+        registry=registry,
+    )
+    def mirror(
+        body: kopf.Body,
+        name: str,
+        namespace: str,
+        uid: str,
+        meta: kopf.Meta,
+        status: kopf.Status,
+        patch: kopf.Patch,
+        memo: Any,
+        logger: logging.Logger,
+        **_: Any,
+    ) -> None:
         """Copy the controller's state into the status; label the pods with their ranks; delete the
         job ttlSecondsAfterFinished after it finished; re-host a controller that died."""
         rt = _runtime(memo)
@@ -150,22 +184,17 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         rt.label_pods(job, namespace, uid, state)
         if state.phase.terminal:
             ttl = job.spec.ttl_seconds_after_finished
-            if (
-                ttl is not None
-                and state.finished_at is not None
-                and time.time() >= state.finished_at + ttl
-            ):
+            if ttl is not None and state.finished_at is not None and time.time() >= state.finished_at + ttl:
                 logger.info(f"deleting {name}: finished more than {ttl}s ago")
                 rt.delete_resource(name, namespace)
         elif not job.spec.suspend and rt.start(job, namespace, uid):
-            logger.warning(
-                f"controller for {names.job_id(namespace, name)} was not running; started it"
-            )
+            logger.warning(f"controller for {names.job_id(namespace, name)} was not running; started it")
 
     # -- pods and machines -------------------------------------------------------------------------
-    @kopf.index("v1", "pods", labels=JOB_PODS, id="pods_by_machine", registry=registry)
-    def pods_by_machine(body: kopf.Body, namespace: str, uid: str, labels: kopf.Labels,
-                        **_: Any) -> dict[str, tuple[str, str, str, str]] | None:  # fmt: skip
+    @kopf.index("v1", "pods", labels=JOB_PODS, id="pods_by_machine", registry=registry)  # type: ignore[arg-type]
+    def pods_by_machine(
+        body: kopf.Body, namespace: str, uid: str, labels: kopf.Labels, **_: Any
+    ) -> dict[str, tuple[str, str, str, str]] | None:
         """Which job pods run on each Kubernetes Node: (namespace, job, node, pod uid)."""
         machine = (body.get("spec") or {}).get("nodeName")
         node = labels.get(names.NODE_LABEL)
@@ -173,9 +202,17 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             return None
         return {machine: (namespace, labels[names.JOB_LABEL], node, uid)}
 
-    @kopf.on.event("v1", "pods", labels=JOB_PODS, id="pod_events", registry=registry)
-    def pod_event(type: str | None, body: kopf.Body, namespace: str, uid: str, labels: kopf.Labels, memo: Any,
-                  logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+    @kopf.on.event("v1", "pods", labels=JOB_PODS, id="pod_events", registry=registry)  # type: ignore[arg-type]
+    def pod_event(
+        type: str | None,
+        body: kopf.Body,
+        namespace: str,
+        uid: str,
+        labels: kopf.Labels,
+        memo: Any,
+        logger: logging.Logger,
+        **_: Any,
+    ) -> None:
         """A failed, evicted or disrupted pod: ask the controller to evict (and replace) its node."""
         if type == "DELETED":
             return  # deleted by the controller or the finalizer: nothing to report
@@ -185,13 +222,18 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             return
         job_id = names.job_id(namespace, labels[names.JOB_LABEL])
         if request_eviction(_runtime(memo).store, job_id, node, disruption, uid):
-            logger.warning(
-                f"asked the controller of {job_id} to evict {node}: {disruption.reason}"
-            )
+            logger.warning(f"asked the controller of {job_id} to evict {node}: {disruption.reason}")
 
-    @kopf.on.event("v1", "nodes", id="node_events", registry=registry)
-    def node_event(type: str | None, body: kopf.Body, name: str, memo: Any, pods_by_machine: kopf.Index,
-                   logger: logging.Logger, **_: Any) -> None:  # fmt: skip
+    @kopf.on.event("v1", "nodes", id="node_events", registry=registry)  # type: ignore[arg-type]
+    def node_event(
+        type: str | None,
+        body: kopf.Body,
+        name: str,
+        memo: Any,
+        pods_by_machine: kopf.Index,
+        logger: logging.Logger,
+        **_: Any,
+    ) -> None:
         """A NotReady Kubernetes Node: every job node on it is evicted (hot-swapped)."""
         if type == "DELETED":
             return
@@ -200,11 +242,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             return
         for namespace, job, node, pod_uid in pods_by_machine.get(name, []):
             job_id = names.job_id(namespace, job)
-            if request_eviction(
-                _runtime(memo).store, job_id, node, disruption, pod_uid
-            ):
-                logger.warning(
-                    f"asked the controller of {job_id} to evict {node}: {disruption.reason}"
-                )
+            if request_eviction(_runtime(memo).store, job_id, node, disruption, pod_uid):
+                logger.warning(f"asked the controller of {job_id} to evict {node}: {disruption.reason}")
 
     return registry

@@ -30,9 +30,7 @@ class ControllerStopped(Exception):
 class HostedController(JobController):
     """The platform's controller with a stop switch checked at every tick."""
 
-    def __init__(
-        self, store: Store, cluster: Cluster, job_name: str, stop: threading.Event
-    ) -> None:
+    def __init__(self, store: Store, cluster: Cluster, job_name: str, stop: threading.Event) -> None:
         super().__init__(store, cluster, job_name)
         self._stop = stop
 
@@ -72,14 +70,16 @@ class ControllerHost:
                 return False
             state = self.store.get(keys.job_state(job_id), JobState)
             if state is not None and state.phase.terminal:
-                return (
-                    False  # its controller wound it up (or a previous operator's did)
-                )
+                return False  # its controller wound it up (or a previous operator's did)
             stop = threading.Event()
             cluster = make_cluster()
-            hosted = _Hosted(thread=threading.Thread(target=self._run, args=(job_id, cluster, stop),
-                                                     name=f"controller-{job_id}", daemon=True),
-                             stop=stop, cluster=cluster)  # fmt: skip
+            hosted = _Hosted(
+                thread=threading.Thread(
+                    target=self._run, args=(job_id, cluster, stop), name=f"controller-{job_id}", daemon=True
+                ),
+                stop=stop,
+                cluster=cluster,
+            )
             self._jobs[job_id] = hosted
             hosted.thread.start()
             return True
@@ -88,9 +88,7 @@ class ControllerHost:
         jlog = log.bind(job=job_id)
         while not stop.is_set():
             try:
-                phase = HostedController(self.store, cluster, job_id, stop).run(
-                    leader_timeout=self.leader_timeout
-                )
+                phase = HostedController(self.store, cluster, job_id, stop).run(leader_timeout=self.leader_timeout)
                 jlog.info("controller finished", fields={"phase": phase.value})
                 return
             except ControllerStopped:
@@ -101,7 +99,7 @@ class ControllerHost:
                     "another controller leads this job; waiting",
                     fields={"reason": str(exc)},
                 )
-            except Exception as exc:  # noqa: BLE001 - the state is in etcd: a fresh controller carries on
+            except Exception as exc:
                 jlog.exception(
                     "controller crashed; starting a new one",
                     fields={"error": repr(exc)},

@@ -17,6 +17,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kopf
+
 from stalwart.logs import configure, get_logger
 from stalwart.store.client import Store
 from stalwart_operator.config import OperatorConfig
@@ -28,18 +29,14 @@ from stalwart_operator.runtime import Runtime
 log = get_logger("stalwart.operator")
 
 
-def serve_probes(
-    port: int, host: str, leading: threading.Event
-) -> ThreadingHTTPServer | None:
+def serve_probes(port: int, host: str, leading: threading.Event) -> ThreadingHTTPServer | None:
     """/healthz answers while the process lives (leader or standby); /readyz only on the leader."""
     if not port:
         return None
 
     class Probes(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            ok = self.path == "/healthz" or (
-                self.path == "/readyz" and leading.is_set()
-            )
+            ok = self.path == "/healthz" or (self.path == "/readyz" and leading.is_set())
             body = b"ok\n" if ok else b"not leading\n"
             self.send_response(200 if ok else 503)
             self.send_header("Content-Length", str(len(body)))
@@ -83,9 +80,7 @@ async def _run_kopf(
 def main() -> int:
     configure("INFO")
     # kopf logs every handler run at INFO; its warnings and errors are what an operator wants.
-    logging.getLogger("kopf").setLevel(
-        os.environ.get("STALWART_KOPF_LOG_LEVEL", "WARNING")
-    )
+    logging.getLogger("kopf").setLevel(os.environ.get("STALWART_KOPF_LOG_LEVEL", "WARNING"))
     config = OperatorConfig.from_env()
     stop = threading.Event()
     leading = threading.Event()
@@ -99,9 +94,7 @@ def main() -> int:
         signal.signal(signum, on_signal)
     probes = serve_probes(config.probe_port, config.probe_host, leading)
     store = Store(config.etcd)
-    leadership = OperatorLeadership(
-        store, config.operator_name, config.identity, config.election_ttl_seconds
-    )
+    leadership = OperatorLeadership(store, config.operator_name, config.identity, config.election_ttl_seconds)
     runtime: Runtime | None = None
     try:
         if not leadership.acquire_until(stop):

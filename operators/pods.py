@@ -20,8 +20,14 @@ METRICS_PORT_NAME = "metrics"
 
 def owner_reference(name: str, uid: str) -> Manifest:
     """Pods and the Service belong to the TrainingJob: Kubernetes deletes them with it."""
-    return {"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": names.KIND, "name": name, "uid": uid,
-            "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def standby_role(job: TrainingJob) -> Role:
@@ -87,8 +93,12 @@ def node_pod(
     whatever slot the controller gives the node (so a standby can take any slot of its template)."""
     scheduling = job.spec.scheduling
     gang_labels, gang_annotations = _gang(job, total_pods)
-    labels = {**names.job_labels(job.name, namespace), names.NODE_LABEL: node, names.ROLE_LABEL: role.name,
-              **gang_labels}  # fmt: skip
+    labels = {
+        **names.job_labels(job.name, namespace),
+        names.NODE_LABEL: node,
+        names.ROLE_LABEL: role.name,
+        **gang_labels,
+    }
     env: list[Manifest] = [
         {"name": "STALWART_JOB", "value": job_id},
         {"name": "STALWART_NODE", "value": node},
@@ -125,15 +135,27 @@ def node_pod(
         "imagePullPolicy": config.image_pull_policy,
         "command": [config.python, "-m", "stalwart.cli.main", "agent"],
         # $(VAR) is expanded by the kubelet from the container's environment.
-        "args": ["--job", "$(STALWART_JOB)", "--node", "$(STALWART_NODE)", "--etcd", "$(STALWART_ETCD)",
-                 "--workdir", "$(STALWART_WORKDIR)", "--job-dir", "$(STALWART_JOB_DIR)"],
+        "args": [
+            "--job",
+            "$(STALWART_JOB)",
+            "--node",
+            "$(STALWART_NODE)",
+            "--etcd",
+            "$(STALWART_ETCD)",
+            "--workdir",
+            "$(STALWART_WORKDIR)",
+            "--job-dir",
+            "$(STALWART_JOB_DIR)",
+        ],
         "workingDir": config.job_dir,
         "env": env,
         "ports": ports,
         "resources": _resources(role),
-        "volumeMounts": [{"name": "workdir", "mountPath": config.pod_workdir},
-                         {"name": "dshm", "mountPath": "/dev/shm"}],
-    }  # fmt: skip
+        "volumeMounts": [
+            {"name": "workdir", "mountPath": config.pod_workdir},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
     spec: Manifest = {
         # A dead agent is a lost node: the controller replaces it (with a standby), not the kubelet.
         "restartPolicy": "Never",
@@ -144,19 +166,22 @@ def node_pod(
         "terminationGracePeriodSeconds": config.termination_grace_seconds,
         # The taint keeps the scheduler off a cordoned machine; the affinity also stops a pod that
         # tolerates every taint (operator: Exists) from landing there.
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": names.CORDON_LABEL, "operator": "DoesNotExist"}]}]}}},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": names.CORDON_LABEL, "operator": "DoesNotExist"}]}
+                    ]
+                }
+            }
+        },
         "containers": [container],
-        "volumes": [{"name": "workdir", "emptyDir": {}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-    }  # fmt: skip
+        "volumes": [{"name": "workdir", "emptyDir": {}}, {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
     if scheduling.node_selector:
         spec["nodeSelector"] = dict(scheduling.node_selector)
     if scheduling.tolerations:
-        spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True)
-            for t in scheduling.tolerations
-        ]
+        spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in scheduling.tolerations]
     if scheduling.priority_class_name:
         spec["priorityClassName"] = scheduling.priority_class_name
     if scheduling.scheduler_name:
@@ -172,9 +197,7 @@ def node_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-def headless_service(
-    job: TrainingJob, *, namespace: str, owner_uid: str, config: OperatorConfig
-) -> Manifest:
+def headless_service(job: TrainingJob, *, namespace: str, owner_uid: str, config: OperatorConfig) -> Manifest:
     """Stable DNS names for the pods (node-3.<service>.<namespace>.svc), ready or not: rank 0 must
     be reachable for the rendezvous before any readiness probe could pass."""
     ports = []
@@ -204,16 +227,17 @@ def headless_service(
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": names.service_name(job.name), "namespace": namespace,
-                     "labels": names.job_labels(job.name, namespace),
-                     "ownerReferences": [owner_reference(job.name, owner_uid)]},
+        "metadata": {
+            "name": names.service_name(job.name),
+            "namespace": namespace,
+            "labels": names.job_labels(job.name, namespace),
+            "ownerReferences": [owner_reference(job.name, owner_uid)],
+        },
         "spec": spec,
-    }  # fmt: skip
+    }
 
 
-def volcano_podgroup(
-    job: TrainingJob, *, namespace: str, owner_uid: str
-) -> Manifest | None:
+def volcano_podgroup(job: TrainingJob, *, namespace: str, owner_uid: str) -> Manifest | None:
     """Volcano admits the job's slot pods together (minMember); standbys come on top."""
     scheduling = job.spec.scheduling
     if scheduling.scheduler_name != "volcano":
@@ -226,8 +250,11 @@ def volcano_podgroup(
     return {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",
-        "metadata": {"name": names.podgroup_name(job.name), "namespace": namespace,
-                     "labels": names.job_labels(job.name, namespace),
-                     "ownerReferences": [owner_reference(job.name, owner_uid)]},
+        "metadata": {
+            "name": names.podgroup_name(job.name),
+            "namespace": namespace,
+            "labels": names.job_labels(job.name, namespace),
+            "ownerReferences": [owner_reference(job.name, owner_uid)],
+        },
         "spec": spec,
-    }  # fmt: skip
+    }

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from kubernetes import client as k8s
+
 from stalwart.controller.ranks import slot_roles
 from stalwart.logs import get_logger
 from stalwart.spec import TrainingJob, parse_job
@@ -32,16 +33,17 @@ def document(body: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace") or "default",
-                     "labels": dict(meta.get("labels") or {})},
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace") or "default",
+            "labels": dict(meta.get("labels") or {}),
+        },
         "spec": body.get("spec") or {},
-    }  # fmt: skip
+    }
 
 
 class Runtime:
-    def __init__(
-        self, config: OperatorConfig, store: Store, api: k8s.ApiClient
-    ) -> None:
+    def __init__(self, config: OperatorConfig, store: Store, api: k8s.ApiClient) -> None:
         self.config = config
         self.store = store
         self.api = api
@@ -57,9 +59,7 @@ class Runtime:
     # -- jobs ------------------------------------------------------------------------------------
     def parse(self, body: dict[str, Any]) -> TrainingJob:
         meta = body.get("metadata") or {}
-        return parse_job(
-            document(body), f"TrainingJob {meta.get('namespace')}/{meta.get('name')}"
-        )
+        return parse_job(document(body), f"TrainingJob {meta.get('namespace')}/{meta.get('name')}")
 
     def cluster(self, job: TrainingJob, namespace: str, uid: str) -> KubernetesCluster:
         """One KubernetesCluster per job (per uid: a re-created job of the same name gets a new one)."""
@@ -68,8 +68,15 @@ class Runtime:
         if current is not None and current.owner_uid == uid:
             current.job = job  # the hosted controller holds this object: new pods follow the new spec
         else:
-            current = KubernetesCluster(job=job, namespace=namespace, job_id=job_id, owner_uid=uid,
-                                        config=self.config, api=self.api, store=self.store)  # fmt: skip
+            current = KubernetesCluster(
+                job=job,
+                namespace=namespace,
+                job_id=job_id,
+                owner_uid=uid,
+                config=self.config,
+                api=self.api,
+                store=self.store,
+            )
             self._clusters[job_id] = current
         return current
 
@@ -82,9 +89,7 @@ class Runtime:
         self.store.put(keys.job_spec(job_id), json.dumps(doc))
         return True
 
-    def start(
-        self, job: TrainingJob, namespace: str, uid: str, *, resume: bool = False
-    ) -> bool:
+    def start(self, job: TrainingJob, namespace: str, uid: str, *, resume: bool = False) -> bool:
         """Host the job's controller (no-op if hosted, finished, deleted, or suspended unless this
         is the resume: a status timer that read the spec before the suspend must not undo it)."""
         if uid in self._deleted or (uid in self._suspended and not resume):
@@ -94,9 +99,13 @@ class Runtime:
         return self.host.ensure(names.job_id(namespace, job.name), lambda: cluster)
 
     def ensure_service(self, job: TrainingJob, namespace: str, uid: str) -> None:
-        _create(lambda: self.core.create_namespaced_service(
-            namespace, pods.headless_service(job, namespace=namespace, owner_uid=uid, config=self.config),
-            _preload_content=False))  # fmt: skip
+        _create(
+            lambda: self.core.create_namespaced_service(
+                namespace,
+                pods.headless_service(job, namespace=namespace, owner_uid=uid, config=self.config),  # type: ignore[arg-type]
+                _preload_content=False,
+            )
+        )
         group = pods.volcano_podgroup(job, namespace=namespace, owner_uid=uid)
         if group is not None:
             try:
@@ -124,28 +133,38 @@ class Runtime:
         self.host.stop(names.job_id(namespace, job.name))
         self.cluster(job, namespace, uid).delete_all(released=True)
 
-    def cleanup(
-        self, job: TrainingJob | None, name: str, namespace: str, uid: str
-    ) -> None:
+    def cleanup(self, job: TrainingJob | None, name: str, namespace: str, uid: str) -> None:
         """Everything the job owns: its controller, pods, Service, PodGroup and etcd keys."""
         job_id = names.job_id(namespace, name)
         self._deleted.add(uid)
         self.host.stop(job_id)
         self._clusters.pop(job_id, None)
-        listed = json.loads(self.core.list_namespaced_pod(namespace, label_selector=names.job_selector(name),
-                                                          _preload_content=False).data)  # fmt: skip
+        listed = json.loads(
+            self.core.list_namespaced_pod(
+                namespace, label_selector=names.job_selector(name), _preload_content=False
+            ).data  # type: ignore[attr-defined]  # unparsed: a urllib3 response
+        )
         for pod in listed.get("items", []):
-            if ((pod.get("metadata") or {}).get("labels") or {}).get(
-                names.JOB_LABEL
-            ) == name:
-                _delete(lambda p=pod: self.core.delete_namespaced_pod(p["metadata"]["name"], namespace,
-                                                                       _preload_content=False))  # fmt: skip
-        _delete(lambda: self.core.delete_namespaced_service(names.service_name(name), namespace,
-                                                             _preload_content=False))  # fmt: skip
+            if ((pod.get("metadata") or {}).get("labels") or {}).get(names.JOB_LABEL) == name:
+                _delete(
+                    lambda p=pod: self.core.delete_namespaced_pod(
+                        p["metadata"]["name"], namespace, _preload_content=False
+                    )
+                )
+        _delete(
+            lambda: self.core.delete_namespaced_service(names.service_name(name), namespace, _preload_content=False)
+        )
         if job is not None and job.spec.scheduling.scheduler_name == "volcano":
-            _delete(lambda: self.custom.delete_namespaced_custom_object(
-                "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", names.podgroup_name(name),
-                _preload_content=False))  # fmt: skip
+            _delete(
+                lambda: self.custom.delete_namespaced_custom_object(
+                    "scheduling.volcano.sh",
+                    "v1beta1",
+                    namespace,
+                    "podgroups",
+                    names.podgroup_name(name),
+                    _preload_content=False,
+                )
+            )
         self.store.delete_prefix(keys.job_prefix(job_id))
         log.info("job cleaned up", fields={"job": job_id})
 
@@ -168,28 +187,41 @@ class Runtime:
         for pod in cluster.list_pods(fresh=True):
             node = pod["metadata"]["labels"].get(names.NODE_LABEL)
             if node:
-                views[node] = PodView(name=pod["metadata"]["name"], phase=(pod.get("status") or {}).get("phase", "Pending"),
-                                      machine=(pod.get("spec") or {}).get("nodeName"),
-                                      terminating=bool(pod["metadata"].get("deletionTimestamp")))  # fmt: skip
+                views[node] = PodView(
+                    name=pod["metadata"]["name"],
+                    phase=(pod.get("status") or {}).get("phase", "Pending"),
+                    machine=(pod.get("spec") or {}).get("nodeName"),
+                    terminating=bool(pod["metadata"].get("deletionTimestamp")),
+                )
         try:
             before = TrainingJobStatus.model_validate(previous) if previous else None
         except ValueError:
             before = None
-        status = build_status(job_id=job_id, state=state, incidents=incidents, slot_roles=slot_roles(job.spec),
-                              pods=views, registered=set(nodes.registrations), previous=before,
-                              suspended=job.spec.suspend, observed_generation=generation, now=time.time())  # fmt: skip
+        status = build_status(
+            job_id=job_id,
+            state=state,
+            incidents=incidents,
+            slot_roles=slot_roles(job.spec),
+            pods=views,
+            registered=set(nodes.registrations),
+            previous=before,
+            suspended=job.spec.suspend,
+            observed_generation=generation,
+            now=time.time(),
+        )
         if state is not None:
-            live = [w.step for n in state.slots if (b := nodes.heartbeats.get(n)) and b.generation == state.generation
-                    for w in b.workers if w.step is not None]  # fmt: skip
-            if live and (
-                status.current_step is None or max(live) > status.current_step
-            ):
+            live = [
+                w.step
+                for n in state.slots
+                if (b := nodes.heartbeats.get(n)) and b.generation == state.generation
+                for w in b.workers
+                if w.step is not None
+            ]
+            if live and (status.current_step is None or max(live) > status.current_step):
                 status = status.model_copy(update={"current_step": max(live)})
         return status, state
 
-    def label_pods(
-        self, job: TrainingJob, namespace: str, uid: str, state: JobState
-    ) -> None:
+    def label_pods(self, job: TrainingJob, namespace: str, uid: str, state: JobState) -> None:
         """Show the controller's view on the pods: the node rank each holds, or that it is a standby."""
         wanted: dict[str, dict[str, str | None]] = {}
         for rank, node in enumerate(state.slots):
@@ -201,13 +233,18 @@ class Runtime:
             want = wanted.get(labels.get(names.NODE_LABEL, ""))
             if want is None or all(labels.get(k) == v for k, v in want.items()):
                 continue
-            _delete(lambda p=pod, w=want: self.core.patch_namespaced_pod(p["metadata"]["name"], namespace,
-                                                                          {"metadata": {"labels": w}},
-                                                                          _preload_content=False))  # fmt: skip
+            _delete(
+                lambda p=pod, w=want: self.core.patch_namespaced_pod(
+                    p["metadata"]["name"], namespace, {"metadata": {"labels": w}}, _preload_content=False
+                )
+            )
 
     def delete_resource(self, name: str, namespace: str) -> None:
-        _delete(lambda: self.custom.delete_namespaced_custom_object(names.GROUP, names.VERSION, namespace,
-                                                                     names.PLURAL, name, _preload_content=False))  # fmt: skip
+        _delete(
+            lambda: self.custom.delete_namespaced_custom_object(
+                names.GROUP, names.VERSION, namespace, names.PLURAL, name, _preload_content=False
+            )
+        )
 
     def close(self) -> None:
         self.host.stop_all()

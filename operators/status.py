@@ -14,20 +14,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
 from stalwart.controller.ettr import compute_ettr
 from stalwart.store.records import Incident, JobState
 
 
 class StatusModel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid"
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
 class TrainingJobPhase(str, Enum):
-    CREATED = (
-        "Created"  # accepted by the operator; the controller has not started it yet
-    )
+    CREATED = "Created"  # accepted by the operator; the controller has not started it yet
     PENDING = "Pending"  # nodes starting, pre-flight checks
     RUNNING = "Running"
     RESTARTING = "Restarting"
@@ -48,27 +45,19 @@ class ConditionType(str, Enum):
 class Condition(StatusModel):
     type: Annotated[
         ConditionType,
-        Field(
-            description="Created, Running, Restarting, Succeeded, Failed or Suspended."
-        ),
+        Field(description="Created, Running, Restarting, Succeeded, Failed or Suspended."),
     ]
     status: Annotated[
         Literal["True", "False", "Unknown"],
         Field(description="True, False or Unknown."),
     ]
-    reason: Annotated[
-        str, Field(max_length=128, description="Why, in one CamelCase word.")
-    ]
+    reason: Annotated[str, Field(max_length=128, description="Why, in one CamelCase word.")]
     message: Annotated[str, Field(max_length=1024, description="Why, for people.")] = ""
-    last_transition_time: Annotated[
-        str, Field(description="When the status last changed (RFC 3339).")
-    ]
+    last_transition_time: Annotated[str, Field(description="When the status last changed (RFC 3339).")]
 
 
 class Restarts(StatusModel):
-    total: Annotated[
-        int, Field(ge=0, description="Every restart of the job's workers.")
-    ] = 0
+    total: Annotated[int, Field(ge=0, description="Every restart of the job's workers.")] = 0
     infrastructure: Annotated[
         int,
         Field(
@@ -92,21 +81,11 @@ class NodeState(str, Enum):
 
 
 class NodeStatus(StatusModel):
-    name: Annotated[
-        str, Field(max_length=63, description="Stalwart node name, e.g. node-3.")
-    ]
-    rank: Annotated[
-        int | None, Field(description="Node rank (slot) it holds; none for a standby.")
-    ] = None
-    role: Annotated[
-        str | None, Field(max_length=63, description="Role of its slot.")
-    ] = None
-    state: Annotated[
-        NodeState, Field(description="Starting, Running, Standby, Lost or Finished.")
-    ]
-    pod: Annotated[
-        str | None, Field(max_length=253, description="The pod that runs its agent.")
-    ] = None
+    name: Annotated[str, Field(max_length=63, description="Stalwart node name, e.g. node-3.")]
+    rank: Annotated[int | None, Field(description="Node rank (slot) it holds; none for a standby.")] = None
+    role: Annotated[str | None, Field(max_length=63, description="Role of its slot.")] = None
+    state: Annotated[NodeState, Field(description="Starting, Running, Standby, Lost or Finished.")]
+    pod: Annotated[str | None, Field(max_length=253, description="The pod that runs its agent.")] = None
     machine: Annotated[
         str | None,
         Field(max_length=253, description="The Kubernetes Node the pod runs on."),
@@ -123,13 +102,9 @@ class IncidentSummary(StatusModel):
             description="The failure event, e.g. LostNode.",
         ),
     ]
-    action: Annotated[
-        str, Field(max_length=1024, description="What the controller did about it.")
-    ]
+    action: Annotated[str, Field(max_length=1024, description="What the controller did about it.")]
     at: Annotated[str, Field(description="When it failed (RFC 3339).")]
-    node: Annotated[
-        str | None, Field(max_length=63, description="The node it happened on, if one.")
-    ] = None
+    node: Annotated[str | None, Field(max_length=63, description="The node it happened on, if one.")] = None
 
 
 class TrainingJobStatus(StatusModel):
@@ -137,10 +112,7 @@ class TrainingJobStatus(StatusModel):
 
     phase: Annotated[
         TrainingJobPhase,
-        Field(
-            description="Created, Pending, Running, Restarting, Succeeded, "
-            "Failed or Suspended."
-        ),
+        Field(description="Created, Pending, Running, Restarting, Succeeded, Failed or Suspended."),
     ] = TrainingJobPhase.CREATED
     conditions: Annotated[
         list[Condition],
@@ -150,40 +122,28 @@ class TrainingJobStatus(StatusModel):
         str | None,
         Field(
             max_length=128,
-            description="The job's name in etcd and for the "
-            "`stalwart` CLI: <namespace>.<name>.",
+            description="The job's name in etcd and for the `stalwart` CLI: <namespace>.<name>.",
         ),
     ] = None
     observed_generation: Annotated[
         int | None,
-        Field(
-            description="The metadata.generation of the spec last handed to the controller."
-        ),
+        Field(description="The metadata.generation of the spec last handed to the controller."),
     ] = None
     current_generation: Annotated[
         int | None,
-        Field(
-            description="The controller's generation: how many times the workers were started."
-        ),
+        Field(description="The controller's generation: how many times the workers were started."),
     ] = None
-    current_step: Annotated[
-        int | None, Field(description="The newest training step reported.")
-    ] = None
-    loss: Annotated[
-        float | None, Field(description="Rank 0's loss at currentStep.")
-    ] = None
+    current_step: Annotated[int | None, Field(description="The newest training step reported.")] = None
+    loss: Annotated[float | None, Field(description="Rank 0's loss at currentStep.")] = None
     ettr: Annotated[
         float | None,
         Field(
             ge=0,
             le=1,
-            description="Effective training time ratio since the first "
-            "step, from the recorded incidents.",
+            description="Effective training time ratio since the first step, from the recorded incidents.",
         ),
     ] = None
-    restarts: Annotated[Restarts, Field(description="Restarts, split by cause.")] = (
-        Restarts()
-    )
+    restarts: Annotated[Restarts, Field(description="Restarts, split by cause.")] = Restarts()
     nodes: Annotated[
         list[NodeStatus],
         Field(
@@ -191,21 +151,11 @@ class TrainingJobStatus(StatusModel):
             description="The job's nodes in rank order, then its standbys.",
         ),
     ] = []
-    standbys: Annotated[
-        list[str], Field(max_length=1024, description="Warm standby nodes.")
-    ] = []
-    evicted: Annotated[
-        list[str], Field(max_length=10_000, description="Nodes evicted for a fault.")
-    ] = []
-    last_incident: Annotated[
-        IncidentSummary | None, Field(description="The newest incident.")
-    ] = None
-    start_time: Annotated[
-        str | None, Field(description="When the first generation started (RFC 3339).")
-    ] = None
-    completion_time: Annotated[
-        str | None, Field(description="When the job finished (RFC 3339).")
-    ] = None
+    standbys: Annotated[list[str], Field(max_length=1024, description="Warm standby nodes.")] = []
+    evicted: Annotated[list[str], Field(max_length=10_000, description="Nodes evicted for a fault.")] = []
+    last_incident: Annotated[IncidentSummary | None, Field(description="The newest incident.")] = None
+    start_time: Annotated[str | None, Field(description="When the first generation started (RFC 3339).")] = None
+    completion_time: Annotated[str | None, Field(description="When the job finished (RFC 3339).")] = None
 
     def to_patch(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
@@ -232,31 +182,17 @@ def _phase(state: JobState | None, suspended: bool) -> TrainingJobPhase:
         return TrainingJobPhase(state.phase.value)
     if suspended:
         return TrainingJobPhase.SUSPENDED
-    return (
-        TrainingJobPhase.CREATED
-        if state is None
-        else TrainingJobPhase(state.phase.value)
-    )
+    return TrainingJobPhase.CREATED if state is None else TrainingJobPhase(state.phase.value)
 
 
-def _node_state(
-    name: str, pod: PodView | None, registered: bool, state: JobState
-) -> NodeState:
+def _node_state(name: str, pod: PodView | None, registered: bool, state: JobState) -> NodeState:
     if state.phase.terminal:
         return NodeState.FINISHED
-    if (
-        pod is None
-        or pod.terminating
-        or pod.phase in ("Failed", "Succeeded", "Unknown")
-    ):
+    if pod is None or pod.terminating or pod.phase in ("Failed", "Succeeded", "Unknown"):
         return NodeState.LOST
     if name in state.standbys and registered:
         return NodeState.STANDBY
-    return (
-        NodeState.RUNNING
-        if registered and pod.phase == "Running"
-        else NodeState.STARTING
-    )
+    return NodeState.RUNNING if registered and pod.phase == "Running" else NodeState.STARTING
 
 
 def _wanted_conditions(
@@ -266,11 +202,7 @@ def _wanted_conditions(
     incident: IncidentSummary | None,
 ) -> dict[ConditionType, tuple[bool, str, str]]:
     """Each condition's (status, reason, message) for this phase; None-valued types are left out."""
-    restart_msg = (
-        f"{incident.failure_class} on {incident.node or 'the job'}: {incident.action}"
-        if incident
-        else ""
-    )
+    restart_msg = f"{incident.failure_class} on {incident.node or 'the job'}: {incident.action}" if incident else ""
     out: dict[ConditionType, tuple[bool, str, str]] = {
         ConditionType.CREATED: (
             True,
@@ -287,8 +219,11 @@ def _wanted_conditions(
         out[ConditionType.RESTARTING] = (False, "Recovered", restart_msg or "running")
     elif phase is TrainingJobPhase.RESTARTING:
         out[ConditionType.RUNNING] = (False, "Restarting", restart_msg or "restarting")
-        out[ConditionType.RESTARTING] = (True, incident.failure_class if incident else "Restarting",
-                                         restart_msg or "restarting")  # fmt: skip
+        out[ConditionType.RESTARTING] = (
+            True,
+            incident.failure_class if incident else "Restarting",
+            restart_msg or "restarting",
+        )
     elif phase is TrainingJobPhase.SUCCEEDED:
         msg = (state.message if state else None) or "the job completed"
         out[ConditionType.RUNNING] = (False, "Completed", msg)
@@ -343,14 +278,26 @@ def merge_conditions(
         if old is None and not value:
             continue
         changed = old is None or old.status != status
-        out.append(Condition(type=ctype, status=status, reason=reason[:128], message=message[:1024],
-                             last_transition_time=rfc3339(now) if changed else old.last_transition_time))  # type: ignore[union-attr,arg-type]  # fmt: skip
+        out.append(
+            Condition(
+                type=ctype,
+                status=status,
+                reason=reason[:128],
+                message=message[:1024],
+                last_transition_time=rfc3339(now) if changed or old is None else old.last_transition_time,
+            )
+        )
     return out
 
 
 def summarize_incident(incident: Incident) -> IncidentSummary:
-    return IncidentSummary(id=incident.id, failure_class=incident.failure_class.value, action=incident.action[:1024],
-                           at=rfc3339(incident.failed_at) or "", node=incident.node)  # fmt: skip
+    return IncidentSummary(
+        id=incident.id,
+        failure_class=incident.failure_class.value,
+        action=incident.action[:1024],
+        at=rfc3339(incident.failed_at) or "",
+        node=incident.node,
+    )
 
 
 def build_status(
@@ -370,33 +317,51 @@ def build_status(
     phase = _phase(state, suspended)
     newest = max(incidents, key=lambda i: (i.detected_at, i.id), default=None)
     last = summarize_incident(newest) if newest else None
-    conditions = merge_conditions(_wanted_conditions(phase, state, job_id, last),
-                                  previous.conditions if previous else [], now)  # fmt: skip
-    status = TrainingJobStatus(phase=phase, conditions=conditions, job_id=job_id, last_incident=last,
-                               observed_generation=observed_generation)  # fmt: skip
+    conditions = merge_conditions(
+        _wanted_conditions(phase, state, job_id, last), previous.conditions if previous else [], now
+    )
+    status = TrainingJobStatus(
+        phase=phase, conditions=conditions, job_id=job_id, last_incident=last, observed_generation=observed_generation
+    )
     if state is None:
         return status
     nodes: list[NodeStatus] = []
     for rank, name in enumerate(state.slots):
         pod = pods.get(name)
-        nodes.append(NodeStatus(name=name, rank=rank, role=slot_roles[rank] if rank < len(slot_roles) else None,
-                                state=_node_state(name, pod, name in registered, state),
-                                pod=pod.name if pod else None, machine=pod.machine if pod else None))  # fmt: skip
+        nodes.append(
+            NodeStatus(
+                name=name,
+                rank=rank,
+                role=slot_roles[rank] if rank < len(slot_roles) else None,
+                state=_node_state(name, pod, name in registered, state),
+                pod=pod.name if pod else None,
+                machine=pod.machine if pod else None,
+            )
+        )
     for name in state.standbys:
         pod = pods.get(name)
-        nodes.append(NodeStatus(name=name, state=_node_state(name, pod, name in registered, state),
-                                pod=pod.name if pod else None, machine=pod.machine if pod else None))  # fmt: skip
+        nodes.append(
+            NodeStatus(
+                name=name,
+                state=_node_state(name, pod, name in registered, state),
+                pod=pod.name if pod else None,
+                machine=pod.machine if pod else None,
+            )
+        )
     ettr = compute_ettr(state, incidents, now).ettr
-    return status.model_copy(update={
-        "current_generation": state.generation,
-        "current_step": state.last_step,
-        "loss": state.last_loss,
-        "ettr": None if ettr is None else round(min(1.0, max(0.0, ettr)), 4),
-        "restarts": Restarts(total=state.restarts + state.infra_restarts, infrastructure=state.infra_restarts,
-                             counted=state.restarts),
-        "nodes": nodes,
-        "standbys": list(state.standbys),
-        "evicted": list(state.evicted),
-        "start_time": rfc3339(state.started_at),
-        "completion_time": rfc3339(state.finished_at),
-    })  # fmt: skip
+    return status.model_copy(
+        update={
+            "current_generation": state.generation,
+            "current_step": state.last_step,
+            "loss": state.last_loss,
+            "ettr": None if ettr is None else round(min(1.0, max(0.0, ettr)), 4),
+            "restarts": Restarts(
+                total=state.restarts + state.infra_restarts, infrastructure=state.infra_restarts, counted=state.restarts
+            ),
+            "nodes": nodes,
+            "standbys": list(state.standbys),
+            "evicted": list(state.evicted),
+            "start_time": rfc3339(state.started_at),
+            "completion_time": rfc3339(state.finished_at),
+        }
+    )

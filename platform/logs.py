@@ -28,7 +28,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-class ContextLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class ContextLogger(logging.LoggerAdapter):
     """A logger with bound context; `bind` returns a new one with more."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:

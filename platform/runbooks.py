@@ -21,6 +21,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from pydantic import BaseModel
+
 from stalwart.spec.model import FailureEvent
 from stalwart.store.records import Incident
 

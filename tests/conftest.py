@@ -1,49 +1,31 @@
-"""Shared fixtures: a real etcd per session, and a check that no process outlives the test run.
+"""Shared fixtures: a real etcd per session, the example's data when a test asks for it, and a
+check that no process outlives the test run.
 
-Every process the suite starts inherits STALWART_TEST_SESSION; at the end, any live process that
-still carries this session's value is an orphan and fails the run.
+Tests live in `unit/<area>/` (in-process, or small helper processes: etcd, moto, a CLI call) and
+`e2e/<area>/` (real jobs, agents, controllers, operators, multi-rank torch.distributed worlds);
+each folder's tests carry the marker of the same name, so `-m unit` and `-m e2e` select them.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
-import psutil
 import pytest
+from support.orphans import cmdline, tagged_processes
+from support.paths import REPO
 
 from stalwart.store import Store
 from stalwart.store.etcd_server import EtcdServer
 
-REPO = Path(__file__).resolve().parent.parent
-SESSION_TAG = "STALWART_TEST_SESSION"
-os.environ.setdefault(SESSION_TAG, uuid.uuid4().hex)
+pytest_plugins = ["support.dataloader"]
 
 
-def cmdline(p: psutil.Process) -> str:
-    """A process's command line, or '' once it is gone (it may exit between listing and asking)."""
-    try:
-        return " ".join(p.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return ""
-
-
-def tagged_processes() -> list[psutil.Process]:
-    """Live processes (other than this one) started under this test session."""
-    tag = os.environ[SESSION_TAG]
-    out = []
-    for p in psutil.process_iter():
-        if p.pid == os.getpid():
-            continue
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(SESSION_TAG) == tag:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.relative_to(REPO / "tests").parts
+        if parts[0] in ("unit", "e2e"):
+            item.add_marker(parts[0])
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,7 +40,7 @@ def no_orphans_at_the_end() -> Iterator[None]:
         pytest.fail("processes outlived the test run:\n" + "\n".join(desc))
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def example_shards() -> None:
     """The example job's token shards, built from the text shipped in examples/data (as `make demo` does)."""
     from stalwart.dataloader import build_shards

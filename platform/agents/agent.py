@@ -17,23 +17,24 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stalwart.agents.metrics import MetricsExporter
 from stalwart.agents.probe_loop import ProbeLoop
 from stalwart.agents.progress_inbox import ProgressInbox
-from stalwart.health.node_vector import node_metric_vector
 from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.warm_pool import WarmPool
-from stalwart.agents.workers import WorkerGroup, tail_lines
 from stalwart.agents.worker_sdk import GENERATION_ENV, PROGRESS_SOCKET_ENV, REPLAY_STEPS_ENV
+from stalwart.agents.workers import WorkerGroup, tail_lines
 from stalwart.checkpoint.storage.base import StorageError
+from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
-from stalwart.store.nodes import read_nodes
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
 from stalwart.store.client import Lease, LeaseLost, Store, StoreUnavailable
+from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentAction,
     AgentCommand,
@@ -47,6 +48,9 @@ from stalwart.store.records import (
     StackRequest,
     WorkerLog,
 )
+
+if TYPE_CHECKING:
+    from stalwart.dataloader.shadow_supervisor import ShadowLoaderSupervisor
 
 LOOP_INTERVAL = 0.05
 MIRROR_INTERVAL = 1.0  # a standby looks for a newer checkpoint to copy this often
@@ -108,7 +112,7 @@ class NodeAgent:
         self.metrics = MetricsExporter(job, node)
         self.stack_requests: queue.Queue[StackRequest] = queue.Queue()
         self.log_requests: queue.Queue[LogRequest] = queue.Queue()
-        self.shadow_loader = None  # ShadowLoaderSupervisor when the job has a data section
+        self.shadow_loader: ShadowLoaderSupervisor | None = None  # when the job has a data section
         self.probes = ProbeLoop(self.metrics)
         self.address = os.environ.get("STALWART_NODE_ADDRESS", "127.0.0.1")
         self.memory_store: subprocess.Popen[bytes] | None = None
@@ -126,18 +130,28 @@ class NodeAgent:
 
         lanes = max(r.processes_per_node for r in self.job.spec.roles)
         try:
-            self.shadow_loader = start_shadow_loader(data, self.job_dir, self.job_name, self.node, lanes)
+            loader = start_shadow_loader(data, self.job_dir, self.job_name, self.node, lanes)
         except (FileNotFoundError, ValueError) as exc:
             raise AgentExit(2, f"cannot start the shadow data loader: {exc}") from None
-        self.log.info("shadow loader started", fields={"segment": self.shadow_loader.name})
+        self.shadow_loader = loader
+        self.log.info("shadow loader started", fields={"segment": loader.name})
 
     def _start_memory_store(self) -> int | None:
         """The node's host-memory checkpoint store: it outlives worker restarts, not the node."""
         if not self.job.spec.checkpoint.memory:
             return None
         port = free_port()
-        argv = [sys.executable, "-m", "stalwart.checkpoint.memory_server", "--host", self.address, "--port", str(port),
-                "--capacity-gib", str(self.job.spec.checkpoint.memory_capacity_gib)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "stalwart.checkpoint.memory_server",
+            "--host",
+            self.address,
+            "--port",
+            str(port),
+            "--capacity-gib",
+            str(self.job.spec.checkpoint.memory_capacity_gib),
+        ]
         (self.workdir / "nodes" / self.node).mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "nodes" / self.node / "memory-store.log", "ab")
         self.memory_store = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -147,8 +161,9 @@ class NodeAgent:
     def register(self) -> None:
         self._start_data_plane()
         memory_port = self._start_memory_store()
-        metrics_port = self.metrics.start(port=int(os.environ.get(METRICS_PORT_ENV, "0")),
-                                          host=os.environ.get("STALWART_METRICS_HOST", "127.0.0.1"))  # fmt: skip
+        metrics_port = self.metrics.start(
+            port=int(os.environ.get(METRICS_PORT_ENV, "0")), host=os.environ.get("STALWART_METRICS_HOST", "127.0.0.1")
+        )
         self.lease = self.store.lease(self.ft.lease_ttl_seconds)
         reg = NodeRegistration(
             node=self.node,
@@ -170,8 +185,9 @@ class NodeAgent:
         self._beat_thread.start()
         threading.Thread(target=_prewarm, name="prewarm", daemon=True).start()
         if memory_port is not None and self.job.spec.standbys.preload_checkpoint:
-            threading.Thread(target=self._mirror_loop, args=(f"{self.address}:{memory_port}",), name="mirror",
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=self._mirror_loop, args=(f"{self.address}:{memory_port}",), name="mirror", daemon=True
+            ).start()
         self.probes.start()
         # A command written before our watch started is not replayed by the watch: read it once.
         current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
@@ -193,9 +209,15 @@ class NodeAgent:
     def _report_logs(self, request: LogRequest) -> None:
         """The tail of each worker's output (the running generation's, or the last one's)."""
         group = self.group or self._last_group
-        workers = [WorkerLog(rank=w.rank, local_rank=w.local_rank,
-                             lines=tail_lines(w.log_path, lines=request.lines, max_bytes=256 * 1024))
-                   for w in (group.workers if group else []) if request.rank is None or w.rank == request.rank]  # fmt: skip
+        workers = [
+            WorkerLog(
+                rank=w.rank,
+                local_rank=w.local_rank,
+                lines=tail_lines(w.log_path, lines=request.lines, max_bytes=256 * 1024),
+            )
+            for w in (group.workers if group else [])
+            if request.rank is None or w.rank == request.rank
+        ]
         report = LogReport(request_id=request.id, node=self.node, generation=self.generation, workers=workers)
         try:
             self.store.put(keys.log_report(self.job_name, request.id, self.node), report)
@@ -207,12 +229,23 @@ class NodeAgent:
         group = self.group
         targets = [StackTarget(pid, rank, log) for pid, rank, log in (group.stack_targets() if group else [])]
         dumps = capture_stacks(targets, timeout=STACK_TIMEOUT_SECONDS)
-        report = StackReport(request_id=request.id, node=self.node, generation=self.generation,
-                             captured_at=time.time(), stacks=[d.model_dump(mode="json") for d in dumps])  # fmt: skip
+        report = StackReport(
+            request_id=request.id,
+            node=self.node,
+            generation=self.generation,
+            captured_at=time.time(),
+            stacks=[d.model_dump(mode="json") for d in dumps],
+        )
         try:
             self.store.put(keys.stack_report(self.job_name, request.id, self.node), report)
-            self.log.info("stacks captured", fields={"request": request.id, "workers": len(dumps),
-                                                     "methods": sorted({d.method.value for d in dumps})})  # fmt: skip
+            self.log.info(
+                "stacks captured",
+                fields={
+                    "request": request.id,
+                    "workers": len(dumps),
+                    "methods": sorted({d.method.value for d in dumps}),
+                },
+            )
         except StoreUnavailable as exc:
             self.log.warning("could not store stacks", fields={"request": request.id, "error": str(exc)})
 
@@ -288,14 +321,27 @@ class NodeAgent:
             matches = self.group.scan() + exit_matches
             for match in matches:
                 self.metrics.record_signature_match(match)
-                self.log.warning("log signature", fields={"rank": match.rank, "class": match.failure_class,
-                                                          "scope": match.scope.value, "line": match.line[:200]})  # fmt: skip
+                self.log.warning(
+                    "log signature",
+                    fields={
+                        "rank": match.rank,
+                        "class": match.failure_class,
+                        "scope": match.scope.value,
+                        "line": match.line[:200],
+                    },
+                )
             dirty |= exited or bool(matches)
         return dirty
 
     def _apply(self, cmd: AgentCommand) -> bool:
-        self.log.debug("command", fields={"action": cmd.action.value, "generation": cmd.generation,
-                                          "lag": round(time.time() - cmd.issued_at, 3)})  # fmt: skip
+        self.log.debug(
+            "command",
+            fields={
+                "action": cmd.action.value,
+                "generation": cmd.generation,
+                "lag": round(time.time() - cmd.issued_at, 3),
+            },
+        )
         if cmd.action is AgentAction.SHUTDOWN:
             raise AgentExit(0, f"job finished (generation {cmd.generation})")
         if cmd.generation < self.generation:
@@ -346,15 +392,17 @@ class NodeAgent:
             # folder, never over the job's, and it reads its data in process (the shadow loader
             # serves the job's layout, not the group's).
             env[REPLAY_STEPS_ENV] = str(assignment.replay_steps)
-            env["STALWART_CHECKPOINT_URI"] = replay_scratch_uri(self._checkpoint_uri(), cmd.generation, mine.group or self.node)
-        if self.shadow_loader is not None:
+            env["STALWART_CHECKPOINT_URI"] = replay_scratch_uri(
+                self._checkpoint_uri(), cmd.generation, mine.group or self.node
+            )
+        if self.shadow_loader is not None and self.job.spec.data is not None:
             from stalwart.agents.data_plane import CONFIG_ENV
             from stalwart.dataloader import SHM_ENV
 
             if not replay:
                 env[SHM_ENV] = self.shadow_loader.name
             env[CONFIG_ENV] = self.shadow_loader.config.model_dump_json()
-            env["STALWART_DATA_MICRO_BATCH"] = str(self.job.spec.data.micro_batch)  # type: ignore[union-attr]
+            env["STALWART_DATA_MICRO_BATCH"] = str(self.job.spec.data.micro_batch)
         self.group = WorkerGroup(
             assignment,
             mine,
@@ -382,8 +430,11 @@ class NodeAgent:
         from stalwart.checkpoint.peers import choose_peers
 
         registrations = read_nodes(self.store, self.job_name).registrations
-        stores = {n.node: f"{r.address}:{r.memory_port}" for n in assignment.nodes
-                  if (r := registrations.get(n.node)) is not None and r.memory_port}  # fmt: skip
+        stores = {
+            n.node: f"{r.address}:{r.memory_port}"
+            for n in assignment.nodes
+            if (r := registrations.get(n.node)) is not None and r.memory_port
+        }
         if self.node not in stores:
             return None
         rank_nodes = assignment.rank_nodes()
@@ -405,15 +456,20 @@ class NodeAgent:
                 if state is None or self.node not in state.standbys:
                     continue
                 registrations = read_nodes(self.store, self.job_name).registrations
-                sources = [f"{r.address}:{r.memory_port}" for n, r in registrations.items()
-                           if n in state.slots and r.memory_port]  # fmt: skip
+                sources = [
+                    f"{r.address}:{r.memory_port}"
+                    for n, r in registrations.items()
+                    if n in state.slots and r.memory_port
+                ]
                 result = sync_newest(local, sources, self.job_name, budget) if sources else None
             except (StoreUnavailable, StorageError) as exc:
                 self.log.debug("checkpoint mirror skipped a round", fields={"error": str(exc)})
                 continue
             if result is not None and result.step != held:
                 held = result.step
-                self.log.info("standby holds the newest checkpoint", fields={"step": held, "bytes": result.copied_bytes})
+                self.log.info(
+                    "standby holds the newest checkpoint", fields={"step": held, "bytes": result.copied_bytes}
+                )
             if result is not None and result.skipped and result.skipped != said:
                 said = result.skipped
                 self.log.warning("standby cannot hold the newest checkpoint", fields={"why": said})
@@ -434,7 +490,7 @@ class NodeAgent:
     def _beat_loop(self) -> None:
         """Renew the lease and report, every interval and whenever the main loop asks."""
         assert self.lease is not None
-        workers: list = []  # type: ignore[type-arg]
+        workers: list = []
         generation = 0
         while not self._stopping.is_set():
             self._beat_now.wait(timeout=self.ft.heartbeat_interval_seconds)
@@ -450,10 +506,22 @@ class NodeAgent:
                 finally:
                     self._state_lock.release()
             now = time.time()
-            vector = node_metric_vector(self.node, workers, host=self.probes.host, net_now=self.probes.net_now,
-                                        net_previous=self.probes.net_previous, now=now)  # fmt: skip
-            beat = Heartbeat(node=self.node, generation=generation, sent_at=now, workers=workers,
-                             vector=vector.model_dump(mode="json"), machine_faults=self.probes.machine_faults())  # fmt: skip
+            vector = node_metric_vector(
+                self.node,
+                workers,
+                host=self.probes.host,
+                net_now=self.probes.net_now,
+                net_previous=self.probes.net_previous,
+                now=now,
+            )
+            beat = Heartbeat(
+                node=self.node,
+                generation=generation,
+                sent_at=now,
+                workers=workers,
+                vector=vector.model_dump(mode="json"),
+                machine_faults=self.probes.machine_faults(),
+            )
             self.metrics.update_workers(workers)
             self.metrics.record_heartbeat(generation, now)
             try:

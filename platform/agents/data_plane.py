@@ -22,10 +22,16 @@ def data_config(settings: DataSettings, job_dir: Path) -> DataConfig:
                 "build them with `stalwart data build OUT_DIR TEXT_FILES...`"
             )
         sources.append(SourceSpec(name=src.name, shards=patterns))
-    return DataConfig(sources=sources, weights={s.name: s.weight for s in settings.sources},
-                      seq_len=settings.seq_len, seed=settings.seed)  # fmt: skip
+    return DataConfig(
+        sources=sources,
+        weights={s.name: s.weight for s in settings.sources},
+        seq_len=settings.seq_len,
+        seed=settings.seed,
+    )
 
 
-def start_shadow_loader(settings: DataSettings, job_dir: Path, job: str, node: str, lanes: int) -> ShadowLoaderSupervisor:
+def start_shadow_loader(
+    settings: DataSettings, job_dir: Path, job: str, node: str, lanes: int
+) -> ShadowLoaderSupervisor:
     config = data_config(settings, job_dir)
     return ShadowLoaderSupervisor(config, job=job, node=node, lanes=lanes, max_micro_batch=settings.micro_batch).start()

@@ -36,54 +36,90 @@ class MetricsExporter:
         self._ranks: set[int] = set()
         r = self.registry
 
-        self.worker_step = Gauge("stalwart_worker_step", "Last training step the rank reported.", WORKER_LABELS,
-                                 registry=r)  # fmt: skip
-        self.worker_step_time = Gauge("stalwart_worker_step_time_seconds", "Duration of the rank's last step.",
-                                      WORKER_LABELS, registry=r)  # fmt: skip
-        self.worker_tokens = Gauge("stalwart_worker_tokens_per_second", "Tokens per second in the rank's last step.",
-                                   WORKER_LABELS, registry=r)  # fmt: skip
+        self.worker_step = Gauge(
+            "stalwart_worker_step", "Last training step the rank reported.", WORKER_LABELS, registry=r
+        )
+        self.worker_step_time = Gauge(
+            "stalwart_worker_step_time_seconds", "Duration of the rank's last step.", WORKER_LABELS, registry=r
+        )
+        self.worker_tokens = Gauge(
+            "stalwart_worker_tokens_per_second", "Tokens per second in the rank's last step.", WORKER_LABELS, registry=r
+        )
         self.worker_loss = Gauge("stalwart_worker_loss", "Last loss the rank reported.", WORKER_LABELS, registry=r)
-        self.worker_progress = Gauge("stalwart_worker_last_progress_timestamp_seconds",
-                                     "Unix time of the rank's last progress report.", WORKER_LABELS,
-                                     registry=r)  # fmt: skip
-        self.worker_running = Gauge("stalwart_worker_running", "1 while the rank's process runs, 0 once it exited.",
-                                    WORKER_LABELS, registry=r)  # fmt: skip
-        self.worker_exit_code = Gauge("stalwart_worker_exit_code", "Exit code of the rank's exited process.",
-                                      WORKER_LABELS, registry=r)  # fmt: skip
-        self.worker_restarts = Counter("stalwart_worker_restarts", "Times the rank's process was replaced.",
-                                       WORKER_LABELS, registry=r)  # fmt: skip
+        self.worker_progress = Gauge(
+            "stalwart_worker_last_progress_timestamp_seconds",
+            "Unix time of the rank's last progress report.",
+            WORKER_LABELS,
+            registry=r,
+        )
+        self.worker_running = Gauge(
+            "stalwart_worker_running", "1 while the rank's process runs, 0 once it exited.", WORKER_LABELS, registry=r
+        )
+        self.worker_exit_code = Gauge(
+            "stalwart_worker_exit_code", "Exit code of the rank's exited process.", WORKER_LABELS, registry=r
+        )
+        self.worker_restarts = Counter(
+            "stalwart_worker_restarts", "Times the rank's process was replaced.", WORKER_LABELS, registry=r
+        )
 
-        self.probe_status = Gauge("stalwart_probe_status", "1 for the probe's current status, 0 for the others.",
-                                  (*PROBE_LABELS, "status"), registry=r)  # fmt: skip
-        self.probe_machine_fault = Gauge("stalwart_probe_machine_fault",
-                                         "1 when the probe's last result reports a machine fault.", PROBE_LABELS,
-                                         registry=r)  # fmt: skip
-        self.probe_findings = Gauge("stalwart_probe_findings", "Findings in the probe's last result, by severity.",
-                                    (*PROBE_LABELS, "severity"), registry=r)  # fmt: skip
-        self.probe_last_run = Gauge("stalwart_probe_last_run_timestamp_seconds", "Unix time of the probe's last run.",
-                                    PROBE_LABELS, registry=r)  # fmt: skip
+        self.probe_status = Gauge(
+            "stalwart_probe_status",
+            "1 for the probe's current status, 0 for the others.",
+            (*PROBE_LABELS, "status"),
+            registry=r,
+        )
+        self.probe_machine_fault = Gauge(
+            "stalwart_probe_machine_fault",
+            "1 when the probe's last result reports a machine fault.",
+            PROBE_LABELS,
+            registry=r,
+        )
+        self.probe_findings = Gauge(
+            "stalwart_probe_findings",
+            "Findings in the probe's last result, by severity.",
+            (*PROBE_LABELS, "severity"),
+            registry=r,
+        )
+        self.probe_last_run = Gauge(
+            "stalwart_probe_last_run_timestamp_seconds", "Unix time of the probe's last run.", PROBE_LABELS, registry=r
+        )
 
-        self.generation = Gauge("stalwart_agent_generation", "Generation the agent's workers belong to.", NODE_LABELS,
-                                registry=r)  # fmt: skip
-        self.last_heartbeat = Gauge("stalwart_agent_last_heartbeat_timestamp_seconds",
-                                    "Unix time of the agent's last heartbeat.", NODE_LABELS, registry=r)  # fmt: skip
+        self.generation = Gauge(
+            "stalwart_agent_generation", "Generation the agent's workers belong to.", NODE_LABELS, registry=r
+        )
+        self.last_heartbeat = Gauge(
+            "stalwart_agent_last_heartbeat_timestamp_seconds",
+            "Unix time of the agent's last heartbeat.",
+            NODE_LABELS,
+            registry=r,
+        )
         self.heartbeats = Counter("stalwart_agent_heartbeats", "Heartbeats the agent sent.", NODE_LABELS, registry=r)
 
-        self.signature_matches = Counter("stalwart_log_signature_matches",
-                                         "Worker log lines that matched a failure signature.",
-                                         (*WORKER_LABELS, "failure_class", "scope"), registry=r)  # fmt: skip
+        self.signature_matches = Counter(
+            "stalwart_log_signature_matches",
+            "Worker log lines that matched a failure signature.",
+            (*WORKER_LABELS, "failure_class", "scope"),
+            registry=r,
+        )
 
-        self.node_gpu_utilization = Gauge("stalwart_node_gpu_utilization_ratio", "Mean GPU utilization (0-1).",
-                                          NODE_LABELS, registry=r)  # fmt: skip
-        self.node_gpu_temperature = Gauge("stalwart_node_gpu_temperature_celsius", "Hottest GPU's temperature.",
-                                          NODE_LABELS, registry=r)  # fmt: skip
-        self.node_cpu_utilization = Gauge("stalwart_node_cpu_utilization_ratio", "Host CPU utilization (0-1).",
-                                          NODE_LABELS, registry=r)  # fmt: skip
-        self.node_memory_utilization = Gauge("stalwart_node_memory_utilization_ratio",
-                                             "Host memory in use (0-1).", NODE_LABELS, registry=r)  # fmt: skip
-        self.node_network_errors = Counter("stalwart_node_network_errors",
-                                           "NIC and InfiniBand error counter increments seen by the probe.",
-                                           NODE_LABELS, registry=r)  # fmt: skip
+        self.node_gpu_utilization = Gauge(
+            "stalwart_node_gpu_utilization_ratio", "Mean GPU utilization (0-1).", NODE_LABELS, registry=r
+        )
+        self.node_gpu_temperature = Gauge(
+            "stalwart_node_gpu_temperature_celsius", "Hottest GPU's temperature.", NODE_LABELS, registry=r
+        )
+        self.node_cpu_utilization = Gauge(
+            "stalwart_node_cpu_utilization_ratio", "Host CPU utilization (0-1).", NODE_LABELS, registry=r
+        )
+        self.node_memory_utilization = Gauge(
+            "stalwart_node_memory_utilization_ratio", "Host memory in use (0-1).", NODE_LABELS, registry=r
+        )
+        self.node_network_errors = Counter(
+            "stalwart_node_network_errors",
+            "NIC and InfiniBand error counter increments seen by the probe.",
+            NODE_LABELS,
+            registry=r,
+        )
 
     # -- serving ----------------------------------------------------------------------------
     def start(self, port: int = 0, host: str = "127.0.0.1") -> int:
@@ -128,15 +164,25 @@ class MetricsExporter:
                 self.worker_running.labels(*labels).set(1 if s.state is WorkerState.RUNNING else 0)
                 if s.exit_code is not None:
                     self.worker_exit_code.labels(*labels).set(s.exit_code)
-                for gauge, value in ((self.worker_step, s.step), (self.worker_step_time, s.step_time),
-                                     (self.worker_tokens, s.tokens_per_second), (self.worker_loss, s.loss),
-                                     (self.worker_progress, s.last_progress_at)):  # fmt: skip
+                for gauge, value in (
+                    (self.worker_step, s.step),
+                    (self.worker_step_time, s.step_time),
+                    (self.worker_tokens, s.tokens_per_second),
+                    (self.worker_loss, s.loss),
+                    (self.worker_progress, s.last_progress_at),
+                ):
                     if value is not None:
                         gauge.labels(*labels).set(value)
 
     def _forget(self, rank: str, keep_running: bool) -> None:
-        gauges = [self.worker_step, self.worker_step_time, self.worker_tokens, self.worker_loss,
-                  self.worker_progress, self.worker_exit_code]  # fmt: skip
+        gauges = [
+            self.worker_step,
+            self.worker_step_time,
+            self.worker_tokens,
+            self.worker_loss,
+            self.worker_progress,
+            self.worker_exit_code,
+        ]
         if not keep_running:
             gauges.append(self.worker_running)
         for g in gauges:

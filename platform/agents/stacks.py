@@ -104,8 +104,10 @@ def _faulthandler(pid: int, log_path: Path | None, timeout: float) -> str:
     if log_path is None:
         raise RuntimeError("no log file to read the faulthandler dump from")
     if not handles_signal(pid, STACK_DUMP_SIGNAL):
-        raise RuntimeError(f"the worker has no {STACK_DUMP_SIGNAL.name} handler (worker SDK not installed); "
-                           "not sending it, it would kill the worker")  # fmt: skip
+        raise RuntimeError(
+            f"the worker has no {STACK_DUMP_SIGNAL.name} handler (worker SDK not installed); "
+            "not sending it, it would kill the worker"
+        )
     start = log_path.stat().st_size if log_path.exists() else 0
     os.kill(pid, STACK_DUMP_SIGNAL)
     deadline = time.monotonic() + timeout
@@ -122,11 +124,11 @@ def _faulthandler(pid: int, log_path: Path | None, timeout: float) -> str:
         stable = stable + 1 if len(text) == seen else 0
         seen = len(text)
         if stable >= 3:  # no growth for three polls: the dump is complete
-            return text[m.start():]
+            return text[m.start() :]
     m = _DUMP_START.search(text)
     if m is None:
         raise TimeoutError(f"no faulthandler dump appeared in {log_path} within {timeout:.1f}s")
-    return text[m.start():]
+    return text[m.start() :]
 
 
 def capture_stack(
@@ -170,8 +172,9 @@ def capture_stack(
             continue
         body, truncated = _truncate(text, max_bytes)
         return StackDump(rank=rank, pid=pid, method=method, text=body, truncated=truncated, attempts=attempts)
-    return StackDump(rank=rank, pid=pid, method=StackMethod.NONE, error="; ".join(attempts) or "no method",
-                     attempts=attempts)  # fmt: skip
+    return StackDump(
+        rank=rank, pid=pid, method=StackMethod.NONE, error="; ".join(attempts) or "no method", attempts=attempts
+    )
 
 
 def capture_stacks(
@@ -187,8 +190,16 @@ def capture_stacks(
         return []
     with ThreadPoolExecutor(max_workers=min(len(targets), 16)) as pool:
         futures = [
-            pool.submit(capture_stack, t.pid, rank=t.rank, log_path=t.log_path, timeout=timeout,
-                        max_bytes=max_bytes, native=native, methods=methods)  # fmt: skip
+            pool.submit(
+                capture_stack,
+                t.pid,
+                rank=t.rank,
+                log_path=t.log_path,
+                timeout=timeout,
+                max_bytes=max_bytes,
+                native=native,
+                methods=methods,
+            )
             for t in targets
         ]
         return [f.result() for f in futures]

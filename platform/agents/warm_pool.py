@@ -40,9 +40,15 @@ class WarmPool:
         if time.monotonic() < self._quiet_until or len(self.ready) >= self.size:
             return
         while len(self.ready) < self.size:
-            self.ready.append(spawn([sys.executable, "-m", "stalwart.agents.warm_start"], env=self._env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL))  # fmt: skip
+            self.ready.append(
+                spawn(
+                    [sys.executable, "-m", "stalwart.agents.warm_start"],
+                    env=self._env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
 
     def launch(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes] | None:
         """A warm worker running `argv`, or None (no warm worker ready, or a command that can't use one)."""

@@ -20,11 +20,21 @@ import time
 from pydantic import BaseModel
 
 # Modules that read no configuration at import (the worker SDK does, so it is not here).
-PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.nn.functional", "numpy", "torch.optim",
-           "torch.nn.parallel", "torch.distributed.checkpoint", "stalwart.checkpoint.api", "stalwart.checkpoint.adapters",
-           "stalwart.dataloader",
-           # DDP, FSDP and torch.compile import dynamo (and sympy) on first use: a second or more.
-           "torch._dynamo")  # fmt: skip
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn",
+    "torch.nn.functional",
+    "numpy",
+    "torch.optim",
+    "torch.nn.parallel",
+    "torch.distributed.checkpoint",
+    "stalwart.checkpoint.api",
+    "stalwart.checkpoint.adapters",
+    "stalwart.dataloader",
+    # DDP, FSDP and torch.compile import dynamo (and sympy) on first use: a second or more.
+    "torch._dynamo",
+)
 
 
 RENDEZVOUS_WAIT_SECONDS = 10.0
@@ -43,7 +53,9 @@ def warm_eligible(argv: list[str]) -> bool:
     if len(argv) < 2 or not argv[1].endswith(".py"):
         return False
     exe = os.path.basename(argv[0])
-    return exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}") or argv[0] == sys.executable
+    return (
+        exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}") or argv[0] == sys.executable
+    )
 
 
 def wait_for_rendezvous(env: dict[str, str]) -> None:

@@ -144,8 +144,16 @@ def _end_replay_if_done() -> None:
 def report_checkpoint(step: int) -> None:
     """Report that the checkpoint for `step` is committed."""
     rank, local_rank = _ranks()
-    _send(ProgressReport(kind="checkpoint", rank=rank, local_rank=local_rank, step=step, sent_at=time.time(),
-                         generation=_generation()))
+    _send(
+        ProgressReport(
+            kind="checkpoint",
+            rank=rank,
+            local_rank=local_rank,
+            step=step,
+            sent_at=time.time(),
+            generation=_generation(),
+        )
+    )
 
 
 if os.environ.get(PROGRESS_SOCKET_ENV) and threading_is_main():

@@ -99,10 +99,16 @@ class Worker:
             found += self.scanner.flush()
         if found:
             kept = self.status.matches + [
-                LogMatch(failure_class=m.failure_class, scope=m.scope.value, severity=m.severity.value,
-                         line=m.line, line_number=m.line_number, matched_at=m.matched_at)
+                LogMatch(
+                    failure_class=m.failure_class,
+                    scope=m.scope.value,
+                    severity=m.severity.value,
+                    line=m.line,
+                    line_number=m.line_number,
+                    matched_at=m.matched_at,
+                )
                 for m in found
-            ]  # fmt: skip
+            ]
             self.status.matches = kept[-MAX_MATCHES_KEPT:]
         return found
 

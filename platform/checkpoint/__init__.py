@@ -11,16 +11,17 @@ node agents, which should not pay for importing torch (seconds, and the GIL whil
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stalwart.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from stalwart.checkpoint.adapters import RNGState, TrainState
     from stalwart.checkpoint.api import latest, load, save
     from stalwart.checkpoint.engine import (
+        Checkpointer,
         CheckpointError,
         CheckpointInfo,
-        Checkpointer,
         NoCheckpoint,
         SaveHandle,
         SaveResult,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from stalwart.checkpoint.shards import GlobalShard
     from stalwart.checkpoint.storage import Storage, StorageError, open_storage
 
-_HOME = {
+_EXPORTS = {
     "RNGState": "adapters",
     "TrainState": "adapters",
     "latest": "api",
@@ -49,16 +50,5 @@ _HOME = {
     "StorageError": "storage",
     "open_storage": "storage",
 }
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'stalwart.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"stalwart.checkpoint.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOME])
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

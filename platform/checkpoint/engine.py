@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -182,18 +182,29 @@ class Checkpointer:
             self._pending.wait()
         return self._pending
 
-    def _write_and_commit(self, step: int, staged: list[Any], metadata: Metadata, t0: float, stall: float,
-                          future: Future[SaveResult]) -> None:  # fmt: skip
+    def _write_and_commit(
+        self, step: int, staged: list[Any], metadata: Metadata, t0: float, stall: float, future: Future[SaveResult]
+    ) -> None:
         try:
             future.set_result(self._write_and_commit_inner(step, staged, metadata, t0, stall))
         except BaseException as exc:  # the handle must always resolve, or training would hang on it
             log.exception("checkpoint save failed", extra={"context": {"step": step, "rank": self.rank}})
-            future.set_result(SaveResult(step=step, committed=False, error=f"{type(exc).__name__}: {exc}",
-                                         stall_seconds=stall, total_seconds=time.perf_counter() - t0,
-                                         bytes_written=0, total_bytes=0, tiers=[]))  # fmt: skip
+            future.set_result(
+                SaveResult(
+                    step=step,
+                    committed=False,
+                    error=f"{type(exc).__name__}: {exc}",
+                    stall_seconds=stall,
+                    total_seconds=time.perf_counter() - t0,
+                    bytes_written=0,
+                    total_bytes=0,
+                    tiers=[],
+                )
+            )
 
-    def _write_and_commit_inner(self, step: int, staged: list[Any], metadata: Metadata, t0: float,
-                                stall: float) -> SaveResult:  # fmt: skip
+    def _write_and_commit_inner(
+        self, step: int, staged: list[Any], metadata: Metadata, t0: float, stall: float
+    ) -> SaveResult:
         folder = step_dir(step)
         file = f"__{self.rank}_0.distcp"
         written = 0
@@ -212,7 +223,7 @@ class Checkpointer:
                 out.close()
                 writers.append(w)
                 written += out.tell()
-            except Exception as exc:  # noqa: BLE001 - any failure must still reach the gather below,
+            except Exception as exc:
                 # or the other ranks would wait there forever. (torch.save re-raises a storage error
                 # from its write callback as a RuntimeError, so the type tells us nothing.)
                 if out is not None:
@@ -232,9 +243,16 @@ class Checkpointer:
             else:
                 total = self._commit(step, folder, metadata, reports)
         committed = self._broadcast(not errors)
-        return SaveResult(step=step, committed=bool(committed), error="; ".join(errors) or None,
-                          stall_seconds=stall, total_seconds=time.perf_counter() - t0, bytes_written=written,
-                          total_bytes=total, tiers=[t.name for t in self.tiers])  # fmt: skip
+        return SaveResult(
+            step=step,
+            committed=bool(committed),
+            error="; ".join(errors) or None,
+            stall_seconds=stall,
+            total_seconds=time.perf_counter() - t0,
+            bytes_written=written,
+            total_bytes=total,
+            tiers=[t.name for t in self.tiers],
+        )
 
     def _commit(self, step: int, folder: str, metadata: Metadata, reports: list[dict[str, Any]]) -> int:
         storage_data = {wr.index: wr.storage_data for r in reports for wr in r["results"]}
@@ -246,7 +264,7 @@ class Checkpointer:
         )
         tensors: dict[str, TensorEntry] = {}
         for fqn, md in metadata.state_dict_metadata.items():
-            if hasattr(md, "size"):
+            if isinstance(md, TensorStorageMetadata):
                 tensors[fqn] = TensorEntry(dtype=str(md.properties.dtype).removeprefix("torch."), shape=list(md.size))
         objects: dict[str, ObjectEntry] = {}
         for r in reports:
@@ -255,8 +273,9 @@ class Checkpointer:
             objects.update(r["objects"])
         manifest = Manifest(
             step=step,
-            layout=SavingLayout(world_size=self.world, parallelism=self.parallelism,
-                                per_rank_bytes=[r["bytes"] for r in reports]),  # fmt: skip
+            layout=SavingLayout(
+                world_size=self.world, parallelism=self.parallelism, per_rank_bytes=[r["bytes"] for r in reports]
+            ),
             tensors=tensors,
             objects=objects,
             total_bytes=sum(r["bytes"] for r in reports),
@@ -273,8 +292,8 @@ class Checkpointer:
             tier.delete_dir(step_dir(step))
         newest = max(committed, default=None)
         for name in tier.list_dirs():  # folders of saves that died before their commit
-            step = parse_step_dir(name)
-            if step is not None and newest is not None and step < newest and step not in committed:
+            died = parse_step_dir(name)
+            if died is not None and newest is not None and died < newest and died not in committed:
                 tier.delete_dir(name)
 
     def wait(self) -> SaveResult | None:
@@ -291,9 +310,16 @@ class Checkpointer:
             if raw is None:
                 continue
             m = Manifest.model_validate_json(raw)
-            out.append(CheckpointInfo(step=m.step, tier=tier.name, location=tier.describe(name),
-                                      created_at=m.created_at, total_bytes=m.total_bytes,
-                                      world_size=m.layout.world_size))  # fmt: skip
+            out.append(
+                CheckpointInfo(
+                    step=m.step,
+                    tier=tier.name,
+                    location=tier.describe(name),
+                    created_at=m.created_at,
+                    total_bytes=m.total_bytes,
+                    world_size=m.layout.world_size,
+                )
+            )
         return out
 
     def catalog(self, tier: Storage | None = None) -> list[CheckpointInfo]:
@@ -357,8 +383,10 @@ class Checkpointer:
                 return
             except (ChecksumError, StorageError) as exc:
                 errors.append(exc)
-                log.warning("checkpoint tier unusable; trying the next",
-                            extra={"context": {"step": step, "tier": tier.name, "error": str(exc)}})  # fmt: skip
+                log.warning(
+                    "checkpoint tier unusable; trying the next",
+                    extra={"context": {"step": step, "tier": tier.name, "error": str(exc)}},
+                )
         if not errors:
             raise NoCheckpoint(f"no committed checkpoint for step {step} in {[t.describe() for t in self.tiers]}")
         raise errors[-1]

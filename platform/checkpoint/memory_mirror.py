@@ -39,7 +39,9 @@ def sync_newest(local: str, sources: list[str], namespace: str, budget_bytes: in
     if local_only.read_bytes(f"{name}/{MANIFEST_NAME}") is None:  # not held yet
         manifest = Manifest.model_validate_json(raw)
         if manifest.total_bytes > budget_bytes:
-            return MirrorResult(skipped=f"step {step} holds {manifest.total_bytes} bytes, over the budget of {budget_bytes}")
+            return MirrorResult(
+                skipped=f"step {step} holds {manifest.total_bytes} bytes, over the budget of {budget_bytes}"
+            )
         try:
             for file in sorted(manifest.files() | {DCP_METADATA_NAME}):
                 data = reader.read_bytes(f"{name}/{file}")
@@ -59,8 +61,9 @@ def sync_newest(local: str, sources: list[str], namespace: str, budget_bytes: in
 
 def _newest_committed(reader: MemoryStorage) -> tuple[int, str, bytes] | None:
     """The newest step that has its commit marker on some store: (step, folder, manifest bytes)."""
-    steps = sorted(((step, name) for name in reader.list_dirs() if (step := parse_step_dir(name)) is not None),
-                   reverse=True)  # fmt: skip
+    steps = sorted(
+        ((step, name) for name in reader.list_dirs() if (step := parse_step_dir(name)) is not None), reverse=True
+    )
     for step, name in steps:
         if (raw := reader.read_bytes(f"{name}/{MANIFEST_NAME}")) is not None:
             return step, name, raw

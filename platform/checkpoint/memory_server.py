@@ -52,7 +52,7 @@ class Handler(BaseHTTPRequestHandler):
     def _path(self) -> str | None:
         return self.path[3:] if self.path.startswith("/o/") and ".." not in self.path else None
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         path = self._path()
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length)
@@ -73,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
             st.objects[path] = buf
         self._reply(200)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path == "/dirs" or self.path.startswith("/dirs?prefix="):
             prefix = self.path.partition("?prefix=")[2]
             with self.store.lock:
@@ -102,7 +102,7 @@ class Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         if not self.path.startswith("/dirs/"):
             self._reply(400)
             return

@@ -20,7 +20,7 @@ def choose_peers(rank_to_node: Mapping[int, str], groups: Iterable[Iterable[int]
         members = {rank_to_node[r] for r in group}
         for n in members:
             neighbours[n] |= members - {n}
-    taken: dict[str, int] = {n: 0 for n in nodes}  # how many nodes already send their copy here
+    taken: dict[str, int] = dict.fromkeys(nodes, 0)  # how many nodes already send their copy here
     out: dict[str, str] = {}
     for i, node in enumerate(nodes):
         ring = [nodes[(i + k) % len(nodes)] for k in range(1, len(nodes))]

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem
 
 from stalwart.checkpoint.shards import GlobalShard
-from torch.distributed.checkpoint.planner import SavePlan, WriteItem
 
 
 def item_bytes(item: WriteItem) -> int:
@@ -39,8 +38,10 @@ def balance_replicas(all_plans: list[SavePlan]) -> list[SavePlan]:
         if len(ranks) == 1:
             owner[index] = ranks[0]
             load[ranks[0]] += item_bytes(items[index])
-    shared = sorted((i for i, r in holders.items() if len(r) > 1),
-                    key=lambda i: (-item_bytes(items[i]), i.fqn, tuple(i.offset or ())))  # fmt: skip
+    shared = sorted(
+        (i for i, r in holders.items() if len(r) > 1),
+        key=lambda i: (-item_bytes(items[i]), i.fqn, tuple(i.offset or ())),
+    )
     for index in shared:
         rank = min(holders[index], key=lambda r: (load[r], r))
         owner[index] = rank
@@ -82,9 +83,9 @@ class ShardAwareLoadPlanner(DefaultLoadPlanner):
             for key in path[:-1]:
                 node = node[key]
             node[path[-1]] = shard
-        for fqn, path in self.mappings.items():
-            if tuple(path) in shards:
-                self.state_dict[fqn] = shards[tuple(path)]
+        for fqn, mapped in self.mappings.items():
+            if (where := tuple(str(k) for k in mapped)) in shards:
+                self.state_dict[fqn] = shards[where]
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         obj = self.state_dict.get(index.fqn)

@@ -25,7 +25,6 @@ from stalwart.checkpoint.manifest import Manifest, ShardEntry
 from stalwart.checkpoint.storage.base import Storage
 from stalwart.checkpoint.writer import checksum
 
-
 #: a merged read never grows past this: its bytes are held until the items in it are copied out
 MAX_SPAN = 64 << 20
 
@@ -109,13 +108,14 @@ class RangedReader:
         start, end = b.first * b.elem, (b.last + 1) * b.elem
         target = planner.resolve_tensor(item).detach()
         if target.dtype != b.dtype or list(target.shape) != list(item.lengths):
-            raise RuntimeError(f"{b.fqn}: target {target.dtype} {tuple(target.shape)} vs saved {b.dtype} "
-                               f"box {tuple(item.lengths)}")  # fmt: skip
+            raise RuntimeError(
+                f"{b.fqn}: target {target.dtype} {tuple(target.shape)} vs saved {b.dtype} box {tuple(item.lengths)}"
+            )
         count = math.prod(item.lengths)
         path = self._path(b.shard.file)
         if target.is_contiguous() and count == b.last - b.first + 1 and (b.lo, b.hi) == (start, end):
             # The overlap is one contiguous, block-aligned run: read it straight into the target.
-            view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+            view = target.reshape(-1).view(torch.uint8).numpy().data
             read_into(path, b.shard.data_offset + b.lo, view)
             self._verify(b.fqn, b.shard, view, b.lo)
         else:
@@ -124,7 +124,7 @@ class RangedReader:
             if scratch is None or scratch.numel() < b.hi - b.lo:
                 scratch = self._buffers.buf = torch.empty(b.hi - b.lo, dtype=torch.uint8)
             buf = scratch[: b.hi - b.lo]
-            view = memoryview(buf.numpy())
+            view = buf.numpy().data
             read_into(path, b.shard.data_offset + b.lo, view)
             self._verify(b.fqn, b.shard, view, b.lo)
             flat = buf.view(b.dtype)
@@ -138,8 +138,10 @@ class RangedReader:
         data = bytearray(entry.length)
         read_into(self._path(entry.file), entry.offset, memoryview(data))
         if checksum(data) != entry.checksum:
-            raise ChecksumError(f"checksum mismatch in object {item.storage_index.fqn!r} of "
-                                f"{self.storage.describe(self._path(entry.file))}: the checkpoint is corrupt")  # fmt: skip
+            raise ChecksumError(
+                f"checksum mismatch in object {item.storage_index.fqn!r} of "
+                f"{self.storage.describe(self._path(entry.file))}: the checkpoint is corrupt"
+            )
         return bytes(data)
 
     def _extent(self, item: ReadItem) -> tuple[str, int, int]:
@@ -162,8 +164,9 @@ class RangedReader:
                 spans.append((path, start, end, [items[n]]))
         return spans
 
-    def _read_span(self, path: str, lo: int, hi: int, members: list[ReadItem],
-                   planner: LoadPlanner) -> list[tuple[ReadItem, bytes]]:  # fmt: skip
+    def _read_span(
+        self, path: str, lo: int, hi: int, members: list[ReadItem], planner: LoadPlanner
+    ) -> list[tuple[ReadItem, bytes]]:
         """One read for all of `members`; tensors are copied here, objects handed back to unpickle."""
         data = memoryview(self.storage.read_range(path, lo, hi - lo))
 
@@ -185,8 +188,11 @@ class RangedReader:
                 tensors = [i for i in plan.items if i.type != LoadItemType.BYTE_IO]
                 for f in [pool.submit(self._read_tensor, i, planner, self.storage.read_range_into) for i in tensors]:
                     f.result()
-                objects = [(i, self._object_bytes(i, self.storage.read_range_into))
-                           for i in plan.items if i.type == LoadItemType.BYTE_IO]  # fmt: skip
+                objects = [
+                    (i, self._object_bytes(i, self.storage.read_range_into))
+                    for i in plan.items
+                    if i.type == LoadItemType.BYTE_IO
+                ]
             else:
                 spans = [pool.submit(self._read_span, *span, planner) for span in self._spans(plan.items, gap)]
                 objects = [o for f in spans for o in f.result()]

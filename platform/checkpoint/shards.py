@@ -18,9 +18,7 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 class GlobalShard:
     def __init__(self, local: torch.Tensor, global_shape: tuple[int, ...], global_offset: tuple[int, ...]) -> None:
         if len(global_shape) != local.dim() or len(global_offset) != local.dim():
-            raise ValueError(
-                f"shard of rank {local.dim()} with global shape {global_shape} and offset {global_offset}"
-            )
+            raise ValueError(f"shard of rank {local.dim()} with global shape {global_shape} and offset {global_offset}")
         for size, off, full in zip(local.shape, global_offset, global_shape, strict=True):
             if off < 0 or off + size > full:
                 raise ValueError(f"shard {tuple(local.shape)} at {global_offset} falls outside {global_shape}")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import io
 import struct
-
-import xxhash
+from typing import IO, cast
 
 import torch
+import xxhash
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.storage import WriteResult
@@ -45,7 +45,7 @@ class _RecordLocator:
             self.data_offset = self.out.tell()
         try:
             return self.out.write(view)
-        except Exception as exc:  # noqa: BLE001 - re-raised by write_tensor
+        except Exception as exc:
             self.error = exc
             return len(view)
 
@@ -56,10 +56,10 @@ class _RecordLocator:
 def raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes, row-major, without a copy (staged tensors are contiguous)."""
     flat = tensor.detach().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    return flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
 
 
-def checksum(data: bytes | memoryview) -> int:
+def checksum(data: bytes | bytearray | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
@@ -89,7 +89,7 @@ class RankFileWriter:
         start = self.out.tell()
         locator = _RecordLocator(self.out, len(raw), bytes(raw[:16]))
         try:
-            torch.save(tensor, locator)
+            torch.save(tensor, cast(IO[bytes], locator))  # file-like enough: write, tell
         finally:
             if locator.error is not None:
                 raise locator.error
@@ -101,12 +101,23 @@ class RankFileWriter:
             WriteResult(index=index, size_in_bytes=length, storage_data=_StorageInfo(self.file, start, length))
         )
         offsets = list(index.offset) if index.offset is not None else [0] * tensor.dim()
-        self.shard_fqns.append((
-            index.fqn,
-            ShardEntry(offsets=offsets, lengths=list(tensor.shape), file=self.file, blob_offset=start,
-                       blob_length=length, data_offset=data_offset, nbytes=len(raw),
-                       checksum=shard_checksum(blocks), block_checksums=blocks, rank=self.rank),
-        ))  # fmt: skip
+        self.shard_fqns.append(
+            (
+                index.fqn,
+                ShardEntry(
+                    offsets=offsets,
+                    lengths=list(tensor.shape),
+                    file=self.file,
+                    blob_offset=start,
+                    blob_length=length,
+                    data_offset=data_offset,
+                    nbytes=len(raw),
+                    checksum=shard_checksum(blocks),
+                    block_checksums=blocks,
+                    rank=self.rank,
+                ),
+            )
+        )
 
     def write_bytes(self, index: MetadataIndex, data: io.BytesIO) -> None:
         view = data.getbuffer()
@@ -115,5 +126,6 @@ class RankFileWriter:
         self.results.append(
             WriteResult(index=index, size_in_bytes=len(view), storage_data=_StorageInfo(self.file, start, len(view)))
         )
-        self.objects[index.fqn] = ObjectEntry(file=self.file, offset=start, length=len(view),
-                                              checksum=checksum(view), rank=self.rank)  # fmt: skip
+        self.objects[index.fqn] = ObjectEntry(
+            file=self.file, offset=start, length=len(view), checksum=checksum(view), rank=self.rank
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+
 from stalwart.cli import operator_requests
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import CliError, cli_errors
@@ -40,13 +41,15 @@ def check(
     """
     with open_store(etcd) as store:
         is_job = job is None and _valid(target) and store.get(keys.job_state(target), JobState) is not None
+        node: str | None
         if is_job:
             owner, node = target, None
         else:
-            owner = job_for_node(store, target, job)
+            found = job_for_node(store, target, job)
             node = target
-            if owner is None:
+            if found is None:
                 raise CliError(f"{target!r} is neither a job nor a node of a running job (stalwart node list)")
+            owner = found
         request = operator_requests.submit(store, owner, RequestKind.CHECK, node, "health check by on-call")
         final = operator_requests.wait(store, owner, request, timeout)
     operator_requests.report(final, output)

@@ -63,8 +63,13 @@ def list_checkpoints(
     import time
 
     for i in infos:
-        t.add_row(str(i.step), _human(i.total_bytes), f"{i.world_size} ranks",
-                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)), i.location)  # fmt: skip
+        t.add_row(
+            str(i.step),
+            _human(i.total_bytes),
+            f"{i.world_size} ranks",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)),
+            i.location,
+        )
     out.print(t)
 
 
@@ -89,8 +94,11 @@ def inspect(
         print(manifest.model_dump_json(indent=2))
         return
     lay = manifest.layout
-    out.print(f"[bold]step {manifest.step}[/]  {_human(manifest.total_bytes)}  saved by {lay.world_size} ranks"
-              + (f"  parallelism {lay.parallelism}" if lay.parallelism else ""), highlight=False)  # fmt: skip
+    out.print(
+        f"[bold]step {manifest.step}[/]  {_human(manifest.total_bytes)}  saved by {lay.world_size} ranks"
+        + (f"  parallelism {lay.parallelism}" if lay.parallelism else ""),
+        highlight=False,
+    )
     out.print("  bytes per rank: " + ", ".join(_human(b) for b in lay.per_rank_bytes), highlight=False)
     t = Table(title="tensors", title_justify="left")
     for col in ("name", "dtype", "shape", "shards (offsets → file @ rank)", "xxh3"):

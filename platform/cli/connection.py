@@ -22,6 +22,7 @@ from typing import Annotated
 import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from stalwart.cli.errors import EXIT_USAGE, CliError
 from stalwart.store.client import Store
 
@@ -36,9 +37,12 @@ EtcdOption = Annotated[
 ]
 DiagnosisUrlOption = Annotated[
     str | None,
-    typer.Option("--diagnosis-url", metavar="URL",
-                 help=f"Diagnosis service (default: ${DIAGNOSIS_ENV}, the config file, then the URL the service "
-                      "published in etcd)."),
+    typer.Option(
+        "--diagnosis-url",
+        metavar="URL",
+        help=f"Diagnosis service (default: ${DIAGNOSIS_ENV}, the config file, then the URL the service "
+        "published in etcd).",
+    ),
 ]
 
 

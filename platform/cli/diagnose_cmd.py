@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
 from stalwart.cli.connection import DiagnosisUrlOption, EtcdOption, open_store, resolve
 from stalwart.cli.errors import EXIT_USAGE, CliError, cli_errors, err, print_note
 from stalwart.cli.lookup import JobArg, current_assignment, require_state
@@ -22,6 +23,9 @@ from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import Assignment, JobState, ServiceEndpoint, StackReport
+
+if TYPE_CHECKING:
+    from stalwart.diagnosis.models import EvidenceBundle
 
 
 class Kind(str, Enum):
@@ -44,8 +48,14 @@ def topology_sizes(world: int, tp: int, pp: int, dp: int | None) -> tuple[int, i
     return tp, pp, dp
 
 
-def build_bundle(store: Store, state: JobState, assignment: Assignment, reports: list[StackReport], kind: str,
-                 sizes: tuple[int, int, int]):  # type: ignore[no-untyped-def]  # fmt: skip
+def build_bundle(
+    store: Store,
+    state: JobState,
+    assignment: Assignment,
+    reports: list[StackReport],
+    kind: str,
+    sizes: tuple[int, int, int],
+) -> EvidenceBundle:
     """The EvidenceBundle: topology from the generation's assignment, stacks, metric vectors, log tails."""
     from stalwart.diagnosis.models import (
         EvidenceBundle,
@@ -71,10 +81,14 @@ def build_bundle(store: Store, state: JobState, assignment: Assignment, reports:
             if w.log_tail or w.exit_code is not None:
                 logs.append(RankLog(rank=w.rank, node=node, exit_code=w.exit_code, lines=w.log_tail))
     return EvidenceBundle(
-        job=state.job, generation=state.generation, kind=kind,
+        job=state.job,
+        generation=state.generation,
+        kind=kind,
         topology=Topology(world_size=assignment.world_size, tp=tp, pp=pp, dp=dp, rank_nodes=owners),
-        stacks=stacks, metrics=metrics, logs=logs,
-    )  # fmt: skip
+        stacks=stacks,
+        metrics=metrics,
+        logs=logs,
+    )
 
 
 def service_url(store: Store, flag: str | None) -> tuple[str | None, str]:
@@ -151,8 +165,9 @@ def diagnose(
         sizes = topology_sizes(assignment.world_size, tp, pp, dp)
         nodes = [n.node for n in assignment.nodes]
         started = time.monotonic()
-        with err.status(f"capturing the stacks of {assignment.world_size} ranks on {len(nodes)} nodes "
-                        f"(up to {timeout:.0f}s)"):  # fmt: skip
+        with err.status(
+            f"capturing the stacks of {assignment.world_size} ranks on {len(nodes)} nodes (up to {timeout:.0f}s)"
+        ):
             reports = collect_stacks(store, job, request_stacks(store, job), nodes, timeout=timeout)
         silent = sorted(set(nodes) - {r.node for r in reports})
         if silent:
@@ -166,7 +181,15 @@ def diagnose(
         print_json(verdict)
         return
     captured = sum(1 for s in bundle.stacks if s.text)
-    out.print(verdict_view(verdict.model_dump(mode="json"), title=f"verdict · {job} generation {state.generation}",
-                           rank_nodes=bundle.topology.rank_nodes))  # fmt: skip
-    out.print(f"[dim]diagnosed by {by} from {captured} of {assignment.world_size} stacks, captured in "
-              f"{time.monotonic() - started:.1f}s[/]", highlight=False)  # fmt: skip
+    out.print(
+        verdict_view(
+            verdict.model_dump(mode="json"),
+            title=f"verdict · {job} generation {state.generation}",
+            rank_nodes=bundle.topology.rank_nodes if bundle.topology else {},
+        )
+    )
+    out.print(
+        f"[dim]diagnosed by {by} from {captured} of {assignment.world_size} stacks, captured in "
+        f"{time.monotonic() - started:.1f}s[/]",
+        highlight=False,
+    )

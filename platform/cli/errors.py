@@ -14,6 +14,7 @@ from typing import ParamSpec, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+
 from stalwart.store.client import StoreUnavailable
 
 try:  # typer >= 0.2x carries its own copy of click; older typer runs on click itself

@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.lookup import find_incident, job_names, require_state
@@ -50,12 +51,22 @@ class IncidentRow(BaseModel):
 
 def incident_row(inc: Incident) -> IncidentRow:
     return IncidentRow(
-        id=inc.id, job=inc.job, failure_class=inc.failure_class.value, generation=inc.generation, node=inc.node,
-        rank=inc.rank, exit_code=inc.exit_code, action=inc.action,
-        policy_action=inc.policy_action.value if inc.policy_action else None, suspects=inc.suspects,
-        failed_at=inc.failed_at, detect_seconds=inc.detected_at - inc.failed_at, downtime_seconds=inc.downtime,
-        recovered=inc.recovered, runbook=runbook_for_incident(inc),
-    )  # fmt: skip
+        id=inc.id,
+        job=inc.job,
+        failure_class=inc.failure_class.value,
+        generation=inc.generation,
+        node=inc.node,
+        rank=inc.rank,
+        exit_code=inc.exit_code,
+        action=inc.action,
+        policy_action=inc.policy_action.value if inc.policy_action else None,
+        suspects=inc.suspects,
+        failed_at=inc.failed_at,
+        detect_seconds=inc.detected_at - inc.failed_at,
+        downtime_seconds=inc.downtime,
+        recovered=inc.recovered,
+        runbook=runbook_for_incident(inc),
+    )
 
 
 def where(node: str | None, rank: int | None) -> str:
@@ -64,16 +75,26 @@ def where(node: str | None, rank: int | None) -> str:
 
 def incidents_table(rows: list[IncidentRow], *, show_job: bool, title: str = "incidents") -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAVY)
-    cols = ["id"] + (["job"] if show_job else []) + ["class", "where", "failed", "detect", "downtime", "action",
-                                                     "runbook"]  # fmt: skip
+    cols = (
+        ["id"] + (["job"] if show_job else []) + ["class", "where", "failed", "detect", "downtime", "action", "runbook"]
+    )
     for col in cols:
         t.add_column(col, no_wrap=col != "action", overflow="fold", max_width=40 if col == "action" else None)
     now = time.time()
     for r in rows:
         downtime = duration(r.downtime_seconds) if r.recovered else Text("ongoing", style="bold yellow")
-        cells: list[str | Text] = [r.id] + ([r.job] if show_job else [])
-        cells += [Text(r.failure_class, style="bold"), where(r.node, r.rank), ago(r.failed_at, now),
-                  duration(r.detect_seconds), downtime, r.action, r.runbook]  # fmt: skip
+        cells: list[str | Text] = [r.id, r.job] if show_job else [r.id]
+        cells.extend(
+            [
+                Text(r.failure_class, style="bold"),
+                where(r.node, r.rank),
+                ago(r.failed_at, now),
+                duration(r.detect_seconds),
+                downtime,
+                r.action,
+                r.runbook,
+            ]
+        )
         t.add_row(*cells)
     return t
 
@@ -124,8 +145,13 @@ def timeline(inc: Incident) -> Table:
     t = Table(box=None, show_header=False, pad_edge=False)
     for _ in range(3):
         t.add_column()
-    moments = [("failed", inc.failed_at), ("detected", inc.detected_at), ("diagnosed", inc.diagnosed_at),
-               ("restarted", inc.restarted_at), ("first step", inc.first_step_at)]  # fmt: skip
+    moments = [
+        ("failed", inc.failed_at),
+        ("detected", inc.detected_at),
+        ("diagnosed", inc.diagnosed_at),
+        ("restarted", inc.restarted_at),
+        ("first step", inc.first_step_at),
+    ]
     for name, at in moments:
         offset = "-" if at is None else f"+{at - inc.failed_at:.2f}s"
         t.add_row(name, clock(at), offset)
@@ -136,8 +162,13 @@ def incident_view(inc: Incident):  # type: ignore[no-untyped-def]
     from stalwart.cli.verdict_view import verdict_view
 
     runbook = runbook_for_incident(inc)
-    head = Text.assemble(("Incident ", "bold"), (inc.id, "bold cyan"), " · ", (inc.failure_class.value, "bold red"),
-                         f" · job {inc.job} · generation {inc.generation}")  # fmt: skip
+    head = Text.assemble(
+        ("Incident ", "bold"),
+        (inc.id, "bold cyan"),
+        " · ",
+        (inc.failure_class.value, "bold red"),
+        f" · job {inc.job} · generation {inc.generation}",
+    )
     facts = Table(box=None, show_header=False, pad_edge=False)
     facts.add_column(style="bold")
     facts.add_column(overflow="fold")
@@ -151,22 +182,30 @@ def incident_view(inc: Incident):  # type: ignore[no-untyped-def]
     if inc.replacements:
         facts.add_row("replaced", ", ".join(f"{a} → {b}" for a, b in inc.replacements.items()))
     facts.add_row("counted", "yes (against maxRestarts)" if inc.counted else "no (an infrastructure failure)")
-    facts.add_row("progress", f"step {num(inc.step_at_failure)} at failure, resumed at {num(inc.resumed_step)}; "
-                              f"loss {num(inc.loss_before, '.4f')} → {num(inc.loss_after, '.4f')}")  # fmt: skip
+    facts.add_row(
+        "progress",
+        f"step {num(inc.step_at_failure)} at failure, resumed at {num(inc.resumed_step)}; "
+        f"loss {num(inc.loss_before, '.4f')} → {num(inc.loss_after, '.4f')}",
+    )
     facts.add_row("downtime", duration(inc.downtime) if inc.recovered else "ongoing (no step since the failure)")
-    parts: list = [head, facts, Panel(timeline(inc), title="timeline", title_align="left")]  # type: ignore[type-arg]
+    parts: list = [head, facts, Panel(timeline(inc), title="timeline", title_align="left")]
     if inc.evidence:
         parts.append(Panel(Text("\n".join(inc.evidence[-20:])), title="evidence", title_align="left"))
     if inc.verdict:
         parts.append(verdict_view(inc.verdict, title="diagnosis at the time"))
-    parts.append(Text.assemble(("runbook ", "bold"), (runbook, "bold cyan"), f"  stalwart runbook show {runbook}  "
-                               f"(runbooks/{runbook}.md)"))  # fmt: skip
+    parts.append(
+        Text.assemble(
+            ("runbook ", "bold"), (runbook, "bold cyan"), f"  stalwart runbook show {runbook}  (runbooks/{runbook}.md)"
+        )
+    )
     return Group(*parts)
 
 
 @cli_errors
 def incident(
-    incident_id: Annotated[str, typer.Argument(metavar="ID", help="Incident id (inc-0001-a1b2c3, 0001-a1b2c3, or a unique prefix).")],
+    incident_id: Annotated[
+        str, typer.Argument(metavar="ID", help="Incident id (inc-0001-a1b2c3, 0001-a1b2c3, or a unique prefix).")
+    ],
     job: Annotated[str | None, typer.Option(help="Look only in this job.")] = None,
     etcd: EtcdOption = None,
     output: OutputOption = OutputFormat.TABLE,

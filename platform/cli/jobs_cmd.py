@@ -7,6 +7,7 @@ import time
 from pydantic import BaseModel
 from rich import box
 from rich.table import Table
+
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.lookup import job_states
@@ -47,25 +48,53 @@ def read_jobs(store) -> list[JobRow]:  # type: ignore[no-untyped-def]
         snap = snapshot(store, name, now)
         if snap is None:  # deleted between the two reads
             continue
-        rows.append(JobRow(
-            job=name, phase=snap.phase, generation=snap.generation, step=snap.step, restarts=snap.restarts,
-            ettr=snap.ettr.ettr, nodes_up=snap.nodes_up, nodes_total=snap.nodes_total,
-            incidents=len(snap.incidents), age_seconds=now - state.created_at, reason=snap.reason,
-        ))  # fmt: skip
+        rows.append(
+            JobRow(
+                job=name,
+                phase=snap.phase,
+                generation=snap.generation,
+                step=snap.step,
+                restarts=snap.restarts,
+                ettr=snap.ettr.ettr,
+                nodes_up=snap.nodes_up,
+                nodes_total=snap.nodes_total,
+                incidents=len(snap.incidents),
+                age_seconds=now - state.created_at,
+                reason=snap.reason,
+            )
+        )
     # Jobs that need attention first: unfinished ones, then the rest; newest first within each.
     return sorted(rows, key=lambda r: (r.phase.terminal, r.age_seconds))
 
 
 def jobs_table(rows: list[JobRow], endpoint: str) -> Table:
-    t = Table(title="jobs", title_justify="left", caption=f"etcd {endpoint}", caption_justify="left",
-              box=box.SIMPLE_HEAVY)  # fmt: skip
-    for col, just in (("job", "left"), ("phase", "left"), ("gen", "right"), ("step", "right"),
-                      ("restarts", "right"), ("ETTR", "right"), ("nodes", "right"), ("incidents", "right"),
-                      ("age", "right")):  # fmt: skip
+    t = Table(
+        title="jobs", title_justify="left", caption=f"etcd {endpoint}", caption_justify="left", box=box.SIMPLE_HEAVY
+    )
+    for col, just in (
+        ("job", "left"),
+        ("phase", "left"),
+        ("gen", "right"),
+        ("step", "right"),
+        ("restarts", "right"),
+        ("ETTR", "right"),
+        ("nodes", "right"),
+        ("incidents", "right"),
+        ("age", "right"),
+    ):
         t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     for r in rows:
-        t.add_row(r.job, phase_text(r.phase), str(r.generation), num(r.step), str(r.restarts), percent(r.ettr),
-                  f"{r.nodes_up}/{r.nodes_total}", str(r.incidents), duration(r.age_seconds))  # fmt: skip
+        t.add_row(
+            r.job,
+            phase_text(r.phase),
+            str(r.generation),
+            num(r.step),
+            str(r.restarts),
+            percent(r.ettr),
+            f"{r.nodes_up}/{r.nodes_total}",
+            str(r.incidents),
+            duration(r.age_seconds),
+        )
     return t
 
 

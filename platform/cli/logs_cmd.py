@@ -15,6 +15,7 @@ import typer
 from pydantic import BaseModel
 from rich.rule import Rule
 from rich.text import Text
+
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import CliError, cli_errors, err, print_note
 from stalwart.cli.lookup import JobArg, current_assignment, require_state
@@ -64,31 +65,40 @@ def read_logs(store: Store, job: str, rank: int | None, lines: int, timeout: flo
     for report in reports:
         for w in report.workers:
             if rank is None or w.rank == rank:
-                found[w.rank] = RankOutput(rank=w.rank, node=report.node, source="agent", exit_code=None,
-                                           lines=w.lines[-lines:])  # fmt: skip
+                found[w.rank] = RankOutput(
+                    rank=w.rank, node=report.node, source="agent", exit_code=None, lines=w.lines[-lines:]
+                )
     answered = {r.node for r in reports}
     silent = [n for n in nodes if n not in answered]
     beats = read_nodes(store, job).heartbeats
     for node in silent:
         beat = beats.get(node)
-        for w in beat.workers if beat and beat.generation == state.generation else []:
-            if (rank is None or w.rank == rank) and w.log_tail and w.rank not in found:
-                found[w.rank] = RankOutput(rank=w.rank, node=node, source="heartbeat", exit_code=w.exit_code,
-                                           lines=w.log_tail[-lines:])  # fmt: skip
+        for ws in beat.workers if beat and beat.generation == state.generation else []:
+            if (rank is None or ws.rank == rank) and ws.log_tail and ws.rank not in found:
+                found[ws.rank] = RankOutput(
+                    rank=ws.rank, node=node, source="heartbeat", exit_code=ws.exit_code, lines=ws.log_tail[-lines:]
+                )
     if silent:
-        print_note(f"no answer from {', '.join(silent)} within {timeout:.0f}s"
-                   + ("; showing the tails their heartbeats kept for exited workers" if found else ""))  # fmt: skip
+        print_note(
+            f"no answer from {', '.join(silent)} within {timeout:.0f}s"
+            + ("; showing the tails their heartbeats kept for exited workers" if found else "")
+        )
     if not found:
-        raise CliError(f"no output from job {job!r}" + (f" rank {rank}" if rank is not None else "")
-                       + f": {len(silent)} of {len(nodes)} node(s) did not answer the log request "
-                       "(is the agent running? stalwart status JOB)")  # fmt: skip
+        raise CliError(
+            f"no output from job {job!r}"
+            + (f" rank {rank}" if rank is not None else "")
+            + f": {len(silent)} of {len(nodes)} node(s) did not answer the log request "
+            "(is the agent running? stalwart status JOB)"
+        )
     return [found[r] for r in sorted(found)]
 
 
 @cli_errors
 def logs(
     job: JobArg,
-    rank: Annotated[int | None, typer.Option("--rank", "-r", min=0, help="Only this rank (default: every rank).")] = None,
+    rank: Annotated[
+        int | None, typer.Option("--rank", "-r", min=0, help="Only this rank (default: every rank).")
+    ] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", min=1, max=10_000, help="Lines per rank.")] = 100,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the nodes to answer.")] = 15.0,
     etcd: EtcdOption = None,

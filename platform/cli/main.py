@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 import sys
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+
 from stalwart.logs import configure
 
 app = typer.Typer(

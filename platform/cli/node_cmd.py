@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from rich import box
 from rich.table import Table
 from rich.text import Text
+
 from stalwart.cli import operator_requests
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import CliError, cli_errors, print_note
@@ -34,8 +35,13 @@ from stalwart.store.records import Assignment, Cordon, RequestKind
 
 app = typer.Typer(help="List machines; cordon, uncordon or evict one.", no_args_is_help=True)
 
-NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="The machine's node name, as `stalwart status JOB` shows it.")]
-JobOption = Annotated[str | None, typer.Option("--job", "-j", help="The job the node is in (found by itself when the node is in one job).")]
+NodeArg = Annotated[
+    str, typer.Argument(metavar="NODE", help="The machine's node name, as `stalwart status JOB` shows it.")
+]
+JobOption = Annotated[
+    str | None,
+    typer.Option("--job", "-j", help="The job the node is in (found by itself when the node is in one job)."),
+]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 ReasonOption = Annotated[str, typer.Option(help="Why: recorded with the request or the cordon.")]
 TimeoutOption = Annotated[float, typer.Option(min=1, help="Seconds to wait for the controller's answer.")]
@@ -52,8 +58,9 @@ def confirm(question: str, yes: bool) -> None:
         raise CliError("not confirmed; nothing was done (--yes skips the question)")
 
 
-def _ask_controller(store: Store, job: str, kind: RequestKind, node: str, reason: str, timeout: float,
-                    output: OutputFormat) -> None:  # fmt: skip
+def _ask_controller(
+    store: Store, job: str, kind: RequestKind, node: str, reason: str, timeout: float, output: OutputFormat
+) -> None:
     request = operator_requests.submit(store, job, kind, node, reason)
     final = operator_requests.wait(store, job, request, timeout)
     operator_requests.report(final, output)
@@ -83,10 +90,14 @@ def evict(
     with open_store(etcd) as store:
         target = job_for_node(store, node, job)
         if target is None:
-            raise CliError(f"node {node!r} is not in any running job; to keep it out of future jobs: "
-                           f"stalwart node cordon {node}")  # fmt: skip
-        confirm(f"Evict {node} from job {target}? Its workers stop, a standby takes its ranks and the job "
-                "restarts from its last checkpoint.", yes)  # fmt: skip
+            raise CliError(
+                f"node {node!r} is not in any running job; to keep it out of future jobs: stalwart node cordon {node}"
+            )
+        confirm(
+            f"Evict {node} from job {target}? Its workers stop, a standby takes its ranks and the job "
+            "restarts from its last checkpoint.",
+            yes,
+        )
         _ask_controller(store, target, RequestKind.EVICT, node, reason, timeout, output)
 
 
@@ -121,8 +132,10 @@ def cordon(
         record = Cordon(node=node, reason=reason, cordoned_at=time.time(), by=operator_requests.requester())
         if not store.create(keys.cordon(node), record):
             existing = store.get(keys.cordon(node), Cordon)
-            print_note(f"{node} was already cordoned" + (f" by {existing.by} {ago(existing.cordoned_at)}: "
-                                                        f"{existing.reason}" if existing else ""))  # fmt: skip
+            print_note(
+                f"{node} was already cordoned"
+                + (f" by {existing.by} {ago(existing.cordoned_at)}: {existing.reason}" if existing else "")
+            )
             record = existing or record
         if output is OutputFormat.JSON:
             print_json(record)
@@ -203,16 +216,36 @@ def list_nodes(
 
             require_state(store, job)
         for state in states:
-            assignment = store.get(keys.generation(state.job, state.generation), Assignment) if state.generation else None
+            assignment = (
+                store.get(keys.generation(state.job, state.generation), Assignment) if state.generation else None
+            )
             for n in node_rows(store, state, assignment, now):
-                rows.append(MachineRow(node=n.node, job=state.job, state=n.state, ranks=n.ranks, host=n.host,
-                                       heartbeat_age=n.heartbeat_age, cordoned=n.cordoned))  # fmt: skip
+                rows.append(
+                    MachineRow(
+                        node=n.node,
+                        job=state.job,
+                        state=n.state,
+                        ranks=n.ranks,
+                        host=n.host,
+                        heartbeat_age=n.heartbeat_age,
+                        cordoned=n.cordoned,
+                    )
+                )
         placed = {r.node for r in rows}
         if job is None:
             for c in store.get_prefix(keys.cordons_prefix(), Cordon):
                 if c.node not in placed:
-                    rows.append(MachineRow(node=c.node, job=None, state="cordoned", ranks=[], host=None,
-                                           heartbeat_age=None, cordoned=c.reason))  # fmt: skip
+                    rows.append(
+                        MachineRow(
+                            node=c.node,
+                            job=None,
+                            state="cordoned",
+                            ranks=[],
+                            host=None,
+                            heartbeat_age=None,
+                            cordoned=c.reason,
+                        )
+                    )
     if output is OutputFormat.JSON:
         print_json(rows)
         return
@@ -223,9 +256,13 @@ def list_nodes(
     for col in ("node", "job", "state", "ranks", "host", "heartbeat", "cordoned"):
         t.add_column(col, no_wrap=col != "cordoned", overflow="fold")
     for r in rows:
-        t.add_row(r.node, r.job or "-", Text(r.state, style=NODE_STYLE.get(r.state, "magenta")),
-                  rank_ranges(r.ranks) if r.ranks else "-", r.host or "-",
-                  "-" if r.heartbeat_age is None else f"{duration(r.heartbeat_age)} ago",
-                  Text(r.cordoned or "-", style="bold magenta" if r.cordoned else "dim"))  # fmt: skip
+        t.add_row(
+            r.node,
+            r.job or "-",
+            Text(r.state, style=NODE_STYLE.get(r.state, "magenta")),
+            rank_ranges(r.ranks) if r.ranks else "-",
+            r.host or "-",
+            "-" if r.heartbeat_age is None else f"{duration(r.heartbeat_age)} ago",
+            Text(r.cordoned or "-", style="bold magenta" if r.cordoned else "dim"),
+        )
     out.print(t)
-

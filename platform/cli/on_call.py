@@ -8,6 +8,7 @@ line and exit 2, where click would print a boxed usage message.
 from __future__ import annotations
 
 import typer
+
 from stalwart.cli.errors import EXIT_USAGE, click_exceptions, print_error
 
 PANEL = "On call"

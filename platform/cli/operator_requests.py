@@ -15,6 +15,7 @@ import time
 import uuid
 
 import typer
+
 from stalwart.cli.errors import EXIT_FAILED, EXIT_TIMEOUT, CliError, err
 from stalwart.cli.output import OutputFormat, out, print_json
 from stalwart.store import keys
@@ -36,8 +37,12 @@ def requester() -> str:
 def submit(store: Store, job: str, kind: RequestKind, node: str | None, reason: str) -> OperatorRequest:
     request = OperatorRequest(
         id=f"req-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
-        kind=kind, node=node, reason=reason, requested_by=requester(), requested_at=time.time(),
-    )  # fmt: skip
+        kind=kind,
+        node=node,
+        reason=reason,
+        requested_by=requester(),
+        requested_at=time.time(),
+    )
     if not store.create(keys.request(job, request.id), request):
         raise CliError(f"request id {request.id} already exists in job {job!r}; try again")
     return request
@@ -50,8 +55,9 @@ def withdraw(store: Store, job: str, request_id: str) -> OperatorRequest | None:
         current, revision = store.get_with_revision(key, OperatorRequest)
         if current is None or current.status is not RequestStatus.PENDING:
             return current
-        withdrawn = current.model_copy(update={"status": RequestStatus.FAILED, "message": WITHDRAWN,
-                                               "finished_at": time.time()})  # fmt: skip
+        withdrawn = current.model_copy(
+            update={"status": RequestStatus.FAILED, "message": WITHDRAWN, "finished_at": time.time()}
+        )
         if store.commit({key: withdrawn}, expect_revision={key: revision}):
             return withdrawn
     return store.get(key, OperatorRequest)
@@ -107,8 +113,12 @@ def request_view(request: OperatorRequest):  # type: ignore[no-untyped-def]
     from rich.text import Text
 
     style = "bold green" if request.status is RequestStatus.DONE else "bold red"
-    parts: list = [Text.assemble((request.status.value, style), f"  {request.kind.value} "  # type: ignore[type-arg]
-                                 f"{request.node or 'every node'}: {request.message or ''}")]  # fmt: skip
+    parts: list = [
+        Text.assemble(
+            (request.status.value, style),
+            f"  {request.kind.value} {request.node or 'every node'}: {request.message or ''}",
+        )
+    ]
     result = request.result or {}
     # Per-node results come as {node: {...}} (the controller's check) or under "nodes": a table.
     nested = result.get("nodes")

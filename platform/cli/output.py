@@ -12,6 +12,7 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.text import Text
+
 from stalwart.store.records import JobPhase
 
 

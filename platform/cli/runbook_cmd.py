@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.table import Table
+
 from stalwart.cli.errors import CliError, cli_errors
 from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
 from stalwart.runbooks import UnknownRunbook, list_runbooks, load_runbook, runbooks_dir
@@ -39,8 +40,13 @@ def list_cmd(output: OutputOption = OutputFormat.TABLE) -> None:
     if output is OutputFormat.JSON:
         print_json(books)
         return
-    t = Table(title="runbooks", title_justify="left", box=box.SIMPLE_HEAVY,
-              caption="stalwart runbook show CLASS", caption_justify="left")  # fmt: skip
+    t = Table(
+        title="runbooks",
+        title_justify="left",
+        box=box.SIMPLE_HEAVY,
+        caption="stalwart runbook show CLASS",
+        caption_justify="left",
+    )
     t.add_column("class", no_wrap=True, style="bold cyan")
     t.add_column("title", overflow="fold")
     for b in books:
@@ -53,8 +59,11 @@ def list_cmd(output: OutputOption = OutputFormat.TABLE) -> None:
 def show(
     failure_class: Annotated[
         str,
-        typer.Argument(metavar="CLASS", autocompletion=complete_class,
-                       help="A failure class: nccl_timeout, nccl-timeout, Hang, NaNLoss, xid79..."),
+        typer.Argument(
+            metavar="CLASS",
+            autocompletion=complete_class,
+            help="A failure class: nccl_timeout, nccl-timeout, Hang, NaNLoss, xid79...",
+        ),
     ],
     raw: Annotated[bool, typer.Option("--raw", help="Print the markdown as it is (for a pager or a ticket).")] = False,
     output: OutputOption = OutputFormat.TABLE,

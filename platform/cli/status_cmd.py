@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.incidents_cmd import IncidentRow, incident_row, incidents_table
@@ -125,14 +126,20 @@ def node_rows(store: Store, state: JobState, assignment: Assignment | None, now:
         else:
             status = "idle"
         cordon = cordons.get(name)
-        rows.append(NodeRow(
-            node=name, state=status, node_rank=state.slots.index(name) if name in state.slots else None,
-            role=where.role if where else None,
-            ranks=list(range(where.first_rank, where.first_rank + where.local_world_size)) if where else [],
-            host=reg.host if reg else None, heartbeat_age=now - beat.sent_at if beat else None,
-            generation=beat.generation if beat else None, machine_faults=beat.machine_faults if beat else [],
-            cordoned=cordon.reason if cordon else None,
-        ))  # fmt: skip
+        rows.append(
+            NodeRow(
+                node=name,
+                state=status,
+                node_rank=state.slots.index(name) if name in state.slots else None,
+                role=where.role if where else None,
+                ranks=list(range(where.first_rank, where.first_rank + where.local_world_size)) if where else [],
+                host=reg.host if reg else None,
+                heartbeat_age=now - beat.sent_at if beat else None,
+                generation=beat.generation if beat else None,
+                machine_faults=beat.machine_faults if beat else [],
+                cordoned=cordon.reason if cordon else None,
+            )
+        )
     return rows
 
 
@@ -145,16 +152,35 @@ def _rank_rows(store: Store, state: JobState, assignment: Assignment | None, now
             continue
         for w in beat.workers:
             seen[w.rank] = RankRow(
-                rank=w.rank, node=node, health=rank_health(w, now), pid=w.pid, step=w.step, loss=w.loss,
-                step_time=w.step_time, tokens_per_second=w.tokens_per_second,
+                rank=w.rank,
+                node=node,
+                health=rank_health(w, now),
+                pid=w.pid,
+                step=w.step,
+                loss=w.loss,
+                step_time=w.step_time,
+                tokens_per_second=w.tokens_per_second,
                 progress_age=None if w.last_progress_at is None else now - w.last_progress_at,
-                exit_code=w.exit_code, failure_class=w.failure_class, last_checkpoint_step=w.last_checkpoint_step,
-            )  # fmt: skip
+                exit_code=w.exit_code,
+                failure_class=w.failure_class,
+                last_checkpoint_step=w.last_checkpoint_step,
+            )
     for rank, node in owner.items():
         if rank not in seen:
-            seen[rank] = RankRow(rank=rank, node=node, health="missing", pid=None, step=None, loss=None,
-                                 step_time=None, tokens_per_second=None, progress_age=None, exit_code=None,
-                                 failure_class=None, last_checkpoint_step=None)  # fmt: skip
+            seen[rank] = RankRow(
+                rank=rank,
+                node=node,
+                health="missing",
+                pid=None,
+                step=None,
+                loss=None,
+                step_time=None,
+                tokens_per_second=None,
+                progress_age=None,
+                exit_code=None,
+                failure_class=None,
+                last_checkpoint_step=None,
+            )
     return [seen[r] for r in sorted(seen)]
 
 
@@ -172,37 +198,70 @@ def read_status(store: Store, job: str) -> StatusReport:
     tps = [r.tokens_per_second for r in ranks if r.tokens_per_second and r.health in ("ok", "stalled")]
     rank0 = next((r for r in ranks if r.rank == 0 and r.loss is not None), None)
     return StatusReport(
-        job=job, phase=state.phase, generation=state.generation, restarts=state.restarts,
-        infra_restarts=state.infra_restarts, reason=state.reason, message=state.message,
-        step=max(steps) if steps else state.last_step, loss=rank0.loss if rank0 else state.last_loss,
-        tokens_per_second=sum(tps) if tps else None, ettr=compute_ettr(state, incidents, now).model_dump(),
-        age_seconds=now - state.created_at, open_incident=state.open_incident,
-        nodes=node_rows(store, state, assignment, now), ranks=ranks, standbys=state.standbys,
-        incidents=[incident_row(i) for i in incidents[-RECENT_INCIDENTS:]], incident_count=len(incidents),
+        job=job,
+        phase=state.phase,
+        generation=state.generation,
+        restarts=state.restarts,
+        infra_restarts=state.infra_restarts,
+        reason=state.reason,
+        message=state.message,
+        step=max(steps) if steps else state.last_step,
+        loss=rank0.loss if rank0 else state.last_loss,
+        tokens_per_second=sum(tps) if tps else None,
+        ettr=compute_ettr(state, incidents, now).model_dump(),
+        age_seconds=now - state.created_at,
+        open_incident=state.open_incident,
+        nodes=node_rows(store, state, assignment, now),
+        ranks=ranks,
+        standbys=state.standbys,
+        incidents=[incident_row(i) for i in incidents[-RECENT_INCIDENTS:]],
+        incident_count=len(incidents),
         last_checkpoint=max(checkpoints, key=lambda c: c.step) if checkpoints else None,
         pending_requests=[r for r in requests if r.status is RequestStatus.PENDING],
-    )  # fmt: skip
+    )
 
 
-NODE_STYLE = {"up": "green", "lost": "bold red", "standby": "cyan", "standby-starting": "yellow",
-              "evicted": "red", "idle": "dim"}  # fmt: skip
-HEALTH_STYLE = {"ok": "green", "stalled": "bold yellow", "starting": "yellow", "crashed": "bold red",
-                "done": "dim", "missing": "bold red"}  # fmt: skip
+NODE_STYLE = {
+    "up": "green",
+    "lost": "bold red",
+    "standby": "cyan",
+    "standby-starting": "yellow",
+    "evicted": "red",
+    "idle": "dim",
+}
+HEALTH_STYLE = {
+    "ok": "green",
+    "stalled": "bold yellow",
+    "starting": "yellow",
+    "crashed": "bold red",
+    "done": "dim",
+    "missing": "bold red",
+}
 
 
 def _header(r: StatusReport) -> Table:
     t = Table(box=None, show_header=False, pad_edge=False)
     t.add_column(style="bold")
     t.add_column(overflow="fold")
-    t.add_row("job", Text.assemble((r.job, "bold cyan"), "  ", phase_text(r.phase),
-                                   f"  generation {r.generation}  age {duration(r.age_seconds)}"))  # fmt: skip
+    t.add_row(
+        "job",
+        Text.assemble(
+            (r.job, "bold cyan"),
+            "  ",
+            phase_text(r.phase),
+            f"  generation {r.generation}  age {duration(r.age_seconds)}",
+        ),
+    )
     if r.reason or r.message:
         t.add_row("reason", f"{r.reason or '-'}: {r.message or ''}")
     t.add_row("progress", f"step {num(r.step)}  loss {num(r.loss, '.4f')}  tokens/s {num(r.tokens_per_second, ',.0f')}")
     t.add_row("restarts", f"{r.restarts} ({r.infra_restarts} caused by the infrastructure)")
     e = r.ettr
-    t.add_row("ETTR", f"{percent(e['ettr'])}  (downtime {duration(e['downtime_seconds'])}, redone work "
-                      f"{duration(e['lost_work_seconds'])} over {duration(e['window_seconds'])})")  # fmt: skip
+    t.add_row(
+        "ETTR",
+        f"{percent(e['ettr'])}  (downtime {duration(e['downtime_seconds'])}, redone work "
+        f"{duration(e['lost_work_seconds'])} over {duration(e['window_seconds'])})",
+    )
     ckpt = r.last_checkpoint
     t.add_row("checkpoint", f"step {ckpt.step} ({ckpt.tier}) {ago(ckpt.committed_at)}" if ckpt else "none yet")
     if r.open_incident:
@@ -218,9 +277,16 @@ def nodes_table(rows: list[NodeRow]) -> Table:
         state = Text(n.state, style=NODE_STYLE.get(n.state, ""))
         if n.cordoned:
             state.append(" cordoned", style="bold magenta")
-        t.add_row(n.node, state, num(n.node_rank), rank_ranges(n.ranks) if n.ranks else "-", n.host or "-",
-                  "-" if n.heartbeat_age is None else f"{duration(n.heartbeat_age)} ago", num(n.generation),
-                  Text(", ".join(n.machine_faults) or "-", style="bold red" if n.machine_faults else "dim"))  # fmt: skip
+        t.add_row(
+            n.node,
+            state,
+            num(n.node_rank),
+            rank_ranges(n.ranks) if n.ranks else "-",
+            n.host or "-",
+            "-" if n.heartbeat_age is None else f"{duration(n.heartbeat_age)} ago",
+            num(n.generation),
+            Text(", ".join(n.machine_faults) or "-", style="bold red" if n.machine_faults else "dim"),
+        )
     return t
 
 
@@ -228,28 +294,41 @@ def ranks_table(rows: list[RankRow]) -> Table:
     """Fits 80 columns: the exit code goes with the health, the class column only when a rank has one."""
     with_class = any(r.failure_class for r in rows)
     t = Table(title="ranks", title_justify="left", box=box.SIMPLE_HEAVY, pad_edge=False)
-    for col in ("rank", "node", "health", "step", "loss", "step time", "last step") + (("class",) if with_class else ()):
+    for col in ("rank", "node", "health", "step", "loss", "step time", "last step") + (
+        ("class",) if with_class else ()
+    ):
         t.add_column(col, no_wrap=True, justify="right" if col in ("rank", "step", "loss", "step time") else "left")
     for r in rows:
         health = Text(r.health, style=HEALTH_STYLE.get(r.health, ""))
         if r.exit_code is not None:
             health.append(f" ({r.exit_code})")
-        cells = [str(r.rank), r.node or "-", health, num(r.step), num(r.loss, ".4f"),
-                 "-" if r.step_time is None else f"{r.step_time * 1000:.0f}ms",
-                 "-" if r.progress_age is None else f"{duration(r.progress_age)} ago"]  # fmt: skip
+        cells: list[str | Text] = [
+            str(r.rank),
+            r.node or "-",
+            health,
+            num(r.step),
+            num(r.loss, ".4f"),
+            "-" if r.step_time is None else f"{r.step_time * 1000:.0f}ms",
+            "-" if r.progress_age is None else f"{duration(r.progress_age)} ago",
+        ]
         t.add_row(*cells, *([r.failure_class or "-"] if with_class else []))
     return t
 
 
 def status_view(r: StatusReport) -> Group:
-    parts: list = [_header(r), nodes_table(r.nodes), ranks_table(r.ranks)]  # type: ignore[type-arg]
+    parts: list = [_header(r), nodes_table(r.nodes), ranks_table(r.ranks)]
     if r.standbys:
         parts.append(Text(f"standby pool: {', '.join(r.standbys)}", style="cyan"))
     else:
         parts.append(Text("standby pool: empty", style="dim"))
     for req in r.pending_requests:
-        parts.append(Text(f"pending request {req.id}: {req.kind.value} {req.node or 'all nodes'} "
-                          f"(by {req.requested_by or '?'}, {ago(req.requested_at)})", style="yellow"))  # fmt: skip
+        parts.append(
+            Text(
+                f"pending request {req.id}: {req.kind.value} {req.node or 'all nodes'} "
+                f"(by {req.requested_by or '?'}, {ago(req.requested_at)})",
+                style="yellow",
+            )
+        )
     if r.incidents:
         title = f"recent incidents ({len(r.incidents)} of {r.incident_count})"
         parts.append(incidents_table(r.incidents, show_job=False, title=title))

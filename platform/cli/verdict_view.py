@@ -72,20 +72,24 @@ def stack_tree(groups: list[dict[str, Any]], rank_nodes: Mapping[int, str] | Non
     return tree
 
 
-def suspects_table(suspects: list[dict[str, Any]]) -> Table:
+def suspects_table(suspects: list[Mapping[str, Any]]) -> Table:
     t = Table(box=box.SIMPLE, pad_edge=False, show_edge=False)
     for col in ("suspect", "score", "ranks", "why"):
         t.add_column(col, overflow="fold", no_wrap=col != "why")
     for s in sorted(suspects, key=lambda s: -(s.get("score") or 0)):
         score = s.get("score")
-        t.add_row(Text(str(s.get("node")), style="bold red"), "-" if score is None else f"{score:.2f}",
-                  rank_ranges(int(r) for r in s.get("ranks") or []),
-                  "; ".join(str(r) for r in s.get("reasons") or []))  # fmt: skip
+        t.add_row(
+            Text(str(s.get("node")), style="bold red"),
+            "-" if score is None else f"{score:.2f}",
+            rank_ranges(int(r) for r in s.get("ranks") or []),
+            "; ".join(str(r) for r in s.get("reasons") or []),
+        )
     return t
 
 
-def verdict_view(verdict: Mapping[str, Any], *, title: str = "verdict",
-                 rank_nodes: Mapping[int, str] | None = None) -> Group:  # fmt: skip
+def verdict_view(
+    verdict: Mapping[str, Any], *, title: str = "verdict", rank_nodes: Mapping[int, str] | None = None
+) -> Group:
     head = Text()
     head.append(str(verdict.get("failure_class") or "unknown"), style="bold red")
     if verdict.get("blame"):
@@ -98,16 +102,26 @@ def verdict_view(verdict: Mapping[str, Any], *, title: str = "verdict",
     body: list[Any] = [head]
     group = verdict.get("group")
     if isinstance(group, Mapping):
-        body.append(Text(f"suspect group: {group.get('kind')} group {group.get('index')}, ranks "
-                         f"{rank_ranges(int(r) for r in group.get('ranks') or [])} on "
-                         f"{', '.join(map(str, group.get('nodes') or [])) or '-'}", style="cyan"))  # fmt: skip
+        body.append(
+            Text(
+                f"suspect group: {group.get('kind')} group {group.get('index')}, ranks "
+                f"{rank_ranges(int(r) for r in group.get('ranks') or [])} on "
+                f"{', '.join(map(str, group.get('nodes') or [])) or '-'}",
+                style="cyan",
+            )
+        )
     if verdict.get("summary"):
         body.append(Text(str(verdict["summary"])))
     suspects = [s for s in verdict.get("suspects") or [] if isinstance(s, Mapping)]
     body.append(suspects_table(suspects) if suspects else Text("no suspect node", style="yellow"))
     if verdict.get("runbook"):
-        body.append(Text.assemble(("runbook ", "bold"), (str(verdict["runbook"]), "bold cyan"),
-                                  f"  stalwart runbook show {verdict['runbook']}"))  # fmt: skip
+        body.append(
+            Text.assemble(
+                ("runbook ", "bold"),
+                (str(verdict["runbook"]), "bold cyan"),
+                f"  stalwart runbook show {verdict['runbook']}",
+            )
+        )
     parts: list[Any] = [Panel(Group(*body), title=title, title_align="left", border_style="red")]
     groups = [g for g in verdict.get("stack_groups") or [] if isinstance(g, Mapping)]
     if groups:

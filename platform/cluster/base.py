@@ -40,8 +40,9 @@ class Cluster(ABC):
     def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
         """Collective (all-to-all, all-reduce, all-gather, bitwise checked) and compute checks across
         `nodes`. A backend that cannot run them says so rather than inventing health."""
-        return [PreflightVerdict(node=n, passed=True, reasons=["pre-flight not supported by this cluster"])
-                for n in nodes]  # fmt: skip
+        return [
+            PreflightVerdict(node=n, passed=True, reasons=["pre-flight not supported by this cluster"]) for n in nodes
+        ]
 
     def cordon(self, node: str, reason: str) -> None:
         """Keep the machine under `node` out of future placements until uncordoned (a Kubernetes

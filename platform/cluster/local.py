@@ -17,7 +17,6 @@ from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.net import free_port
 from stalwart.processes import kill_session, signal_session, spawn, wait_for
 
-
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
 NODE_FAULTS_ENV = "STALWART_NODE_FAULTS"  # {"node-1": {"VAR": "value"}}: injected machine faults
 
@@ -52,10 +51,21 @@ class LocalCluster(Cluster):
         node_dir = self._node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
         argv = [
-            sys.executable, "-m", "stalwart.cli.main", "agent",
-            "--job", self.job, "--node", name, "--etcd", self.etcd_endpoint,
-            "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "stalwart.cli.main",
+            "agent",
+            "--job",
+            self.job,
+            "--node",
+            name,
+            "--etcd",
+            self.etcd_endpoint,
+            "--workdir",
+            str(self.workdir),
+            "--job-dir",
+            str(self.job_dir),
+        ]
         faults: dict[str, dict[str, str]] = json.loads(os.environ.get(NODE_FAULTS_ENV, "{}"))
         env = {**os.environ, **faults.get(name, {})} if name in faults else None
         with open(node_dir / "agent.log", "ab") as log:
@@ -108,17 +118,32 @@ class LocalCluster(Cluster):
 
         # Injected faults (tests, demos): {"node-1": {"STALWART_FAULT_CORRUPT_COMPUTE": "1"}}.
         faults: dict[str, dict[str, str]] = json.loads(os.environ.get(PREFLIGHT_FAULTS_ENV, "{}"))
-        rank_env = {i * procs_per_node + local: faults[name]
-                    for i, name in enumerate(nodes) if name in faults for local in range(procs_per_node)}  # fmt: skip
-        report = run_collective_check(self.workdir / "preflight" / time.strftime("%H%M%S"), nodes=len(nodes),
-                                      procs_per_node=procs_per_node, timeout=120.0, collective_timeout=10.0,
-                                      rank_env=rank_env, backend="gloo",
-                                      # the nodes are CPU processes here, so this process knows the answer
-                                      reference_digest=compute_digest(torch.device("cpu"), env={}))  # fmt: skip
+        rank_env = {
+            i * procs_per_node + local: faults[name]
+            for i, name in enumerate(nodes)
+            if name in faults
+            for local in range(procs_per_node)
+        }
+        report = run_collective_check(
+            self.workdir / "preflight" / time.strftime("%H%M%S"),
+            nodes=len(nodes),
+            procs_per_node=procs_per_node,
+            timeout=120.0,
+            collective_timeout=10.0,
+            rank_env=rank_env,
+            backend="gloo",
+            # the nodes are CPU processes here, so this process knows the answer
+            reference_digest=compute_digest(torch.device("cpu"), env={}),
+        )
         verdicts = {v.node: v for v in report.nodes}
-        return [PreflightVerdict(node=name, passed=verdicts[i].passed if i in verdicts else False,
-                                 reasons=verdicts[i].reasons if i in verdicts else ["no report"])
-                for i, name in enumerate(nodes)]  # fmt: skip
+        return [
+            PreflightVerdict(
+                node=name,
+                passed=verdicts[i].passed if i in verdicts else False,
+                reasons=verdicts[i].reasons if i in verdicts else ["no report"],
+            )
+            for i, name in enumerate(nodes)
+        ]
 
     def stop_all(self) -> None:
         for info in self.list_nodes():

@@ -185,8 +185,14 @@ class JobController:
             handler(state, revision, log)
         return state
 
-    def _commit(self, state: JobState, revision: int, extra: Extra | None = None, deletes: list[str] | None = None,
-                guard: dict[str, int] | None = None) -> bool:  # fmt: skip
+    def _commit(
+        self,
+        state: JobState,
+        revision: int,
+        extra: Extra | None = None,
+        deletes: list[str] | None = None,
+        guard: dict[str, int] | None = None,
+    ) -> bool:
         """One guarded transaction: we lead, the state is as we read it, and so is every key in
         `guard` (key -> mod revision), e.g. an operator request nobody withdrew meanwhile."""
         state.updated_at = time.time()
@@ -208,10 +214,20 @@ class JobController:
         count = len(slot_roles(self.job.spec))
         slots = [f"node-{i}" for i in range(count)]
         standbys = [f"node-{count + i}" for i in range(standbys_for(self.job.spec.standbys, count))]
-        state = JobState(job=self.job_name, slots=slots, standbys=standbys, next_node_index=count + len(standbys),
-                         code_version=self.job.spec.code_version, created_at=now, updated_at=now)  # fmt: skip
-        if self.store.commit({keys.job_state(self.job_name): state}, expect_value=self.leader.guard,
-                             expect_revision={keys.job_state(self.job_name): 0}):  # fmt: skip
+        state = JobState(
+            job=self.job_name,
+            slots=slots,
+            standbys=standbys,
+            next_node_index=count + len(standbys),
+            code_version=self.job.spec.code_version,
+            created_at=now,
+            updated_at=now,
+        )
+        if self.store.commit(
+            {keys.job_state(self.job_name): state},
+            expect_value=self.leader.guard,
+            expect_revision={keys.job_state(self.job_name): 0},
+        ):
             self.log.info("job created", fields={"slots": slots, "standbys": standbys})
 
     def _pending(self, state: JobState, revision: int, log: ContextLogger) -> None:
@@ -246,22 +262,36 @@ class JobController:
         bad = {v.node for v in failed}
         state.standbys_checked = sorted(set(state.standbys_checked) | {n for n in standbys if n not in bad})
         for v in failed:
-            incident = Incident(id=f"inc-pre{state.preflight_rounds}-{uuid.uuid4().hex[:6]}", job=self.job_name,
-                                failure_class=FailureClass.PREFLIGHT_FAILED, generation=0, node=v.node,
-                                suspects=[v.node], evidence=v.reasons[:20], counted=False,
-                                policy_action=FailureAction.EVICT, runbook="preflight_failed",
-                                failed_at=now, detected_at=now)  # fmt: skip
+            incident = Incident(
+                id=f"inc-pre{state.preflight_rounds}-{uuid.uuid4().hex[:6]}",
+                job=self.job_name,
+                failure_class=FailureClass.PREFLIGHT_FAILED,
+                generation=0,
+                node=v.node,
+                suspects=[v.node],
+                evidence=v.reasons[:20],
+                counted=False,
+                policy_action=FailureAction.EVICT,
+                runbook="preflight_failed",
+                failed_at=now,
+                detected_at=now,
+            )
             self._evict(state, [v.node], incident, extra, exclude=bad)
             incident.action = f"evict {v.node} before the start" + (
-                f", replace with {incident.replacements[v.node]}" if v.node in incident.replacements else "")
+                f", replace with {incident.replacements[v.node]}" if v.node in incident.replacements else ""
+            )
             extra[keys.incident(self.job_name, incident.id)] = incident
             log.warning("pre-flight failed; evicting", fields={"node": v.node, "reasons": v.reasons[:3]})
         passed = {v.node for v in verdicts if v.passed}
         if all(s in passed for s in state.slots):
             state.preflight_passed = True  # replacements, if any, were standbys that passed with them
         elif state.preflight_rounds >= MAX_PREFLIGHT_ROUNDS:
-            self._fail(state, revision, "PreflightFailed",
-                       f"nodes kept failing pre-flight checks after {state.preflight_rounds} rounds")  # fmt: skip
+            self._fail(
+                state,
+                revision,
+                "PreflightFailed",
+                f"nodes kept failing pre-flight checks after {state.preflight_rounds} rounds",
+            )
             return
         self._commit(state, revision, extra)
 
@@ -278,8 +308,11 @@ class JobController:
         if not all(s in registered for s in state.slots):
             return
         if state.checks_pending:
-            still = [n for n in state.slots if (b := beats.get(n)) is not None
-                     and any(w.exit_code is None for w in b.workers)]  # fmt: skip
+            still = [
+                n
+                for n in state.slots
+                if (b := beats.get(n)) is not None and any(w.exit_code is None for w in b.workers)
+            ]
             if still:
                 return  # the checks need the machines to themselves
             self._stop_time_checks(state, revision, log)
@@ -322,13 +355,15 @@ class JobController:
             return
         why_not = replayable(self.job.spec, state.slots)
         if why_not:
-            log.warning("failures keep coming with nothing to blame, and the job cannot be replayed",
-                        fields={"why": why_not})  # fmt: skip
+            log.warning(
+                "failures keep coming with nothing to blame, and the job cannot be replayed", fields={"why": why_not}
+            )
             return
         state.replay = plan_replay_groups(state.slots)
-        log.warning("failures keep coming with nothing to blame; dual-phase replay",
-                    fields={"failures": state.unexplained_failures,
-                            "vertical": [g.nodes for g in state.replay.vertical]})  # fmt: skip
+        log.warning(
+            "failures keep coming with nothing to blame; dual-phase replay",
+            fields={"failures": state.unexplained_failures, "vertical": [g.nodes for g in state.replay.vertical]},
+        )
 
     def _start_replay_phase(self, state: JobState, revision: int, log: ContextLogger) -> None:
         """Run the current phase's groups, each a small copy of the job, as one generation."""
@@ -340,8 +375,14 @@ class JobController:
         state.generation = generation
         state.replay.generation, state.replay.started_at = generation, time.time()
         if self._commit(state, revision, {keys.generation(self.job_name, generation): assignment}):
-            log.info("replay phase started", fields={"replay_phase": state.replay.phase, "generation": generation,
-                                                     "groups": {g.id: g.nodes for g in pending}})  # fmt: skip
+            log.info(
+                "replay phase started",
+                fields={
+                    "replay_phase": state.replay.phase,
+                    "generation": generation,
+                    "groups": {g.id: g.nodes for g in pending},
+                },
+            )
             for group in pending:
                 for node in group.nodes:
                     self._command(node, generation, AgentAction.RUN)
@@ -357,13 +398,23 @@ class JobController:
         for group in replay.groups():
             if group.outcome is not None:
                 continue
-            verdict = judge(group, beats, set(registered), replay.generation, procs, replay.started_at or now,
-                            self.ft.first_step_timeout_seconds, now)  # fmt: skip
+            verdict = judge(
+                group,
+                beats,
+                set(registered),
+                replay.generation,
+                procs,
+                replay.started_at or now,
+                self.ft.first_step_timeout_seconds,
+                now,
+            )
             if verdict is not None:
                 group.outcome, group.reason = verdict  # type: ignore[assignment]
                 changed = True
-                log.info("replay group judged", fields={"group": group.id, "nodes": group.nodes,
-                                                        "outcome": group.outcome, "why": group.reason})  # fmt: skip
+                log.info(
+                    "replay group judged",
+                    fields={"group": group.id, "nodes": group.nodes, "outcome": group.outcome, "why": group.reason},
+                )
         if any(g.outcome is None for g in replay.groups()):
             if changed:
                 self._commit(state, revision)
@@ -376,11 +427,13 @@ class JobController:
         node, summary = replay_conclusion(replay)
         state.replay, state.unexplained_failures = None, 0
         extra: Extra = {}
-        incident = self.store.get(keys.incident(self.job_name, state.open_incident), Incident) \
-            if state.open_incident else None  # fmt: skip
+        incident = (
+            self.store.get(keys.incident(self.job_name, state.open_incident), Incident) if state.open_incident else None
+        )
         if incident is not None:
-            incident.evidence += [summary] + [f"{g.id} {g.nodes}: {g.outcome}, {g.reason}"
-                                              for g in [*replay.horizontal, *replay.vertical]]  # fmt: skip
+            incident.evidence += [summary] + [
+                f"{g.id} {g.nodes}: {g.outcome}, {g.reason}" for g in [*replay.horizontal, *replay.vertical]
+            ]
             if node is not None:
                 incident.suspects = sorted(set(incident.suspects) | {node})
                 self._evict(state, [node], incident, extra)
@@ -395,8 +448,9 @@ class JobController:
         for node in state.slots:
             self._command(node, state.generation, AgentAction.RUN)
         registered, beats = self._read_nodes()
-        workers = [w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation
-                   for w in b.workers]  # fmt: skip
+        workers = [
+            w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation for w in b.workers
+        ]
         if self._track_progress(state, revision, workers, log):
             return  # it committed: the state's revision moved, so decide the rest on the next tick
         # A rank that just lost a peer's connection is the first sign of a dead machine, often a few
@@ -414,12 +468,14 @@ class JobController:
 
         # Rung 1: machine signals from the probes evict at once, no diagnosis.
         faults = {n: b.machine_faults for n, b in beats.items() if n in state.slots and n in registered}
-        condemned = machine_fault_suspects(faults, self._nics, now, nic_count=self.ft.nic_flap_count,
-                                           nic_window=self.ft.nic_flap_window_seconds)  # fmt: skip
+        condemned = machine_fault_suspects(
+            faults, self._nics, now, nic_count=self.ft.nic_flap_count, nic_window=self.ft.nic_flap_window_seconds
+        )
         if condemned:
             evidence = [f"{n}: {line}" for n, lines in sorted(condemned.items()) for line in lines]
-            self._handle(state, revision, workers, Classified(FailureEvent.MACHINE_FAULT, sorted(condemned),
-                         evidence), now, log)  # fmt: skip
+            self._handle(
+                state, revision, workers, Classified(FailureEvent.MACHINE_FAULT, sorted(condemned), evidence), now, log
+            )
             return
 
         lost = [n for n in state.slots if n not in registered]
@@ -436,15 +492,16 @@ class JobController:
             gone = self._gone_per_cluster(silent)
             if not gone and now - (crashed[0].exited_at or now) <= patience:
                 return
-            why = GONE_PER_CLUSTER if gone else \
-                f"silent for {patience:g}s since its peers crashed"  # fmt: skip
+            why = GONE_PER_CLUSTER if gone else f"silent for {patience:g}s since its peers crashed"
             self._fence(gone or silent, registered, why, log)
             lost = [n for n in state.slots if n not in registered]
         if lost:
             last = [self._last_beats[n].sent_at for n in lost if n in self._last_beats]
             failed_at = min(last) if last else now - self.ft.lease_ttl_seconds
-            evidence = [f"{n}: " + self._fenced.pop(n, f"node lease lapsed (no heartbeat for {self.ft.lease_ttl_seconds}s)")
-                        for n in lost]  # fmt: skip
+            evidence = [
+                f"{n}: " + self._fenced.pop(n, f"node lease lapsed (no heartbeat for {self.ft.lease_ttl_seconds}s)")
+                for n in lost
+            ]
             self._handle(state, revision, workers, Classified(FailureEvent.LOST_NODE, lost, evidence), failed_at, log)
         elif crashed:
             owner = {w.rank: n for n in state.slots if (b := beats.get(n)) for w in b.workers}
@@ -461,8 +518,9 @@ class JobController:
         else:
             self._watch_progress(state, revision, workers, now, log)
 
-    def _refine_crash(self, state: JobState, pairs: list[tuple[str, WorkerStatus]], classified: Classified,
-                      log: ContextLogger) -> None:  # fmt: skip
+    def _refine_crash(
+        self, state: JobState, pairs: list[tuple[str, WorkerStatus]], classified: Classified, log: ContextLogger
+    ) -> None:
         """Ask diagnosis to read the crash logs too; its verdict rides in the incident, and a machine
         it names (a signature the agent's scan missed) upgrades a plain crash to a machine fault."""
         assignment = self.store.get(keys.generation(self.job_name, state.generation), Assignment)
@@ -480,8 +538,9 @@ class JobController:
             classified.runbook = finding.runbook or "machine_fault"
             classified.evidence += finding.evidence
 
-    def _watch_progress(self, state: JobState, revision: int, workers: list[WorkerStatus], now: float,
-                        log: ContextLogger) -> None:  # fmt: skip
+    def _watch_progress(
+        self, state: JobState, revision: int, workers: list[WorkerStatus], now: float, log: ContextLogger
+    ) -> None:
         """Rungs 3-4 for a job that is running: loss spikes, and hangs past the adaptive timeout."""
         rank0 = next((w for w in workers if w.rank == 0), None)
         if rank0 is not None and rank0.loss is not None and rank0.step is not None:
@@ -497,8 +556,11 @@ class JobController:
             return
         progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
         if progress:
-            timeout = hang_timeout([w.step_time for w in running if w.step_time],
-                                   self.ft.hang_timeout_multiplier, self.ft.hang_timeout_floor_seconds)  # fmt: skip
+            timeout = hang_timeout(
+                [w.step_time for w in running if w.step_time],
+                self.ft.hang_timeout_multiplier,
+                self.ft.hang_timeout_floor_seconds,
+            )
             since = max(progress)
         else:
             timeout = self.ft.first_step_timeout_seconds
@@ -509,8 +571,9 @@ class JobController:
         assignment = self.store.get(keys.generation(self.job_name, state.generation), Assignment)
         if assignment is None:
             return
-        log.warning("no progress; capturing stacks", fields={"stalled_for": round(now - since, 1),
-                                                             "timeout": round(timeout, 1)})  # fmt: skip
+        log.warning(
+            "no progress; capturing stacks", fields={"stalled_for": round(now - since, 1), "timeout": round(timeout, 1)}
+        )
         detected = time.time()
         try:
             finding = diagnose_hang(self.store, self.job_name, assignment, self._url(), log)
@@ -520,24 +583,35 @@ class JobController:
             # No suspect (stacks unusable, or the workers are finishing): look again after another
             # timeout before restarting anything.
             self._hang_second_look_at = time.time() + timeout
-            log.warning("no suspect for the stall; looking again before acting",
-                        fields={"evidence": (finding.evidence if finding else [])[:2]})  # fmt: skip
+            log.warning(
+                "no suspect for the stall; looking again before acting",
+                fields={"evidence": (finding.evidence if finding else [])[:2]},
+            )
             return
         self._hang_second_look_at = 0.0
-        classified = Classified(FailureEvent.HANG, finding.suspects if finding else [],
-                                [f"no progress for {now - since:.1f}s (timeout {timeout:.1f}s)"]
-                                + (finding.evidence if finding else []),
-                                runbook=(finding.runbook if finding else None) or "hang")  # fmt: skip
+        classified = Classified(
+            FailureEvent.HANG,
+            finding.suspects if finding else [],
+            [f"no progress for {now - since:.1f}s (timeout {timeout:.1f}s)"] + (finding.evidence if finding else []),
+            runbook=(finding.runbook if finding else None) or "hang",
+        )
         classified.verdict = finding.verdict if finding else None
         classified.diagnosed_at = time.time()
         # Re-read: the capture took seconds, and a commit needs the state's current revision.
-        state, revision = self.store.get_with_revision(keys.job_state(self.job_name), JobState)
-        if state is None or state.phase is not JobPhase.RUNNING:
+        current, revision = self.store.get_with_revision(keys.job_state(self.job_name), JobState)
+        if current is None or current.phase is not JobPhase.RUNNING:
             return
-        self._handle(state, revision, workers, classified, since, log, detected_at=detected)
+        self._handle(current, revision, workers, classified, since, log, detected_at=detected)
 
-    def _watch_pace(self, state: JobState, revision: int, workers: list[WorkerStatus], running: list[WorkerStatus],
-                    now: float, log: ContextLogger) -> None:  # fmt: skip
+    def _watch_pace(
+        self,
+        state: JobState,
+        revision: int,
+        workers: list[WorkerStatus],
+        running: list[WorkerStatus],
+        now: float,
+        log: ContextLogger,
+    ) -> None:
         """Rung 4's slowdowns: a job stepping `slowdownFactor` times slower than its own baseline gets
         rounds of stacks; the node they keep pointing at is evicted. In synchronous training every
         rank reports the same step time, so the pace tells that someone is slow, the stacks who."""
@@ -546,7 +620,7 @@ class JobController:
         if not steps or not times or max(steps) == self._paced_step or now < self._pace_quiet_until:
             return  # (nothing sampled while quiet, so a pause cannot turn into the baseline)
         self._paced_step = max(steps)
-        self._pace = [*self._pace[-PACE_HISTORY + 1:], (now, times[len(times) // 2])]
+        self._pace = [*self._pace[-PACE_HISTORY + 1 :], (now, times[len(times) // 2])]
         onset = slowdown_onset(self._pace, self.ft.slowdown_factor)
         if onset is None:
             return
@@ -554,12 +628,21 @@ class JobController:
         if assignment is None:
             return
         recent = self._pace[-1][1]
-        log.warning("slowdown; capturing rounds of stacks", fields={"step_time": round(recent, 3),
-                                                                    "rounds": self.ft.slowdown_rounds})  # fmt: skip
+        log.warning(
+            "slowdown; capturing rounds of stacks",
+            fields={"step_time": round(recent, 3), "rounds": self.ft.slowdown_rounds},
+        )
         detected = time.time()
         try:
-            finding = diagnose_slowdown(self.store, self.job_name, assignment, self._url(), log,
-                                        rounds=self.ft.slowdown_rounds, interval=max(0.5, 1.5 * recent))  # fmt: skip
+            finding = diagnose_slowdown(
+                self.store,
+                self.job_name,
+                assignment,
+                self._url(),
+                log,
+                rounds=self.ft.slowdown_rounds,
+                interval=max(0.5, 1.5 * recent),
+            )
         except ImportError:
             finding = None
         if finding is None or not finding.suspects:
@@ -568,17 +651,23 @@ class JobController:
             # doubles each time. A slowdown that lasts becomes the baseline by itself.
             self._pace = [p for p in self._pace if p[0] < onset]
             self._pace_quiet_until, self._pace_backoff = time.time() + self._pace_backoff, 2 * self._pace_backoff
-            log.warning("slowdown with no culprit; watching", fields={"evidence": (finding.evidence if finding else [])[:2]})
+            log.warning(
+                "slowdown with no culprit; watching", fields={"evidence": (finding.evidence if finding else [])[:2]}
+            )
             return
         self._pace, self._paced_step = [], None  # handled (or tolerated by an Ignore rule): a new baseline
-        classified = Classified(FailureEvent.SLOWDOWN, finding.suspects,
-                                [f"step time {recent:.3g}s, more than {self.ft.slowdown_factor:g}x this generation's "
-                                 "baseline"] + finding.evidence, runbook=finding.runbook or "slowdown")  # fmt: skip
+        classified = Classified(
+            FailureEvent.SLOWDOWN,
+            finding.suspects,
+            [f"step time {recent:.3g}s, more than {self.ft.slowdown_factor:g}x this generation's baseline"]
+            + finding.evidence,
+            runbook=finding.runbook or "slowdown",
+        )
         classified.verdict, classified.diagnosed_at = finding.verdict, time.time()
-        state, revision = self.store.get_with_revision(keys.job_state(self.job_name), JobState)
-        if state is None or state.phase is not JobPhase.RUNNING:
+        current, revision = self.store.get_with_revision(keys.job_state(self.job_name), JobState)
+        if current is None or current.phase is not JobPhase.RUNNING:
             return
-        self._handle(state, revision, workers, classified, onset, log, detected_at=detected)
+        self._handle(current, revision, workers, classified, onset, log, detected_at=detected)
 
     # -- progress ------------------------------------------------------------------------------
     def _track_progress(self, state: JobState, revision: int, workers: list[WorkerStatus], log: ContextLogger) -> bool:
@@ -592,8 +681,9 @@ class JobController:
         if state.first_step_at is None:
             state.first_step_at = min(w.first_step_at for w in stepped)  # type: ignore[type-var]
             changed = True
-        if state.resume_max_step is not None and any((w.last_checkpoint_step or 0) > state.resume_max_step
-                                                     for w in workers):  # fmt: skip
+        if state.resume_max_step is not None and any(
+            (w.last_checkpoint_step or 0) > state.resume_max_step for w in workers
+        ):
             state.resume_max_step = None  # a checkpoint newer than the rollback point exists: it is good
             changed = True
         if state.open_incident is not None:
@@ -605,8 +695,14 @@ class JobController:
                 incident.resumed_step = first.first_step
                 incident.loss_after = rank0.first_loss
                 extra[keys.incident(self.job_name, incident.id)] = incident
-                log.info("recovered", fields={"incident": incident.id, "resumed_step": incident.resumed_step,
-                                              "downtime": incident.downtime})  # fmt: skip
+                log.info(
+                    "recovered",
+                    fields={
+                        "incident": incident.id,
+                        "resumed_step": incident.resumed_step,
+                        "downtime": incident.downtime,
+                    },
+                )
             state.open_incident = None
             changed = True
         if changed:
@@ -638,8 +734,12 @@ class JobController:
     ) -> None:
         """Take the policy's rung for a classified failure, in one guarded commit with its incident."""
         now = time.time()
-        decision = decide(classified, self.policy, Counters(state.restarts, state.user_code_failures),
-                          checks_enabled=self.ft.stop_time_checks)  # fmt: skip
+        decision = decide(
+            classified,
+            self.policy,
+            Counters(state.restarts, state.user_code_failures),
+            checks_enabled=self.ft.stop_time_checks,
+        )
         steps = [w.step for w in workers if w.step is not None]
         step_times = [w.step_time for w in workers if w.step_time]
         rank0 = next((w for w in workers if w.rank == 0), None)
@@ -648,7 +748,7 @@ class JobController:
             job=self.job_name,
             failure_class=classified.event,
             generation=state.generation,
-            node=(classified.suspects or [None])[0],
+            node=classified.suspects[0] if classified.suspects else None,
             rank=classified.rank,
             exit_code=classified.exit_code,
             evidence=classified.evidence[:60],
@@ -665,8 +765,14 @@ class JobController:
             mean_step_time=sum(step_times) / len(step_times) if step_times else None,
         )
         if incident.node is None and classified.rank is not None:
-            incident.node = next((n for n in state.slots if (b := self._last_beats.get(n))
-                                  and any(w.rank == classified.rank for w in b.workers)), None)  # fmt: skip
+            incident.node = next(
+                (
+                    n
+                    for n in state.slots
+                    if (b := self._last_beats.get(n)) and any(w.rank == classified.rank for w in b.workers)
+                ),
+                None,
+            )
         log = log.bind(incident=incident.id, event=classified.event.value, action=decision.action.value)
         extra: Extra = {keys.incident(self.job_name, incident.id): incident}
         if decision.action is FailureAction.FAIL:
@@ -693,8 +799,12 @@ class JobController:
             # newest is the last interval boundary before the failure (or a later one a worker
             # reported, if the job saves off-interval).
             interval = self.job.spec.checkpoint.interval_steps
-            newest = max([(incident.step_at_failure or 0) // interval * interval,
-                          *(w.last_checkpoint_step or 0 for w in workers)])  # fmt: skip
+            newest = max(
+                [
+                    (incident.step_at_failure or 0) // interval * interval,
+                    *(w.last_checkpoint_step or 0 for w in workers),
+                ]
+            )
             state.resume_max_step = max(0, newest - self.policy.rollback_checkpoints * interval)
             actions.append(f"roll back to a checkpoint at or before step {state.resume_max_step}")
         if decision.stop_time_checks:
@@ -716,14 +826,17 @@ class JobController:
         state.phase = JobPhase.RESTARTING
         state.open_incident = incident.id
         if self._commit(state, revision, extra):
-            log.warning("failure handled", fields={"suspects": classified.suspects, "action": incident.action,
-                                                   "exit_code": classified.exit_code})  # fmt: skip
+            log.warning(
+                "failure handled",
+                fields={"suspects": classified.suspects, "action": incident.action, "exit_code": classified.exit_code},
+            )
             if incident.evicted and os.environ.get(CONTROLLER_CRASH_ENV) == "after-evict":
                 log.warning("fault injection: controller dies right after committing an eviction")
                 os._exit(17)
 
-    def _evict(self, state: JobState, nodes: list[str], incident: Incident, extra: Extra,
-               exclude: set[str] | None = None) -> None:  # fmt: skip
+    def _evict(
+        self, state: JobState, nodes: list[str], incident: Incident, extra: Extra, exclude: set[str] | None = None
+    ) -> None:
         """Hot-swap: each evicted node's slot (and so its ranks) goes to a standby, the readiest
         first, or to a new node when the pool is empty. The node is cordoned in the same commit."""
         now = time.time()
@@ -732,16 +845,22 @@ class JobController:
             if node in state.evicted:
                 continue
             state.evicted.append(node)
-            cordon = Cordon(node=node, reason=f"{incident.failure_class.value}: {'; '.join(incident.evidence[:1])}"[:300],
-                            incident=incident.id, cordoned_at=now)  # fmt: skip
+            cordon = Cordon(
+                node=node,
+                reason=f"{incident.failure_class.value}: {'; '.join(incident.evidence[:1])}"[:300],
+                incident=incident.id,
+                cordoned_at=now,
+            )
             extra[keys.cordon(node)] = cordon
             if node in state.standbys:
                 state.standbys.remove(node)
                 continue
             if node not in state.slots:
                 continue
-            ready = sorted((s for s in state.standbys if s not in (exclude or set()) and s not in nodes),
-                           key=lambda s: (s not in state.standbys_checked, s not in registered))  # fmt: skip
+            ready = sorted(
+                (s for s in state.standbys if s not in (exclude or set()) and s not in nodes),
+                key=lambda s: (s not in state.standbys_checked, s not in registered),
+            )
             if ready:
                 replacement = ready[0]
                 state.standbys.remove(replacement)
@@ -763,25 +882,46 @@ class JobController:
             added = True
         return added
 
-    def _fail(self, state: JobState, revision: int, reason: str, message: str, incident: Incident | None = None) -> None:
+    def _fail(
+        self, state: JobState, revision: int, reason: str, message: str, incident: Incident | None = None
+    ) -> None:
         state.phase, state.reason, state.message, state.finished_at = JobPhase.FAILED, reason, message, time.time()
         extra: Extra = {keys.incident(self.job_name, incident.id): incident} if incident else {}
         self._commit(state, revision, extra)
 
     # -- standbys ------------------------------------------------------------------------------
-    def _maintain_pool(self, state: JobState, revision: int, registered: dict[str, NodeRegistration],
-                       beats: dict[str, Heartbeat], log: ContextLogger) -> bool:  # fmt: skip
+    def _maintain_pool(
+        self,
+        state: JobState,
+        revision: int,
+        registered: dict[str, NodeRegistration],
+        beats: dict[str, Heartbeat],
+        log: ContextLogger,
+    ) -> bool:
         """Keep the pool at its target: drop dead or faulty standbys, add new ones, check newcomers
         on a thread. True if it committed."""
         known = {n.name: n for n in self.cluster.list_nodes()}
         self._fence_dead_slots(state, registered, log, known)
         drop = {s: "died" for s in state.standbys if s in known and not known[s].alive and s not in registered}
-        drop.update({s: "; ".join(beats[s].machine_faults[:2]) for s in state.standbys
-                     if s in registered and s in beats and beats[s].machine_faults})  # fmt: skip
-        drop.update({s: "; ".join(self._standby_checks[s][1][:2]) or "failed its check"
-                     for s in state.standbys if s in self._standby_checks and not self._standby_checks[s][0]})  # fmt: skip
-        passed = [s for s in state.standbys if s in self._standby_checks and self._standby_checks[s][0]
-                  and s not in state.standbys_checked]  # fmt: skip
+        drop.update(
+            {
+                s: "; ".join(beats[s].machine_faults[:2])
+                for s in state.standbys
+                if s in registered and s in beats and beats[s].machine_faults
+            }
+        )
+        drop.update(
+            {
+                s: "; ".join(self._standby_checks[s][1][:2]) or "failed its check"
+                for s in state.standbys
+                if s in self._standby_checks and not self._standby_checks[s][0]
+            }
+        )
+        passed = [
+            s
+            for s in state.standbys
+            if s in self._standby_checks and self._standby_checks[s][0] and s not in state.standbys_checked
+        ]
         changed = bool(passed)
         state.standbys_checked = sorted(set(state.standbys_checked) | set(passed))
         extra: Extra = {}
@@ -810,7 +950,7 @@ class JobController:
         try:
             verdict = self.cluster.preflight([node], self._check_procs())[0]
             self._standby_checks[node] = (verdict.passed, verdict.reasons)
-        except Exception as exc:  # noqa: BLE001 - a broken check must not kill the controller
+        except Exception as exc:
             self._standby_checks[node] = (False, [f"check could not run: {exc}"])
 
     def _check_procs(self) -> int:
@@ -820,12 +960,17 @@ class JobController:
     def _serve_requests(self, state: JobState, revision: int, log: ContextLogger) -> bool:
         """Carry out the oldest pending request (evict, cordon, uncordon, check). True if it
         committed: the tick then stops, like after any commit."""
-        pending = [r for r in self.store.get_prefix(keys.requests_prefix(self.job_name), OperatorRequest)
-                   if r.status is RequestStatus.PENDING]  # fmt: skip
+        pending = [
+            r
+            for r in self.store.get_prefix(keys.requests_prefix(self.job_name), OperatorRequest)
+            if r.status is RequestStatus.PENDING
+        ]
         if not pending:
             return False
         oldest = min(pending, key=lambda r: r.requested_at)
-        request, request_revision = self.store.get_with_revision(keys.request(self.job_name, oldest.id), OperatorRequest)
+        request, request_revision = self.store.get_with_revision(
+            keys.request(self.job_name, oldest.id), OperatorRequest
+        )
         if request is None or request.status is not RequestStatus.PENDING:
             return False  # withdrawn or done since the listing
         guard = {keys.request(self.job_name, request.id): request_revision}
@@ -834,56 +979,78 @@ class JobController:
         extra: Extra = {keys.request(self.job_name, request.id): request}
         deletes: list[str] = []
         known = set(state.slots) | set(state.standbys)
-        if request.kind is not RequestKind.CHECK or request.node is not None:
-            if request.node is None or (request.node not in known and request.kind is not RequestKind.UNCORDON):
-                request.status, request.message = RequestStatus.FAILED, (
+        names_a_node = request.kind is not RequestKind.CHECK or request.node is not None
+        if names_a_node and (
+            request.node is None or (request.node not in known and request.kind is not RequestKind.UNCORDON)
+        ):
+            request.status, request.message = (
+                RequestStatus.FAILED,
+                (
                     f"node {request.node!r} is not part of job {self.job_name} "
-                    f"(nodes: {', '.join(state.slots)}; standbys: {', '.join(state.standbys) or 'none'})")
-                return self._commit(state, revision, extra, guard=guard)
-        if request.kind is RequestKind.EVICT:
-            if state.phase is not JobPhase.RUNNING and request.node in state.slots:
+                    f"(nodes: {', '.join(state.slots)}; standbys: {', '.join(state.standbys) or 'none'})"
+                ),
+            )
+            return self._commit(state, revision, extra, guard=guard)
+        node = request.node  # every kind but CHECK names one (refused above otherwise)
+        if request.kind is RequestKind.EVICT and node is not None:
+            if state.phase is not JobPhase.RUNNING and node in state.slots:
                 return False  # evict between recoveries, not in the middle of one
             now = time.time()
-            incident = Incident(id=f"inc-{state.generation:04d}-{uuid.uuid4().hex[:6]}", job=self.job_name,
-                                failure_class=FailureEvent.MACHINE_FAULT, generation=state.generation,
-                                node=request.node, suspects=[request.node],  # type: ignore[list-item]
-                                evidence=[f"evicted by {request.requested_by or 'an operator'}: {request.reason}"],
-                                policy_action=FailureAction.EVICT, counted=False, runbook="machine_fault",
-                                failed_at=now, detected_at=now)  # fmt: skip
-            self._evict(state, [request.node], incident, extra)  # type: ignore[list-item]
-            incident.action = f"evict {request.node} on request" + (
-                f", standby {incident.replacements[request.node]} takes its ranks"  # type: ignore[index]
-                if request.node in incident.replacements else "")
+            incident = Incident(
+                id=f"inc-{state.generation:04d}-{uuid.uuid4().hex[:6]}",
+                job=self.job_name,
+                failure_class=FailureEvent.MACHINE_FAULT,
+                generation=state.generation,
+                node=node,
+                suspects=[node],
+                evidence=[f"evicted by {request.requested_by or 'an operator'}: {request.reason}"],
+                policy_action=FailureAction.EVICT,
+                counted=False,
+                runbook="machine_fault",
+                failed_at=now,
+                detected_at=now,
+            )
+            self._evict(state, [node], incident, extra)
+            incident.action = f"evict {node} on request" + (
+                f", standby {incident.replacements[node]} takes its ranks" if node in incident.replacements else ""
+            )
             extra[keys.incident(self.job_name, incident.id)] = incident
-            if request.node in incident.replacements:
+            if node in incident.replacements:
                 state.phase, state.open_incident = JobPhase.RESTARTING, incident.id
                 state.infra_restarts += 1
             else:
                 incident.first_step_at = now  # a standby left the pool: no downtime
             request.status, request.message = RequestStatus.DONE, incident.action
             request.result = {"incident": incident.id, "replacements": incident.replacements}
-        elif request.kind is RequestKind.CORDON:
-            extra[keys.cordon(request.node)] = Cordon(node=request.node, reason=request.reason or "cordoned by hand",  # type: ignore[arg-type]
-                                                      cordoned_at=time.time(), by=request.requested_by or "cli")  # fmt: skip
-            if request.node in state.standbys:
-                state.standbys.remove(request.node)  # type: ignore[arg-type]
-                state.evicted.append(request.node)  # type: ignore[arg-type]
+        elif request.kind is RequestKind.CORDON and node is not None:
+            extra[keys.cordon(node)] = Cordon(
+                node=node,
+                reason=request.reason or "cordoned by hand",
+                cordoned_at=time.time(),
+                by=request.requested_by or "cli",
+            )
+            if node in state.standbys:
+                state.standbys.remove(node)
+                state.evicted.append(node)
                 self._top_up_standbys(state)
-            request.status, request.message = RequestStatus.DONE, f"{request.node} cordoned" + (
-                "; it keeps running its ranks until evicted" if request.node in state.slots else "")
-        elif request.kind is RequestKind.UNCORDON:
-            deletes.append(keys.cordon(request.node))  # type: ignore[arg-type]
-            self.cluster.uncordon(request.node)  # type: ignore[arg-type]
-            self._cordoned.discard(request.node)  # type: ignore[arg-type]
-            request.status, request.message = RequestStatus.DONE, f"{request.node} uncordoned"
+            request.status, request.message = (
+                RequestStatus.DONE,
+                f"{node} cordoned" + ("; it keeps running its ranks until evicted" if node in state.slots else ""),
+            )
+        elif request.kind is RequestKind.UNCORDON and node is not None:
+            deletes.append(keys.cordon(node))
+            self.cluster.uncordon(node)
+            self._cordoned.discard(node)
+            request.status, request.message = RequestStatus.DONE, f"{node} uncordoned"
         elif request.kind is RequestKind.CHECK:
             nodes = [request.node] if request.node else list(state.slots)
             log.info("checks on request", fields={"nodes": nodes})
-            verdicts = self.cluster.preflight(nodes, self._check_procs())  # type: ignore[arg-type]
+            verdicts = self.cluster.preflight(nodes, self._check_procs())
             failed = [v.node for v in verdicts if not v.passed]
             request.status = RequestStatus.DONE
             request.message = f"{len(nodes) - len(failed)}/{len(nodes)} nodes passed" + (
-                f"; failed: {', '.join(failed)}" if failed else "")
+                f"; failed: {', '.join(failed)}" if failed else ""
+            )
             request.result = {v.node: {"passed": v.passed, "reasons": v.reasons[:10]} for v in verdicts}
         if self._commit(state, revision, extra, deletes, guard=guard):
             log.info("request done", fields={"status": request.status.value, "message": request.message})
@@ -895,19 +1062,23 @@ class JobController:
         spec's deadline passes. True if it committed."""
         try:
             latest = self._read_spec()
-        except Exception:  # noqa: BLE001 - a bad spec edit must not stop the running job
+        except Exception:
             return False
         if latest.spec.code_version == state.code_version:
             return False
         if state.code_update_seen_at is None:
             state.code_update_seen_at = time.time()
-            log.info("new code version; applying at the next restart",
-                     fields={"from": state.code_version, "to": latest.spec.code_version})  # fmt: skip
+            log.info(
+                "new code version; applying at the next restart",
+                fields={"from": state.code_version, "to": latest.spec.code_version},
+            )
             return self._commit(state, revision)
         deadline = latest.spec.hot_update_deadline_seconds
         if deadline is None or time.time() - state.code_update_seen_at < deadline:
             return False
-        evidence = [f"codeVersion {state.code_version} -> {latest.spec.code_version}: deadline of {deadline:.0f}s passed"]
+        evidence = [
+            f"codeVersion {state.code_version} -> {latest.spec.code_version}: deadline of {deadline:.0f}s passed"
+        ]
         self._handle(state, revision, [], Classified(FailureEvent.CODE_UPDATE, [], evidence), time.time(), log)
         return True
 
@@ -918,8 +1089,9 @@ class JobController:
             self.ft, self.policy = self.job.spec.fault_tolerance, self.job.spec.failure_policy
             state.code_version, state.code_update_seen_at = self.job.spec.code_version, None
         generation = state.generation + 1
-        assignment = assign(self.job_name, self.job.spec, state.slots, generation,
-                            self.cluster.rendezvous(state.slots[0]))  # fmt: skip
+        assignment = assign(
+            self.job_name, self.job.spec, state.slots, generation, self.cluster.rendezvous(state.slots[0])
+        )
         assignment.resume_max_step = state.resume_max_step
         assignment.code_version = state.code_version
         now = time.time()
@@ -936,9 +1108,15 @@ class JobController:
             self._losses, self._hang_second_look_at = [], 0.0
             self._pace, self._paced_step = [], None
             self._pace_quiet_until, self._pace_backoff = 0.0, PACE_QUIET_SECONDS
-            log.info("generation started", fields={"generation": generation, "slots": state.slots,
-                                                   "standbys": state.standbys,
-                                                   "master": f"{assignment.master_addr}:{assignment.master_port}"})  # fmt: skip
+            log.info(
+                "generation started",
+                fields={
+                    "generation": generation,
+                    "slots": state.slots,
+                    "standbys": state.standbys,
+                    "master": f"{assignment.master_addr}:{assignment.master_port}",
+                },
+            )
             for node in state.slots:
                 self._command(node, generation, AgentAction.RUN)
 
@@ -961,7 +1139,9 @@ class JobController:
                 replacement = f"node-{state.next_node_index}"
                 state.slots = [replacement if s == slot else s for s in state.slots]
                 state.next_node_index += 1
-                self.log.warning("node died before joining; replacing it", fields={"node": slot, "replacement": replacement})
+                self.log.warning(
+                    "node died before joining; replacing it", fields={"node": slot, "replacement": replacement}
+                )
             self._commit(state, revision)
             return False
         for name in [*state.slots, *state.standbys]:
@@ -978,8 +1158,9 @@ class JobController:
         if (thread := self._stopping.get(node)) is not None and thread.is_alive():
             return
         self.log.info("stopping node without a slot", fields={"node": node})
-        self._stopping[node] = threading.Thread(target=self.cluster.stop_node, args=(node,), name=f"stop-{node}",
-                                                daemon=True)  # fmt: skip
+        self._stopping[node] = threading.Thread(
+            target=self.cluster.stop_node, args=(node,), name=f"stop-{node}", daemon=True
+        )
         self._stopping[node].start()
 
     def _command(self, node: str, generation: int, action: AgentAction) -> None:
@@ -994,8 +1175,13 @@ class JobController:
             known = {n.name: n for n in self.cluster.list_nodes()}
         return [n for n in nodes if n in known and not known[n].alive]
 
-    def _fence_dead_slots(self, state: JobState, registered: dict[str, NodeRegistration], log: ContextLogger,
-                          known: dict[str, NodeInfo] | None = None) -> None:  # fmt: skip
+    def _fence_dead_slots(
+        self,
+        state: JobState,
+        registered: dict[str, NodeRegistration],
+        log: ContextLogger,
+        known: dict[str, NodeInfo] | None = None,
+    ) -> None:
         """A slot node whose machine the cluster reports dead is lost now, not when its lease lapses."""
         if gone := self._gone_per_cluster([n for n in state.slots if n in registered], known):
             self._fence(gone, registered, GONE_PER_CLUSTER, log)
@@ -1005,8 +1191,11 @@ class JobController:
         """A worker reported, in the last few seconds, a symptom of another rank's failure (its
         peer's socket closed, a collective timed out): bounded, so a chatty job does not make the
         controller list the cluster's nodes every tick for ever."""
-        return any(m.failure_class in SYMPTOMS and now - m.matched_at < PEER_TROUBLE_SECONDS
-                   for w in workers for m in w.matches)  # fmt: skip
+        return any(
+            m.failure_class in SYMPTOMS and now - m.matched_at < PEER_TROUBLE_SECONDS
+            for w in workers
+            for m in w.matches
+        )
 
     def _fence(self, nodes: list[str], registered: dict[str, NodeRegistration], why: str, log: ContextLogger) -> None:
         """Revoke the nodes' leases: from here on they are lost nodes, and a zombie agent that wakes
@@ -1044,6 +1233,6 @@ class JobController:
         deadline = time.monotonic() + SHUTDOWN_WAIT_SECONDS
         while time.monotonic() < deadline and any(n.alive for n in self.cluster.list_nodes()):
             time.sleep(0.2)
-        for node in self.cluster.list_nodes():
-            self.cluster.stop_node(node.name)
+        for info in self.cluster.list_nodes():
+            self.cluster.stop_node(info.name)
         self.log.info("job finished", fields={"phase": state.phase.value, "reason": state.reason})

@@ -76,8 +76,9 @@ def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | Non
     from stalwart.diagnosis.models import EvidenceBundle
 
     stacks, missing = _capture(store, job, assignment, log)
-    bundle = EvidenceBundle(job=job, generation=assignment.generation, kind="hang", topology=_topology(assignment),
-                            stacks=stacks)  # fmt: skip
+    bundle = EvidenceBundle(
+        job=job, generation=assignment.generation, kind="hang", topology=_topology(assignment), stacks=stacks
+    )
     finding = _finding(_verdict(bundle, url, log))
     if missing and not finding.suspects:
         # A node that cannot even report its stacks is the likeliest culprit.
@@ -86,8 +87,9 @@ def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | Non
     return finding
 
 
-def diagnose_slowdown(store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger,
-                      rounds: int, interval: float) -> Finding:  # fmt: skip
+def diagnose_slowdown(
+    store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger, rounds: int, interval: float
+) -> Finding:
     """Rounds of stacks, `interval` seconds apart: the node whose ranks the others keep waiting for
     is the slow one. A node that stops answering is not judged here (its lease will be)."""
     from stalwart.diagnosis.models import EvidenceBundle
@@ -98,8 +100,9 @@ def diagnose_slowdown(store: Store, job: str, assignment: Assignment, url: str |
             time.sleep(interval)
         stacks, _missing = _capture(store, job, assignment, log)
         captured.append(stacks)
-    bundle = EvidenceBundle(job=job, generation=assignment.generation, kind="slowdown",
-                            topology=_topology(assignment), rounds=captured)  # fmt: skip
+    bundle = EvidenceBundle(
+        job=job, generation=assignment.generation, kind="slowdown", topology=_topology(assignment), rounds=captured
+    )
     return _finding(_verdict(bundle, url, log))
 
 
@@ -112,10 +115,11 @@ def diagnose_crash(
     except ImportError:
         return None
     logs = [RankLog(rank=w.rank, node=n, exit_code=w.exit_code, lines=w.log_tail[-40:]) for n, w in crashed]
-    bundle = EvidenceBundle(job=job, generation=assignment.generation, kind="crash", topology=_topology(assignment),
-                            logs=logs)  # fmt: skip
+    bundle = EvidenceBundle(
+        job=job, generation=assignment.generation, kind="crash", topology=_topology(assignment), logs=logs
+    )
     try:
         return _finding(_verdict(bundle, url, log))
-    except Exception as exc:  # noqa: BLE001 - a diagnosis bug must not stop recovery
+    except Exception as exc:
         log.warning("crash diagnosis failed", fields={"error": str(exc)})
         return None

@@ -33,8 +33,9 @@ class ClassMttr(BaseModel):
     downtime_seconds: float
 
 
-def compute_ettr(state: JobState, incidents: list[Incident], now: float, *, since: float | None = None,
-                 until: float | None = None) -> EttrReport:  # fmt: skip
+def compute_ettr(
+    state: JobState, incidents: list[Incident], now: float, *, since: float | None = None, until: float | None = None
+) -> EttrReport:
     if state.first_step_at is None:
         return EttrReport(window_seconds=0, downtime_seconds=0, lost_work_seconds=0, productive_seconds=0, ettr=None)
     start = max(state.first_step_at, since if since is not None else state.first_step_at)
@@ -59,7 +60,9 @@ def compute_ettr(state: JobState, incidents: list[Incident], now: float, *, sinc
     )
 
 
-def mttr_by_class(incidents: list[Incident], *, since: float | None = None, until: float | None = None) -> list[ClassMttr]:
+def mttr_by_class(
+    incidents: list[Incident], *, since: float | None = None, until: float | None = None
+) -> list[ClassMttr]:
     """Per failure class: how many, how fast detected, how long until training resumed."""
     groups: dict[str, list[Incident]] = defaultdict(list)
     for inc in incidents:
@@ -68,8 +71,14 @@ def mttr_by_class(incidents: list[Incident], *, since: float | None = None, unti
     out = []
     for cls, incs in sorted(groups.items()):
         downs = [d for i in incs if (d := i.downtime) is not None]
-        out.append(ClassMttr(failure_class=cls, incidents=len(incs), recovered=len(downs),
-                             mttr_seconds=mean(downs) if downs else None,
-                             mean_detect_seconds=mean(i.detected_at - i.failed_at for i in incs),
-                             downtime_seconds=sum(downs)))  # fmt: skip
+        out.append(
+            ClassMttr(
+                failure_class=cls,
+                incidents=len(incs),
+                recovered=len(downs),
+                mttr_seconds=mean(downs) if downs else None,
+                mean_detect_seconds=mean(i.detected_at - i.failed_at for i in incs),
+                downtime_seconds=sum(downs),
+            )
+        )
     return out

@@ -19,7 +19,6 @@ MACHINE_CLASSES = frozenset({"xid", "ecc_error", "disk_full", "cuda_error", "gpu
 USER_CODE_SCOPE = "user_code"
 
 
-
 @dataclass
 class Classified:
     """What a failure is, who is suspected, and the lines that say so."""
@@ -30,7 +29,7 @@ class Classified:
     runbook: str = ""
     rank: int | None = None
     exit_code: int | None = None
-    verdict: dict | None = None  # type: ignore[type-arg]  # the diagnosis verdict, when one was asked
+    verdict: dict | None = None  # the diagnosis verdict, when one was asked
     diagnosed_at: float | None = None
 
     def __post_init__(self) -> None:
@@ -56,19 +55,32 @@ def classify_crash(crashed: Sequence[tuple[str, WorkerStatus]]) -> Classified:
     machine = [(n, w) for n, w in crashed if w.failure_class in MACHINE_CLASSES]
     if machine:
         suspects = sorted({n for n, _ in machine})
-        return Classified(FailureEvent.MACHINE_FAULT, suspects, lines(machine), machine[0][1].failure_class or "",
-                          machine[0][1].rank, machine[0][1].exit_code)  # fmt: skip
+        return Classified(
+            FailureEvent.MACHINE_FAULT,
+            suspects,
+            lines(machine),
+            machine[0][1].failure_class or "",
+            machine[0][1].rank,
+            machine[0][1].exit_code,
+        )
     for cls, event in (("nan_loss", FailureEvent.NAN_LOSS), ("loss_spike", FailureEvent.LOSS_SPIKE)):
         hit = [(n, w) for n, w in crashed if w.failure_class == cls]
         if hit:
             return Classified(event, [], lines(hit), rank=hit[0][1].rank, exit_code=hit[0][1].exit_code)
     user = [(n, w) for n, w in crashed if w.blame_scope == USER_CODE_SCOPE]
     if first.blame_scope == USER_CODE_SCOPE:
-        tail = [ln for ln in user[0][1].log_tail[-12:]]
-        return Classified(FailureEvent.USER_CODE_ERROR, [], lines(user) + tail, "user_code_error",
-                          user[0][1].rank, user[0][1].exit_code)  # fmt: skip
-    return Classified(FailureEvent.WORKER_CRASH, [], lines(crashed) + first.log_tail[-8:], rank=first.rank,
-                      exit_code=first.exit_code)  # fmt: skip
+        tail = list(user[0][1].log_tail[-12:])
+        return Classified(
+            FailureEvent.USER_CODE_ERROR,
+            [],
+            lines(user) + tail,
+            "user_code_error",
+            user[0][1].rank,
+            user[0][1].exit_code,
+        )
+    return Classified(
+        FailureEvent.WORKER_CRASH, [], lines(crashed) + first.log_tail[-8:], rank=first.rank, exit_code=first.exit_code
+    )
 
 
 @dataclass
@@ -90,7 +102,9 @@ class Decision:
     stop_time_checks: bool = False
 
 
-def decide(classified: Classified, policy: FailurePolicy, counters: Counters, *, checks_enabled: bool = True) -> Decision:
+def decide(
+    classified: Classified, policy: FailurePolicy, counters: Counters, *, checks_enabled: bool = True
+) -> Decision:
     """The rung of the ladder for this failure, after the budget and the user-code retry rule."""
     event = classified.event
     action = policy.action_for(event)
@@ -101,14 +115,28 @@ def decide(classified: Classified, policy: FailurePolicy, counters: Counters, *,
         action = FailureAction.RESTART
     if action is FailureAction.FAIL:
         return Decision(event, action, counted, suspects, event.value, f"failure policy: {event.value} fails the job")
-    if event is FailureEvent.USER_CODE_ERROR and action is FailureAction.RESTART:
-        if counters.user_code_failures >= policy.user_code_retries:
-            return Decision(event, FailureAction.FAIL, counted, [], "UserCodeError",
-                            f"user code failed {counters.user_code_failures + 1} times "
-                            f"({policy.user_code_retries} retries allowed)")  # fmt: skip
+    if (
+        event is FailureEvent.USER_CODE_ERROR
+        and action is FailureAction.RESTART
+        and counters.user_code_failures >= policy.user_code_retries
+    ):
+        return Decision(
+            event,
+            FailureAction.FAIL,
+            counted,
+            [],
+            "UserCodeError",
+            f"user code failed {counters.user_code_failures + 1} times ({policy.user_code_retries} retries allowed)",
+        )
     if counted and action is not FailureAction.IGNORE and counters.restarts >= policy.max_restarts:
-        return Decision(event, FailureAction.FAIL, counted, suspects, "RestartBudgetExhausted",
-                        f"{event.value} after {counters.restarts} counted restarts (maxRestarts {policy.max_restarts})")  # fmt: skip
+        return Decision(
+            event,
+            FailureAction.FAIL,
+            counted,
+            suspects,
+            "RestartBudgetExhausted",
+            f"{event.value} after {counters.restarts} counted restarts (maxRestarts {policy.max_restarts})",
+        )
     checks = checks_enabled and (
         action is FailureAction.ROLLBACK or (action is FailureAction.RESTART and event is FailureEvent.WORKER_CRASH)
     )
@@ -177,7 +205,11 @@ class NicHistory:
 
 
 def machine_fault_suspects(
-    faults: Mapping[str, Sequence[str]], nics: dict[str, NicHistory], now: float, *, nic_count: int,
+    faults: Mapping[str, Sequence[str]],
+    nics: dict[str, NicHistory],
+    now: float,
+    *,
+    nic_count: int,
     nic_window: float,
 ) -> dict[str, list[str]]:
     """Nodes to evict at once, with their evidence. A NIC that goes down is evicted on its

@@ -30,9 +30,7 @@ def assign(
     for node_rank, (node, role_name) in enumerate(zip(slots, per_slot, strict=True)):
         procs = roles[role_name].processes_per_node
         nodes.append(
-            NodeAssignment(
-                node=node, node_rank=node_rank, role=role_name, first_rank=next_rank, local_world_size=procs
-            )
+            NodeAssignment(node=node, node_rank=node_rank, role=role_name, first_rank=next_rank, local_world_size=procs)
         )
         next_rank += procs
     return Assignment(

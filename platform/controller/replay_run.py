@@ -32,8 +32,10 @@ def plan(slots: list[str]) -> ReplayState:
     from stalwart.diagnosis.replay import plan_replay
 
     layout = plan_replay(1, len(slots), slots)
-    state = ReplayState(horizontal=[ReplayGroupRun(id=g.id, nodes=g.machines) for g in layout.horizontal],
-                        vertical=[ReplayGroupRun(id=g.id, nodes=g.machines) for g in layout.vertical])  # fmt: skip
+    state = ReplayState(
+        horizontal=[ReplayGroupRun(id=g.id, nodes=g.machines) for g in layout.horizontal],
+        vertical=[ReplayGroupRun(id=g.id, nodes=g.machines) for g in layout.vertical],
+    )
     for group in state.horizontal:
         if sorted(group.nodes) == sorted(slots):
             group.outcome, group.reason = "failed", WHOLE_JOB
@@ -42,8 +44,13 @@ def plan(slots: list[str]) -> ReplayState:
     return state
 
 
-def phase_assignment(job: str, spec: TrainingJobSpec, groups: list[ReplayGroupRun], generation: int,
-                     rendezvous: Callable[[str], tuple[str, int]]) -> Assignment:  # fmt: skip
+def phase_assignment(
+    job: str,
+    spec: TrainingJobSpec,
+    groups: list[ReplayGroupRun],
+    generation: int,
+    rendezvous: Callable[[str], tuple[str, int]],
+) -> Assignment:
     """One generation for every group still to run, each group its own little job."""
     role = spec.roles[0]
     procs = role.processes_per_node
@@ -51,17 +58,41 @@ def phase_assignment(job: str, spec: TrainingJobSpec, groups: list[ReplayGroupRu
     for group in groups:
         addr, port = rendezvous(group.nodes[0])
         for i, node in enumerate(group.nodes):
-            nodes.append(NodeAssignment(node=node, node_rank=i, role=role.name, first_rank=i * procs,
-                                        local_world_size=procs, group=group.id, master_addr=addr, master_port=port,
-                                        world_size=len(group.nodes) * procs))  # fmt: skip
+            nodes.append(
+                NodeAssignment(
+                    node=node,
+                    node_rank=i,
+                    role=role.name,
+                    first_rank=i * procs,
+                    local_world_size=procs,
+                    group=group.id,
+                    master_addr=addr,
+                    master_port=port,
+                    world_size=len(group.nodes) * procs,
+                )
+            )
     first = nodes[0]
-    return Assignment(job=job, generation=generation, world_size=first.world_size or procs,
-                      master_addr=first.master_addr or "", master_port=first.master_port or 0, nodes=nodes,
-                      created_at=time.time())  # fmt: skip
+    return Assignment(
+        job=job,
+        generation=generation,
+        world_size=first.world_size or procs,
+        master_addr=first.master_addr or "",
+        master_port=first.master_port or 0,
+        nodes=nodes,
+        created_at=time.time(),
+    )
 
 
-def judge(group: ReplayGroupRun, beats: Mapping[str, Heartbeat], registered: set[str], generation: int,
-          procs: int, started_at: float, timeout: float, now: float) -> tuple[str, str] | None:  # fmt: skip
+def judge(
+    group: ReplayGroupRun,
+    beats: Mapping[str, Heartbeat],
+    registered: set[str],
+    generation: int,
+    procs: int,
+    started_at: float,
+    timeout: float,
+    now: float,
+) -> tuple[str, str] | None:
     """("passed" | "failed", why) once the group's outcome is known, else None."""
     lost = [n for n in group.nodes if n not in registered]
     if lost:

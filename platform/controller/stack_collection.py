@@ -17,7 +17,9 @@ def request_stacks(store: Store, job: str) -> str:
     return request.id
 
 
-def collect_stacks(store: Store, job: str, request_id: str, nodes: list[str], timeout: float = 15.0) -> list[StackReport]:
+def collect_stacks(
+    store: Store, job: str, request_id: str, nodes: list[str], timeout: float = 15.0
+) -> list[StackReport]:
     """Reports from `nodes`, waiting up to `timeout` seconds; a node that does not answer is missing."""
 
     def reports() -> list[StackReport]:

@@ -7,8 +7,9 @@ Names are imported lazily, so the shard builder and the loader process start wit
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stalwart.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Batch": "batch",
@@ -30,7 +31,7 @@ _EXPORTS = {
     "StateMismatch": "errors",
     "TokenDataset": "dataset",
     "build_shards": "build",
-    "decode_sample_id": "sample_id",
+    "decode_sample_id": "sample_id:decode",
     "global_ids": "loader",
     "linear_ramp": "schedule",
     "open_loader": "open_loader",
@@ -39,18 +40,8 @@ _EXPORTS = {
     "verify_shards": "verify",
     "write_shard": "shard_format",
 }
-_RENAMED = {"decode_sample_id": "decode"}
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'stalwart.dataloader' has no attribute {name!r}")
-    module = importlib.import_module(f"stalwart.dataloader.{_EXPORTS[name]}")
-    value = getattr(module, _RENAMED.get(name, name))
-    globals()[name] = value
-    return value
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from stalwart.dataloader.batch import Batch, BatchLoader

@@ -82,8 +82,14 @@ def build_shards(
             take = min(shard_tokens, stream.size)
             path = out / f"{prefix}-{len(written):05d}{SUFFIX}"
             chunk = stream[:take]
-            write_shard(path, chunk, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
-                        doc_count=int(np.count_nonzero(chunk == tok.eos_id)), block_tokens=block_tokens)  # fmt: skip
+            write_shard(
+                path,
+                chunk,
+                vocab_size=tok.vocab_size,
+                eos_id=tok.eos_id,
+                doc_count=int(np.count_nonzero(chunk == tok.eos_id)),
+                block_tokens=block_tokens,
+            )
             written.append(path)
             pending = [stream[take:]] if take < stream.size else []
             pending_tokens = stream.size - take
@@ -107,8 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace existing shards with this prefix")
     args = parser.parse_args(argv)
     try:
-        paths = build_shards(args.inputs, args.out_dir, prefix=args.prefix, shard_tokens=args.shard_tokens,
-                             doc_per=args.doc_per, overwrite=args.overwrite)  # fmt: skip
+        paths = build_shards(
+            args.inputs,
+            args.out_dir,
+            prefix=args.prefix,
+            shard_tokens=args.shard_tokens,
+            doc_per=args.doc_per,
+            overwrite=args.overwrite,
+        )
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -77,8 +77,9 @@ class DataConfig(_Model):
             raise ValueError(f"source names must be unique: {names}")
         starts = [m.at_sample for m in self.schedule]
         if starts != sorted(set(starts)) or (starts and starts[0] == 0 and self.weights):
-            raise ValueError("schedule milestones must have strictly increasing at_sample (and use `weights` "
-                             "for sample 0)")  # fmt: skip
+            raise ValueError(
+                "schedule milestones must have strictly increasing at_sample (and use `weights` for sample 0)"
+            )
         for where, weights in [("weights", self.weights)] + [
             (f"schedule milestone at sample {m.at_sample}", m.weights) for m in self.schedule
         ]:
@@ -96,7 +97,7 @@ class DataConfig(_Model):
 
     def segments(self) -> list[tuple[int, list[float]]]:
         """(first sample, weight per source in source order) for each constant-weight stretch."""
-        initial = self.weights or {name: 1.0 for name in self.source_names}
+        initial = self.weights or dict.fromkeys(self.source_names, 1.0)
         out = [] if self.schedule and self.schedule[0].at_sample == 0 else [(0, initial)]
         out += [(m.at_sample, m.weights) for m in self.schedule]
         return [(start, [float(w.get(name, 0.0)) for name in self.source_names]) for start, w in out]

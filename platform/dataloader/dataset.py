@@ -27,8 +27,7 @@ class TokenDataset:
             for spec in config.sources:
                 self.sources.append(TokenSource(spec.name, spec.resolve(), config.seq_len))
             segments = build_segments(config.segments())
-            self.order = GlobalOrder([s.num_samples for s in self.sources], segments, config.seed,
-                                     config.source_names)  # fmt: skip
+            self.order = GlobalOrder([s.num_samples for s in self.sources], segments, config.seed, config.source_names)
         except BaseException:
             self.close()
             raise

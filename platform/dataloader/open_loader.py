@@ -24,6 +24,7 @@ def open_loader(
     name = shm_name or os.environ.get(SHM_ENV)
     if name:
         lane = lane if lane is not None else int(os.environ.get("LOCAL_RANK", "0"))
-        return ShadowLoaderClient(name, lane=lane, dp_rank=dp_rank, dp_size=dp_size, micro_batch=micro_batch,
-                                  config=config)  # fmt: skip
+        return ShadowLoaderClient(
+            name, lane=lane, dp_rank=dp_rank, dp_size=dp_size, micro_batch=micro_batch, config=config
+        )
     return DeterministicLoader(config, dp_rank=dp_rank, dp_size=dp_size, micro_batch=micro_batch)

@@ -40,8 +40,13 @@ class SampleRefs:
 
 
 class GlobalOrder:
-    def __init__(self, source_sizes: Sequence[int], segments: Sequence[Segment], seed: int,
-                 source_names: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source_sizes: Sequence[int],
+        segments: Sequence[Segment],
+        seed: int,
+        source_names: Sequence[str] | None = None,
+    ) -> None:
         if not segments or segments[0].start != 0:
             raise ValueError("the first segment must start at position 0")
         self.sizes = np.array(source_sizes, dtype=np.int64)
@@ -53,8 +58,10 @@ class GlobalOrder:
         for seg in segments:
             for w, size, name in zip(seg.weights, source_sizes, self.names, strict=True):
                 if w > 0 and size <= 0:
-                    raise DataError(f"source {name!r} has weight from sample {seg.start} on but no samples "
-                                    "(its shards hold fewer than seq_len + 1 tokens each)")  # fmt: skip
+                    raise DataError(
+                        f"source {name!r} has weight from sample {seg.start} on but no samples "
+                        "(its shards hold fewer than seq_len + 1 tokens each)"
+                    )
         base = np.zeros((len(segments), len(source_sizes)), dtype=np.int64)
         for k in range(1, len(segments)):
             length = int(self._starts[k] - self._starts[k - 1])
@@ -90,12 +97,15 @@ class GlobalOrder:
         epoch = stream // size
         if epoch.size and epoch.max() >= MAX_EPOCHS:
             i = int(np.argmax(epoch))
-            raise DataError(f"position {int(pos[i])} needs epoch {int(epoch[i])} of source "
-                            f"{self.names[int(source[i])]!r}: more than {MAX_EPOCHS} epochs")  # fmt: skip
+            raise DataError(
+                f"position {int(pos[i])} needs epoch {int(epoch[i])} of source "
+                f"{self.names[int(source[i])]!r}: more than {MAX_EPOCHS} epochs"
+            )
         if size.size and size.max() > MAX_INDEX:
             raise DataError(f"a source has more than {MAX_INDEX} samples")
-        key = mix64_array(self._seed_u64 ^ mix64_array(source.astype(np.uint64) * np.uint64(MAX_EPOCHS)
-                                                       + epoch.astype(np.uint64)))  # fmt: skip
+        key = mix64_array(
+            self._seed_u64 ^ mix64_array(source.astype(np.uint64) * np.uint64(MAX_EPOCHS) + epoch.astype(np.uint64))
+        )
         index = feistel.permute(stream - epoch * size, size, key)
         return SampleRefs(source=source, epoch=epoch, index=index)
 

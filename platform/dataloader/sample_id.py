@@ -6,7 +6,7 @@ audits can compare what was trained on id for id.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +20,10 @@ _EPOCH_SHIFT = INDEX_BITS
 _SOURCE_SHIFT = INDEX_BITS + EPOCH_BITS
 
 
-class SampleRef(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class SampleRef:
+    """Where a sample comes from: its source, the epoch of that source, and its index in the epoch."""
+
     source: int
     epoch: int
     index: int
@@ -29,9 +32,7 @@ class SampleRef(NamedTuple):
 def encode(source: np.ndarray, epoch: np.ndarray, index: np.ndarray) -> np.ndarray:
     """Vectorized: int64 ids for arrays of (source, epoch, index). Callers keep each field in range."""
     return (
-        (source.astype(np.int64) << _SOURCE_SHIFT)
-        | (epoch.astype(np.int64) << _EPOCH_SHIFT)
-        | index.astype(np.int64)
+        (source.astype(np.int64) << _SOURCE_SHIFT) | (epoch.astype(np.int64) << _EPOCH_SHIFT) | index.astype(np.int64)
     )
 
 

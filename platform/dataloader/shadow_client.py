@@ -96,7 +96,11 @@ class ShadowLoaderClient:
         seq = max(int(c[C.REQ_SEQ]), int(c[A.HANDLED_SEQ])) + 1
         self._gen_before = int(c[A.GEN])
         c[C.REQ_POSITION], c[C.REQ_RANK], c[C.REQ_SIZE], c[C.REQ_MICRO] = (
-            self.position, self.dp_rank, self.dp_size, self.micro_batch)  # fmt: skip
+            self.position,
+            self.dp_rank,
+            self.dp_size,
+            self.micro_batch,
+        )
         c[C.CLIENT_PID], c[C.CLIENT_START] = self._pid, self._start
         c[C.RESUME_POSITION] = self.position + 1
         c[C.CONSUMED] = seq << 32
@@ -160,8 +164,10 @@ class ShadowLoaderClient:
         if position != self.position or not np.array_equal(ids, self._expected_ids(positions)):
             if self._gen is None:
                 return None  # a prefill that changed under us: wait for the loader's answer
-            raise DataError(f"shadow loader served samples {ids.tolist()} at position {position}; "
-                            f"expected position {self.position} (a bug: refusing a wrong sample)")  # fmt: skip
+            raise DataError(
+                f"shadow loader served samples {ids.tolist()} at position {position}; "
+                f"expected position {self.position} (a bug: refusing a wrong sample)"
+            )
         return tokens, ids
 
     def next_batch(self) -> Batch:
@@ -195,7 +201,8 @@ class ShadowLoaderClient:
                 if not self.local_fallback:
                     raise ShadowLoaderUnavailable(
                         f"shadow loader {self.segment.name} lane {self.lane_index} delivered nothing for "
-                        f"{waited:.1f}s (position {self.position})")  # fmt: skip
+                        f"{waited:.1f}s (position {self.position})"
+                    )
                 self._down_heartbeat = int(self.segment.header[H.HEARTBEAT])
                 got, served = self.dataset.fetch(positions), "local"
                 break
@@ -203,8 +210,14 @@ class ShadowLoaderClient:
             poll = min(poll * 2, _POLL_MAX)
         self.stats.wait_s += time.monotonic() - t0
         tokens, ids = got
-        batch = Batch(torch.from_numpy(tokens.astype(np.int64, copy=False)), torch.from_numpy(ids), self.position,
-                      self.dp_rank, self.dp_size, served)  # fmt: skip
+        batch = Batch(
+            torch.from_numpy(tokens.astype(np.int64, copy=False)),
+            torch.from_numpy(ids),
+            self.position,
+            self.dp_rank,
+            self.dp_size,
+            served,
+        )
         if served == "shadow":
             self.stats.shadow += 1
             self._down_heartbeat = None

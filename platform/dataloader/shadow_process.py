@@ -47,8 +47,11 @@ class LaneServer:
         c[A.OWNER_PID], c[A.OWNER_START] = owner
         c[A.GEN] = gen
         if not (micro <= self.max_micro and size >= 1 and 0 <= rank < size and micro >= 1):
-            self.lane.set_error(gen, f"bad request: rank {rank} of {size}, micro batch {micro} "
-                                     f"(this segment holds at most {self.max_micro} samples per slot)")  # fmt: skip
+            self.lane.set_error(
+                gen,
+                f"bad request: rank {rank} of {size}, micro batch {micro} "
+                f"(this segment holds at most {self.max_micro} samples per slot)",
+            )
         c[A.REQ_SEQ] = seq  # last: the client reads GEN once it sees its sequence number here
 
     def poll_request(self) -> bool:
@@ -57,12 +60,12 @@ class LaneServer:
         seq = int(c[C.REQ_SEQ])
         if seq == int(c[A.HANDLED_SEQ]):
             return False
-        req = tuple(int(c[w]) for w in (C.REQ_POSITION, C.REQ_RANK, C.REQ_SIZE, C.REQ_MICRO))
-        owner = (int(c[C.CLIENT_PID]), int(c[C.CLIENT_START]))
+        req = (int(c[C.REQ_POSITION]), int(c[C.REQ_RANK]), int(c[C.REQ_SIZE]), int(c[C.REQ_MICRO]))
+        owner: tuple[int, int] = (int(c[C.CLIENT_PID]), int(c[C.CLIENT_START]))
         if int(c[C.REQ_SEQ]) != seq:
             return True  # being rewritten; read it again next round
         gen = int(c[A.GEN])
-        active = tuple(int(c[w]) for w in (A.POSITION, A.RANK, A.SIZE, A.MICRO))
+        active = (int(c[A.POSITION]), int(c[A.RANK]), int(c[A.SIZE]), int(c[A.MICRO]))
         unowned = int(c[A.OWNER_PID]) == 0 or not alive(int(c[A.OWNER_PID]), int(c[A.OWNER_START]))
         if gen > 0 and active == req and unowned and int(c[A.ERROR_GEN]) != gen:
             c[A.OWNER_PID], c[A.OWNER_START] = owner
@@ -97,8 +100,7 @@ class LaneServer:
         slots = self.lane.slots
         for k in range(consumed, consumed + len(slots)):
             h = slots[k % len(slots)].header
-            if int(h[S.VERSION]) % 2 == 0 and int(h[S.STATUS]) == S.READY and int(h[S.GEN]) == gen \
-                    and int(h[S.K]) == k:  # fmt: skip
+            if int(h[S.VERSION]) % 2 == 0 and int(h[S.STATUS]) == S.READY and int(h[S.GEN]) == gen and int(h[S.K]) == k:
                 continue
             self._write(k, gen)
             return True

@@ -63,9 +63,14 @@ class ShadowLoaderSupervisor:
     def start(self, *, watch: bool = True) -> ShadowLoaderSupervisor:
         """Create the segment, start the loader, and (with watch) a thread that restarts it on death."""
         TokenDataset(self.config).close()  # bad shards fail here, in the caller, with the file named
-        self.segment = Segment.create(self.name, config_json=self.config.dumps(), lanes=self.lanes,
-                                      slots=self.slots, max_micro=self.max_micro_batch,
-                                      sample_tokens=self.config.seq_len + 1)  # fmt: skip
+        self.segment = Segment.create(
+            self.name,
+            config_json=self.config.dumps(),
+            lanes=self.lanes,
+            slots=self.slots,
+            max_micro=self.max_micro_batch,
+            sample_tokens=self.config.seq_len + 1,
+        )
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")
@@ -88,8 +93,10 @@ class ShadowLoaderSupervisor:
             code = self._proc.returncode
             lived = time.monotonic() - self._started_at
             self._backoff = 0.0 if lived > _QUICK_DEATH else min(max(self._backoff * 2, 0.1), _MAX_BACKOFF)
-            self._log_ctx.warning("shadow loader exited; restarting",
-                                  fields={"exit_code": code, "lived_s": round(lived, 2), "backoff_s": self._backoff})
+            self._log_ctx.warning(
+                "shadow loader exited; restarting",
+                fields={"exit_code": code, "lived_s": round(lived, 2), "backoff_s": self._backoff},
+            )
             if self._backoff and self._stop.wait(self._backoff):
                 return False
             self._spawn()
@@ -121,8 +128,9 @@ class ShadowLoaderSupervisor:
     def __enter__(self) -> ShadowLoaderSupervisor:
         return self.start() if self.segment is None else self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # ---------------------------------------------------------------------------------- status

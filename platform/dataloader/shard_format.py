@@ -73,9 +73,18 @@ class ShardHeader:
 
     def pack(self) -> bytes:
         body = _HEADER.pack(
-            MAGIC, self.version, _CODE_OF[self.dtype], 0, self.block_tokens, self.token_count,
-            self.doc_count, self.vocab_size, self.eos_id, self.table_crc, 0,
-        )  # fmt: skip
+            MAGIC,
+            self.version,
+            _CODE_OF[self.dtype],
+            0,
+            self.block_tokens,
+            self.token_count,
+            self.doc_count,
+            self.vocab_size,
+            self.eos_id,
+            self.table_crc,
+            0,
+        )
         return body[:-4] + struct.pack("<I", zlib.crc32(body[:-4]))
 
     @classmethod
@@ -123,8 +132,9 @@ def write_shard(
     if data.size and int(data.max()) >= vocab_size:
         raise ValueError(f"token id {int(data.max())} is not below vocab_size {vocab_size}")
     table = block_crcs(data, block_tokens)
-    header = ShardHeader(dtype, block_tokens, int(data.size), doc_count, vocab_size, eos_id,
-                         zlib.crc32(table.tobytes()))  # fmt: skip
+    header = ShardHeader(
+        dtype, block_tokens, int(data.size), doc_count, vocab_size, eos_id, zlib.crc32(table.tobytes())
+    )
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(header.pack())

@@ -76,7 +76,7 @@ class S:
 
 def batch_crc(ids: np.ndarray, tokens: np.ndarray) -> int:
     """The slot checksum over sample ids and tokens: a reader never accepts a torn batch."""
-    return zlib.crc32(tokens, zlib.crc32(ids))
+    return zlib.crc32(tokens.data, zlib.crc32(ids.data))
 
 
 def _align(n: int, to: int) -> int:
@@ -103,8 +103,9 @@ class SlotView:
 
 
 class LaneView:
-    def __init__(self, buf: mmap.mmap, offset: int, slots: int, slot_bytes: int, max_micro: int,
-                 sample_tokens: int) -> None:  # fmt: skip
+    def __init__(
+        self, buf: mmap.mmap, offset: int, slots: int, slot_bytes: int, max_micro: int, sample_tokens: int
+    ) -> None:
         self.ctrl = np.frombuffer(buf, np.uint64, CTRL_WORDS, offset)
         self.error = np.frombuffer(buf, np.uint8, ERROR_BYTES, offset + CTRL_WORDS * 8)
         first = offset + CTRL_WORDS * 8 + ERROR_BYTES
@@ -132,8 +133,14 @@ class Segment:
         self.n_lanes, self.n_slots = int(h[H.LANES]), int(h[H.SLOTS])
         self.max_micro, self.sample_tokens = int(h[H.MAX_MICRO]), int(h[H.SAMPLE_TOKENS])
         self.lanes = [
-            LaneView(buf, int(h[H.LANES_OFFSET]) + i * int(h[H.LANE_BYTES]), self.n_slots, int(h[H.SLOT_BYTES]),
-                     self.max_micro, self.sample_tokens)  # fmt: skip
+            LaneView(
+                buf,
+                int(h[H.LANES_OFFSET]) + i * int(h[H.LANE_BYTES]),
+                self.n_slots,
+                int(h[H.SLOT_BYTES]),
+                self.max_micro,
+                self.sample_tokens,
+            )
             for i in range(self.n_lanes)
         ]
 
@@ -145,8 +152,9 @@ class Segment:
         return slot_bytes, lane_bytes, lanes_offset, lanes_offset + lanes * lane_bytes
 
     @classmethod
-    def create(cls, name: str, *, config_json: str, lanes: int, slots: int, max_micro: int,
-               sample_tokens: int) -> Segment:  # fmt: skip
+    def create(
+        cls, name: str, *, config_json: str, lanes: int, slots: int, max_micro: int, sample_tokens: int
+    ) -> Segment:
         """Create the segment (reclaiming a stale one whose owner is dead); this process owns it."""
         if lanes < 1 or slots < 2 or max_micro < 1:
             raise ValueError("need lanes >= 1, slots >= 2, max_micro >= 1")
@@ -173,10 +181,19 @@ class Segment:
             raise
         mm[CONFIG_OFFSET : CONFIG_OFFSET + len(raw)] = raw
         h = np.frombuffer(mm, np.uint64, HEADER_WORDS, 0)
-        values = {H.VERSION: LAYOUT_VERSION, H.LANES: lanes, H.SLOTS: slots, H.MAX_MICRO: max_micro,
-                  H.SAMPLE_TOKENS: sample_tokens, H.OWNER_PID: os.getpid(), H.OWNER_START: start_ms(os.getpid()),
-                  H.CONFIG_LEN: len(raw), H.LANES_OFFSET: lanes_offset, H.LANE_BYTES: lane_bytes,
-                  H.SLOT_BYTES: slot_bytes}  # fmt: skip
+        values = {
+            H.VERSION: LAYOUT_VERSION,
+            H.LANES: lanes,
+            H.SLOTS: slots,
+            H.MAX_MICRO: max_micro,
+            H.SAMPLE_TOKENS: sample_tokens,
+            H.OWNER_PID: os.getpid(),
+            H.OWNER_START: start_ms(os.getpid()),
+            H.CONFIG_LEN: len(raw),
+            H.LANES_OFFSET: lanes_offset,
+            H.LANE_BYTES: lane_bytes,
+            H.SLOT_BYTES: slot_bytes,
+        }
         for word, value in values.items():
             h[word] = value
         h[H.MAGIC] = MAGIC  # last: a reader never sees a half-initialized header as valid

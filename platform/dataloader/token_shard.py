@@ -35,7 +35,7 @@ class TokenShard:
         h = self.header
         lo, hi = block * h.block_tokens, min((block + 1) * h.block_tokens, h.token_count)
         chunk = self.tokens[lo:hi]
-        crc = zlib.crc32(chunk)
+        crc = zlib.crc32(chunk.data)
         if crc != int(self._table[block]):
             raise ShardError(
                 self.path,
@@ -43,15 +43,18 @@ class TokenShard:
                 f"crc32 {crc:#010x}, expected {int(self._table[block]):#010x}",
             )
         if chunk.size and int(chunk.max()) >= h.vocab_size:
-            raise ShardError(self.path, f"token id {int(chunk.max())} in block {block} is not below vocab "
-                                        f"size {h.vocab_size}")  # fmt: skip
+            raise ShardError(
+                self.path, f"token id {int(chunk.max())} in block {block} is not below vocab size {h.vocab_size}"
+            )
         self._verified[block] = True
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start + length), a view into the mapping, checked against the block table."""
         if start < 0 or start + length > self.header.token_count:
-            raise ShardError(self.path, f"read of tokens {start}..{start + length - 1} is past the end "
-                                        f"({self.header.token_count} tokens)")  # fmt: skip
+            raise ShardError(
+                self.path,
+                f"read of tokens {start}..{start + length - 1} is past the end ({self.header.token_count} tokens)",
+            )
         bt = self.header.block_tokens
         for block in range(start // bt, (start + length - 1) // bt + 1):
             if not self._verified[block]:

@@ -1,7 +1,7 @@
 """Diagnosis: localize the faulty machine from stacks, metrics and logs (engine + HTTP service).
 
-    from stalwart.diagnosis import EvidenceBundle, diagnose
-    verdict = diagnose(bundle)
+from stalwart.diagnosis import EvidenceBundle, diagnose
+verdict = diagnose(bundle)
 """
 
 from stalwart.diagnosis.engine import diagnose

@@ -3,9 +3,8 @@ engine so that a failure is never left undiagnosed because the service is down."
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import gzip
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -56,8 +55,9 @@ class DiagnosisClient:
         except httpx.HTTPError as exc:
             raise DiagnosisUnavailable(f"cannot reach the diagnosis service at {self.base_url}: {exc!r}") from None
         if response.status_code >= 500:
-            raise DiagnosisUnavailable(f"diagnosis service at {self.base_url} failed ({response.status_code}): "
-                                       f"{_detail(response)}")  # fmt: skip
+            raise DiagnosisUnavailable(
+                f"diagnosis service at {self.base_url} failed ({response.status_code}): {_detail(response)}"
+            )
         return response
 
     def diagnose(self, bundle: EvidenceBundle) -> Verdict:
@@ -87,8 +87,13 @@ class DiagnosisClient:
             return False
 
 
-def diagnose_local(bundle: EvidenceBundle, url: str | None = None, *, timeout: float = 30.0,
-                   on_unavailable: Callable[[DiagnosisUnavailable], None] | None = None) -> Verdict:  # fmt: skip
+def diagnose_local(
+    bundle: EvidenceBundle,
+    url: str | None = None,
+    *,
+    timeout: float = 30.0,
+    on_unavailable: Callable[[DiagnosisUnavailable], None] | None = None,
+) -> Verdict:
     """Ask the service at `url`; without one, or when it does not answer (`on_unavailable` hears
     why), diagnose in this process."""
     if url:

@@ -74,9 +74,14 @@ def case_from_doc(doc: dict[str, Any], texts: dict[str, str]) -> CorpusCase:
         metrics=[NodeMetrics.model_validate(m) for m in doc.get("metrics", [])],
         logs=[RankLog.model_validate(x) for x in doc.get("logs", [])],
     )
-    return CorpusCase(name=doc["name"], description=doc["description"], source=doc["source"],
-                      truth=Truth.model_validate(doc["truth"]), fault=Fault.model_validate(doc.get("fault", {})),
-                      bundle=bundle)  # fmt: skip
+    return CorpusCase(
+        name=doc["name"],
+        description=doc["description"],
+        source=doc["source"],
+        truth=Truth.model_validate(doc["truth"]),
+        fault=Fault.model_validate(doc.get("fault", {})),
+        bundle=bundle,
+    )
 
 
 def load_corpus(root: Path | str) -> list[CorpusCase]:

@@ -36,8 +36,17 @@ def _plain(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("    ") or ".py:" in line) + "\n"
 
 
-def expand_hang(case: CorpusCase, tp: int, dp: int, ranks_per_node: int, *, share_texts: bool = False,
-                failed: float = 0.0, plain: float = 0.0, seed: int = 0) -> CorpusCase:  # fmt: skip
+def expand_hang(
+    case: CorpusCase,
+    tp: int,
+    dp: int,
+    ranks_per_node: int,
+    *,
+    share_texts: bool = False,
+    failed: float = 0.0,
+    plain: float = 0.0,
+    seed: int = 0,
+) -> CorpusCase:
     """The case's hang at TP=tp, DP=dp (PP kept), `ranks_per_node` consecutive ranks per node.
     With `share_texts`, ranks of one role share one text through EvidenceBundle.texts (the compact
     form a client sends); otherwise each rank gets its own text with its own pid. Capture noise, as
@@ -53,8 +62,13 @@ def expand_hang(case: CorpusCase, tp: int, dp: int, ranks_per_node: int, *, shar
     methods = {s.rank: s.method for s in src.stacks}
     f = topo.coords(case.fault.rank)
     healthy_dp = [d for d in range(topo.dp) if d != f.dp] or [f.dp]
-    big = Topology(world_size=tp * topo.pp * dp, tp=tp, pp=topo.pp, dp=dp,
-                   rank_nodes={r: f"node-{r // ranks_per_node}" for r in range(tp * topo.pp * dp)})  # fmt: skip
+    big = Topology(
+        world_size=tp * topo.pp * dp,
+        tp=tp,
+        pp=topo.pp,
+        dp=dp,
+        rank_nodes={r: f"node-{r // ranks_per_node}" for r in range(tp * topo.pp * dp)},
+    )
     shared: dict[int, int] = {}
     shared_texts: list[str] = []
     stacks: list[RankStack] = []
@@ -70,8 +84,11 @@ def expand_hang(case: CorpusCase, tp: int, dp: int, ranks_per_node: int, *, shar
             stacks.append(RankStack(rank=rank, node=node, text="", method="none"))
             continue
         if plain and rng.random() < plain:
-            stacks.append(RankStack(rank=rank, node=node, text=_with_pid(_plain(texts[src_rank]), 100_000 + rank),
-                                    method="py-spy"))  # fmt: skip
+            stacks.append(
+                RankStack(
+                    rank=rank, node=node, text=_with_pid(_plain(texts[src_rank]), 100_000 + rank), method="py-spy"
+                )
+            )
             continue
         if share_texts:
             if src_rank not in shared:
@@ -79,17 +96,22 @@ def expand_hang(case: CorpusCase, tp: int, dp: int, ranks_per_node: int, *, shar
                 shared_texts.append(texts[src_rank])
             stacks.append(RankStack(rank=rank, node=node, text_ref=shared[src_rank], method=methods[src_rank]))
         else:
-            stacks.append(RankStack(rank=rank, node=node, text=_with_pid(texts[src_rank], 100_000 + rank),
-                                    method=methods[src_rank]))  # fmt: skip
-    bundle = EvidenceBundle(job=f"{case.name}-x{big.world_size}", generation=0, kind="hang", topology=big,
-                            stacks=stacks, texts=shared_texts)  # fmt: skip
+            stacks.append(
+                RankStack(
+                    rank=rank, node=node, text=_with_pid(texts[src_rank], 100_000 + rank), method=methods[src_rank]
+                )
+            )
+    bundle = EvidenceBundle(
+        job=f"{case.name}-x{big.world_size}", generation=0, kind="hang", topology=big, stacks=stacks, texts=shared_texts
+    )
     return CorpusCase(
         name=f"{case.name}@{big.world_size}" + (f"-noisy{seed}" if failed or plain else ""),
         description=f"{case.description} (grown to TP={tp} PP={topo.pp} DP={dp}, {ranks_per_node} ranks per node"
-                    + (f"; {failed:.0%} of dumps failed, {plain:.0%} without --native)" if failed or plain else ")"),
+        + (f"; {failed:.0%} of dumps failed, {plain:.0%} without --native)" if failed or plain else ")"),
         source=f"generated: stalwart.diagnosis.corpus_gen.expand_hang from {case.name}",
-        truth=Truth(faulty_nodes=[big.rank_nodes[fault_rank]], failure_class=case.truth.failure_class,
-                    blame=case.truth.blame),  # fmt: skip
+        truth=Truth(
+            faulty_nodes=[big.rank_nodes[fault_rank]], failure_class=case.truth.failure_class, blame=case.truth.blame
+        ),
         fault=Fault(kind=case.fault.kind, rank=fault_rank, step=case.fault.step, method=case.fault.method),
         bundle=bundle,
     )
@@ -115,8 +137,11 @@ def expand_metrics(case: CorpusCase, nodes: int, seed: int = 0) -> CorpusCase:
         name=f"{case.name}@{nodes}nodes",
         description=f"{case.description} (metrics grown to {nodes} nodes)",
         source=f"generated: stalwart.diagnosis.corpus_gen.expand_metrics from {case.name}",
-        truth=Truth(faulty_nodes=[f"node-{where}"] if bad else [], failure_class=case.truth.failure_class,
-                    blame=case.truth.blame),  # fmt: skip
+        truth=Truth(
+            faulty_nodes=[f"node-{where}"] if bad else [],
+            failure_class=case.truth.failure_class,
+            blame=case.truth.blame,
+        ),
         fault=case.fault,
         bundle=bundle,
     )

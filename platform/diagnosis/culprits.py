@@ -40,8 +40,7 @@ def _matching_peer(layout: Layout, rank: int, st: RankState) -> int | None:
     return layout.neighbour(rank, "pp", step)
 
 
-def _p2p_edges(layout: Layout, rank: int, st: RankState, states: dict[int, RankState],
-               out: Culprits) -> list[int]:  # fmt: skip
+def _p2p_edges(layout: Layout, rank: int, st: RankState, states: dict[int, RankState], out: Culprits) -> list[int]:
     if not st.direction or layout.topology.pp <= 1:
         return []
     peer = _matching_peer(layout, rank, st)
@@ -52,8 +51,12 @@ def _p2p_edges(layout: Layout, rank: int, st: RankState, states: dict[int, RankS
     ps = states.get(peer)
     if ps is None:
         return [peer]
-    if ps.state in (State.P2P_RECV, State.P2P_SEND) and ps.state is not st.state and ps.direction == st.direction \
-            and _matching_peer(layout, peer, ps) == rank:  # fmt: skip
+    if (
+        ps.state in (State.P2P_RECV, State.P2P_SEND)
+        and ps.state is not st.state
+        and ps.direction == st.direction
+        and _matching_peer(layout, peer, ps) == rank
+    ):
         out.add(rank, f"stuck in a {st.direction} transfer with rank {peer}, which is stuck in it too (the link)")
         out.add(peer, f"stuck in a {st.direction} transfer with rank {rank}, which is stuck in it too (the link)")
         return []
@@ -61,17 +64,21 @@ def _p2p_edges(layout: Layout, rank: int, st: RankState, states: dict[int, RankS
     # phase has already done it (or never will): this wait cannot end.
     expected = Phase.FORWARD if st.direction == "forward" else Phase.BACKWARD
     if ps.state.waiting and ps.phase is not Phase.UNKNOWN and st.phase is not Phase.UNKNOWN and ps.phase > expected:
-        out.add(rank, f"waits in a {st.direction} pipeline {verb} with rank {peer}, "
-                      f"which has moved on to its {ps.phase.name.lower()} phase")  # fmt: skip
+        out.add(
+            rank,
+            f"waits in a {st.direction} pipeline {verb} with rank {peer}, "
+            f"which has moved on to its {ps.phase.name.lower()} phase",
+        )
         return []
     return [peer]
 
 
-def _collective_edges(layout: Layout, rank: int, st: RankState, states: dict[int, RankState],
-                      signature: dict[int, str], out: Culprits) -> list[int]:  # fmt: skip
+def _collective_edges(
+    layout: Layout, rank: int, st: RankState, states: dict[int, RankState], signature: dict[int, str], out: Culprits
+) -> list[int]:
     if not st.scope or st.scope not in layout.group_ids:
         return []
-    peers = layout.peers(st.scope, rank)  # type: ignore[arg-type]
+    peers = layout.peers(st.scope, rank)
     mine = signature.get(rank)
     others = [int(p) for p in peers if p != rank]
     elsewhere = [p for p in others if p in signature and signature[p] != mine]
@@ -82,8 +89,9 @@ def _collective_edges(layout: Layout, rank: int, st: RankState, states: dict[int
         return unseen
     if all(int(p) in states for p in peers) and len(peers) > 1:
         for p in peers:
-            out.add(int(p), f"every member of its {st.scope.upper()} group is inside the same {st.op} "
-                            "and none leaves it")  # fmt: skip
+            out.add(
+                int(p), f"every member of its {st.scope.upper()} group is inside the same {st.op} and none leaves it"
+            )
     return []
 
 

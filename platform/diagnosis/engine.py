@@ -8,6 +8,8 @@ else metric outliers.
 
 from __future__ import annotations
 
+from typing import cast
+
 from stalwart.diagnosis.hang import analyze_stacks
 from stalwart.diagnosis.log_classify import classify_crash
 from stalwart.diagnosis.metric_outliers import MetricFindings, metric_outliers
@@ -60,12 +62,26 @@ def _hang(bundle: EvidenceBundle, layout: Layout) -> Verdict:
     top = max(scores.values(), default=0.0)
     blame: Blame = "node" if top >= FLAG_THRESHOLD else "group" if f.group is not None else "job"
     reasons = {n: [*f.reasons.get(n, []), *metrics.reasons.get(n, [])] for n in scores}
-    evidence = [f"stack group {g.signature} ({g.count} ranks, {g.state}{', outlier' if g.outlier else ''}): "
-                f"{' < '.join(g.frames[:4])}" for g in f.aggregation.groups[:12]]  # fmt: skip
-    return make_verdict(job=bundle.job, generation=bundle.generation, failure_class="hang", blame=blame,
-                        scores=scores, reasons=reasons, suspect_ranks=f.suspect_ranks, group=f.group,
-                        stack_groups=f.aggregation.groups, metric_ranking=metrics.ranking,
-                        confidence=f.confidence, summary=f"hang: {f.summary}", evidence=evidence)  # fmt: skip
+    evidence = [
+        f"stack group {g.signature} ({g.count} ranks, {g.state}{', outlier' if g.outlier else ''}): "
+        f"{' < '.join(g.frames[:4])}"
+        for g in f.aggregation.groups[:12]
+    ]
+    return make_verdict(
+        job=bundle.job,
+        generation=bundle.generation,
+        failure_class="hang",
+        blame=blame,
+        scores=scores,
+        reasons=reasons,
+        suspect_ranks=f.suspect_ranks,
+        group=f.group,
+        stack_groups=f.aggregation.groups,
+        metric_ranking=metrics.ranking,
+        confidence=f.confidence,
+        summary=f"hang: {f.summary}",
+        evidence=evidence,
+    )
 
 
 def _slowdown(bundle: EvidenceBundle, layout: Layout, with_rounds: bool) -> Verdict:
@@ -84,8 +100,11 @@ def _slowdown(bundle: EvidenceBundle, layout: Layout, with_rounds: bool) -> Verd
         parts.append(rf.summary)
     if bundle.metrics:
         named = sorted(mf.node_scores, key=lambda n: -mf.node_scores[n])
-        parts.append(f"metrics point at {', '.join(named[:3])}" if named
-                     else f"no node is a persistent outlier in {mf.metrics_seen} metric(s)")  # fmt: skip
+        parts.append(
+            f"metrics point at {', '.join(named[:3])}"
+            if named
+            else f"no node is a persistent outlier in {mf.metrics_seen} metric(s)"
+        )
     top = max(scores.values(), default=0.0)
     found = top >= FLAG_THRESHOLD
     failure_class = "slowdown" if found else "none"
@@ -93,21 +112,37 @@ def _slowdown(bundle: EvidenceBundle, layout: Layout, with_rounds: bool) -> Verd
     evidence = [f"{m.metric} on {m.node}: {m.score:.1f} robust z over {m.windows} windows" for m in mf.ranking[:10]]
     if rf is not None:
         evidence += [f"{n} flagged in {c} of {rf.rounds} stack rounds" for n, c in rf.node_counts.most_common(5)]
-    return make_verdict(job=bundle.job, generation=bundle.generation, failure_class=failure_class,
-                        blame="node" if found else "none", scores=scores, reasons=reasons,
-                        suspect_ranks=rf.suspect_ranks if rf else {}, group=rf.group if rf and found else None,
-                        metric_ranking=mf.ranking, confidence=confidence,
-                        summary=("slowdown: " if found else "no slowdown found: ") + "; ".join(parts),
-                        evidence=evidence)  # fmt: skip
+    return make_verdict(
+        job=bundle.job,
+        generation=bundle.generation,
+        failure_class=failure_class,
+        blame="node" if found else "none",
+        scores=scores,
+        reasons=reasons,
+        suspect_ranks=rf.suspect_ranks if rf else {},
+        group=rf.group if rf and found else None,
+        metric_ranking=mf.ranking,
+        confidence=confidence,
+        summary=("slowdown: " if found else "no slowdown found: ") + "; ".join(parts),
+        evidence=evidence,
+    )
 
 
 def _crash(bundle: EvidenceBundle, layout: Layout) -> Verdict:
     node_of = {r: layout.node_name(r) for r in range(layout.world)}
     c = classify_crash(bundle.logs, node_of, len(layout.nodes))
-    return make_verdict(job=bundle.job, generation=bundle.generation, failure_class=c.failure_class,
-                        blame=c.blame, scores=c.node_scores, reasons=c.reasons,  # type: ignore[arg-type]
-                        suspect_ranks=c.suspect_ranks, confidence=c.confidence, summary=c.summary,
-                        evidence=c.evidence)  # fmt: skip
+    return make_verdict(
+        job=bundle.job,
+        generation=bundle.generation,
+        failure_class=c.failure_class,
+        blame=cast(Blame, c.blame),
+        scores=c.node_scores,
+        reasons=c.reasons,
+        suspect_ranks=c.suspect_ranks,
+        confidence=c.confidence,
+        summary=c.summary,
+        evidence=c.evidence,
+    )
 
 
 def diagnose(bundle: EvidenceBundle) -> Verdict:

@@ -44,8 +44,16 @@ def culprit_score(machines: int) -> float:
 
 
 def _describe_group(g: SuspectGroup) -> str:
-    names = {"tp": "TP group", "cp": "CP group", "ep": "EP group", "pp": "pipeline (PP group)", "dp": "DP group",
-             "mp": "model replica (TP x PP)", "node": "node", "rank": "rank"}  # fmt: skip
+    names = {
+        "tp": "TP group",
+        "cp": "CP group",
+        "ep": "EP group",
+        "pp": "pipeline (PP group)",
+        "dp": "DP group",
+        "mp": "model replica (TP x PP)",
+        "node": "node",
+        "rank": "rank",
+    }
     return f"{names[g.kind]} {g.index}"
 
 
@@ -58,9 +66,15 @@ def analyze_stacks(
     missing = missing_ranks(layout, present)
     if len(missing) > max(1, MISSING_FRACTION * layout.world):
         # e.g. faulthandler dumps taken on a thread with no Python frame: say so, blame no one
-        return StackFindings(aggregation=agg, group=None, culprits=Culprits(), missing=missing, confidence=0.1,
-                             summary=f"only {len(present)} of {layout.world} ranks gave a usable stack: capture "
-                                     "again (py-spy rather than faulthandler) before evicting anything")  # fmt: skip
+        return StackFindings(
+            aggregation=agg,
+            group=None,
+            culprits=Culprits(),
+            missing=missing,
+            confidence=0.1,
+            summary=f"only {len(present)} of {layout.world} ranks gave a usable stack: capture "
+            "again (py-spy rather than faulthandler) before evicting anything",
+        )
     outliers = [r for r in agg.outliers if agg.signature[r] != EMPTY_SIGNATURE]
     # A failed dump here and there is the capture's noise, not a finding: ranks without a stack are
     # suspects when a wait leads to them, or when nothing else stands out.
@@ -91,16 +105,19 @@ def analyze_stacks(
             else:
                 out.reasons[node].append(f"in the outlier {_describe_group(group)}")
     n_out = len(outliers)
-    parts = [f"{n_out} of {len(agg.signature)} ranks are outliers in {sum(g.outlier for g in agg.groups)} "
-             f"stack group(s)"]  # fmt: skip
+    parts = [
+        f"{n_out} of {len(agg.signature)} ranks are outliers in {sum(g.outlier for g in agg.groups)} stack group(s)"
+    ]
     if missing:
         parts.append(f"{len(missing)} rank(s) gave no stack")
     if group is not None:
         parts.append(f"they share {_describe_group(group)} ({len(group.ranks)} ranks on {len(group.nodes)} machine(s))")
     if by_node:
         first = min(culprits.ranks)
-        parts.append(f"the waits end at rank(s) {sorted(culprits.ranks)[:6]} on {', '.join(sorted(by_node)[:4])}: "
-                     f"{culprits.ranks[first]}")  # fmt: skip
+        parts.append(
+            f"the waits end at rank(s) {sorted(culprits.ranks)[:6]} on {', '.join(sorted(by_node)[:4])}: "
+            f"{culprits.ranks[first]}"
+        )
         out.confidence = score
     elif group is not None:
         out.confidence = 0.5

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stalwart.diagnosis.models import RankLog
-from stalwart.signatures.scanner import strip_rank_prefix as strip_line_prefix
 from stalwart.signatures import BlameScope, ExitVerdict, classify_exit, default_database
+from stalwart.signatures.scanner import strip_rank_prefix as strip_line_prefix
 
 SYMPTOMS = frozenset({"peer_closed", "nccl_timeout", "nccl_error"})
 HARDWARE = frozenset({"xid", "ecc_error"})  # never the code's fault, however many machines show it
@@ -29,6 +29,8 @@ _EXC_LINE = re.compile(
     r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|KeyError|StopIteration)(?::\s*(.*))?$"
 )
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
 def strip_rank_prefix(lines: Sequence[str]) -> list[str]:
     """'[rank3]: Traceback (...)' -> 'Traceback (...)', line by line (see stalwart.signatures)."""
     return [strip_line_prefix(line) for line in lines]
@@ -161,14 +163,22 @@ def classify_crash(logs: Sequence[RankLog], node_of: dict[int, str], all_nodes: 
         nodes = nodes_of(same)
         widespread = len(nodes) > 2 and len(nodes) >= WIDESPREAD_FRACTION * total_nodes
         if widespread and cls not in HARDWARE:
-            out = CrashFindings(failure_class=cls, blame="user_code" if cls == "cuda_error" else "job",
-                                summary=f"{cls} on {len(nodes)} of {total_nodes} machines at once: the code or "
-                                        "its configuration, not one machine", confidence=0.7)  # fmt: skip
+            out = CrashFindings(
+                failure_class=cls,
+                blame="user_code" if cls == "cuda_error" else "job",
+                summary=f"{cls} on {len(nodes)} of {total_nodes} machines at once: the code or "
+                "its configuration, not one machine",
+                confidence=0.7,
+            )
             out.evidence = [f"rank {f.rank}: {f.verdict.reason}" for f in same[:5]]
             out.per_rank = findings
             return out
-        out = CrashFindings(failure_class=cls, blame="node", confidence=0.95 if len(nodes) <= 2 else 0.8,
-                            summary=f"{cls} on {', '.join(nodes[:5])}: {best.verdict.reason[:160]}")  # fmt: skip
+        out = CrashFindings(
+            failure_class=cls,
+            blame="node",
+            confidence=0.95 if len(nodes) <= 2 else 0.8,
+            summary=f"{cls} on {', '.join(nodes[:5])}: {best.verdict.reason[:160]}",
+        )
         for f in same:
             out.node_scores[f.node] = 0.95 if len(nodes) <= 2 else 0.75
             out.reasons.setdefault(f.node, []).append(f"rank {f.rank}: {f.verdict.reason[:200]}")
@@ -181,8 +191,12 @@ def classify_crash(logs: Sequence[RankLog], node_of: dict[int, str], all_nodes: 
     numeric = [f for f in roots if f.verdict.failure_class in ("nan_loss", "loss_spike")]
     if numeric:
         cls = max(numeric, key=lambda f: _priority(f.verdict.failure_class)).verdict.failure_class or ""
-        out = CrashFindings(failure_class=cls, blame="job", confidence=0.9,
-                            summary=f"{cls} on {len(numeric)} rank(s): roll back to an earlier checkpoint")  # fmt: skip
+        out = CrashFindings(
+            failure_class=cls,
+            blame="job",
+            confidence=0.9,
+            summary=f"{cls} on {len(numeric)} rank(s): roll back to an earlier checkpoint",
+        )
         out.evidence = [f"rank {f.rank}: {f.verdict.reason[:200]}" for f in numeric[:5]]
         out.per_rank = findings
         return out
@@ -193,9 +207,12 @@ def classify_crash(logs: Sequence[RankLog], node_of: dict[int, str], all_nodes: 
         named = [f for f in user if f.verdict.failure_class != "python_exception"]
         if named:  # gpu_oom, cpu_oom: the job asked for more than the machine has
             cls = named[0].verdict.failure_class or "unknown"
-            out = CrashFindings(failure_class=cls, blame="user_code", confidence=0.85,
-                                summary=f"{cls} on rank(s) {sorted(f.rank for f in named)[:8]}: "
-                                        f"{named[0].verdict.reason[:160]}")  # fmt: skip
+            out = CrashFindings(
+                failure_class=cls,
+                blame="user_code",
+                confidence=0.85,
+                summary=f"{cls} on rank(s) {sorted(f.rank for f in named)[:8]}: {named[0].verdict.reason[:160]}",
+            )
             out.evidence = [f"rank {f.rank}: {f.verdict.reason[:200]}" for f in named[:5]]
             out.per_rank = findings
             return out
@@ -204,16 +221,25 @@ def classify_crash(logs: Sequence[RankLog], node_of: dict[int, str], all_nodes: 
         same = [f for f in user if f.traceback is not None and f.traceback.key == top_key]
         nodes = nodes_of(same)
         first = same[0] if same else user[0]
-        what = (f"{first.traceback.exc_type}: {first.traceback.message[:120]}" if first.traceback
-                else first.verdict.reason[:160])  # fmt: skip
+        what = (
+            f"{first.traceback.exc_type}: {first.traceback.message[:120]}"
+            if first.traceback
+            else first.verdict.reason[:160]
+        )
         if len(same) >= 2 and (len(nodes) >= 2 or len(same) == len(user)):
-            out = CrashFindings(failure_class="user_code_error", blame="user_code", confidence=0.95,
-                                summary=f"the same exception on {len(same)} ranks across {len(nodes)} machine(s): "
-                                        f"{what}")  # fmt: skip
+            out = CrashFindings(
+                failure_class="user_code_error",
+                blame="user_code",
+                confidence=0.95,
+                summary=f"the same exception on {len(same)} ranks across {len(nodes)} machine(s): {what}",
+            )
         else:
-            out = CrashFindings(failure_class="user_code_error", blame="user_code", confidence=0.6,
-                                summary=f"rank {first.rank} alone raised {what}; the others lost their "
-                                        "peer")  # fmt: skip
+            out = CrashFindings(
+                failure_class="user_code_error",
+                blame="user_code",
+                confidence=0.6,
+                summary=f"rank {first.rank} alone raised {what}; the others lost their peer",
+            )
             out.node_scores[first.node] = 0.3
             out.reasons[first.node] = [f"only rank {first.rank} raised; suspect the machine if it recurs there"]
             out.suspect_ranks[first.node] = [first.rank]
@@ -229,8 +255,12 @@ def classify_crash(logs: Sequence[RankLog], node_of: dict[int, str], all_nodes: 
         best = max(job, key=lambda f: _priority(f.verdict.failure_class))
         cls = best.verdict.failure_class or "unknown"
         same = [f for f in job if f.verdict.failure_class == cls]
-        out = CrashFindings(failure_class=cls, blame="job", confidence=0.6,
-                            summary=f"{cls} on rank(s) {sorted(f.rank for f in same)[:8]}: {best.verdict.reason[:160]}")
+        out = CrashFindings(
+            failure_class=cls,
+            blame="job",
+            confidence=0.6,
+            summary=f"{cls} on rank(s) {sorted(f.rank for f in same)[:8]}: {best.verdict.reason[:160]}",
+        )
         for f in same:
             out.node_scores[f.node] = 0.4
             out.reasons.setdefault(f.node, []).append(f"rank {f.rank}: {f.verdict.reason[:200]}")
@@ -245,25 +275,38 @@ def classify_crash(logs: Sequence[RankLog], node_of: dict[int, str], all_nodes: 
         nodes = nodes_of(silent)
         how = ", ".join(f"rank {f.rank} {f.verdict.reason}" for f in silent[:3])
         if len(nodes) <= 2:
-            out = CrashFindings(failure_class="unknown", blame="node", confidence=0.6,
-                                summary=f"{how}; the other ranks lost it: its machine is the suspect")  # fmt: skip
+            out = CrashFindings(
+                failure_class="unknown",
+                blame="node",
+                confidence=0.6,
+                summary=f"{how}; the other ranks lost it: its machine is the suspect",
+            )
             for f in silent:
                 out.node_scores[f.node] = 0.6
-                out.reasons.setdefault(f.node, []).append(f"rank {f.rank} died first with nothing in its log "
-                                                          f"({f.verdict.reason})")  # fmt: skip
+                out.reasons.setdefault(f.node, []).append(
+                    f"rank {f.rank} died first with nothing in its log ({f.verdict.reason})"
+                )
                 out.suspect_ranks.setdefault(f.node, []).append(f.rank)
         else:
-            out = CrashFindings(failure_class="unknown", blame="job", confidence=0.3,
-                                summary=f"{len(silent)} ranks on {len(nodes)} machines died with no known signature")
+            out = CrashFindings(
+                failure_class="unknown",
+                blame="job",
+                confidence=0.3,
+                summary=f"{len(silent)} ranks on {len(nodes)} machines died with no known signature",
+            )
         out.evidence = [f"rank {f.rank} ({f.node}) exit {f.exit_code}: {f.verdict.reason}" for f in silent[:10]]
         out.per_rank = findings
         return out
 
     # 6. only symptoms: a timeout or a lost peer everywhere, the cause is elsewhere (a hang: get the stacks)
-    cls = max(findings, key=lambda f: _priority(f.verdict.failure_class)).verdict.failure_class
-    out = CrashFindings(failure_class=cls or "unknown", blame="job", confidence=0.4,
-                        summary=f"only symptoms ({cls}) on {len(findings)} ranks: the cause is on another rank or "
-                                "the network; capture stacks and run the stop-time checks")  # fmt: skip
+    worst = max(findings, key=lambda f: _priority(f.verdict.failure_class)).verdict.failure_class
+    out = CrashFindings(
+        failure_class=worst or "unknown",
+        blame="job",
+        confidence=0.4,
+        summary=f"only symptoms ({worst}) on {len(findings)} ranks: the cause is on another rank or "
+        "the network; capture stacks and run the stop-time checks",
+    )
     out.evidence = [f"rank {f.rank}: {f.verdict.reason[:200]}" for f in findings[:5]]
     out.per_rank = findings
     return out

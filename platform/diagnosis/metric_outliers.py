@@ -40,11 +40,20 @@ DIRECTIONS: dict[str, Direction] = {
     "memory_percent": "high",
 }
 # A difference smaller than this is not worth naming a node for, however tight the others are.
-ABSOLUTE_FLOOR: dict[str, float] = {"nic_error_delta": 1.0, "gpu_temperature_c": 3.0, "cpu_percent": 5.0,
-                                    "gpu_utilization_pct": 5.0, "memory_percent": 5.0, "gpu_memory_used_pct": 5.0,
-                                    "step_time_s": 0.01, "step_time_max_s": 0.01, "compute_time_s": 0.01,
-                                    "compute_time_max_s": 0.01,
-                                    "data_time_s": 0.01, "progress_age_s": 1.0}  # fmt: skip
+ABSOLUTE_FLOOR: dict[str, float] = {
+    "nic_error_delta": 1.0,
+    "gpu_temperature_c": 3.0,
+    "cpu_percent": 5.0,
+    "gpu_utilization_pct": 5.0,
+    "memory_percent": 5.0,
+    "gpu_memory_used_pct": 5.0,
+    "step_time_s": 0.01,
+    "step_time_max_s": 0.01,
+    "compute_time_s": 0.01,
+    "compute_time_max_s": 0.01,
+    "data_time_s": 0.01,
+    "progress_age_s": 1.0,
+}
 RELATIVE_FLOOR = 0.10  # ... nor smaller than 10% of the typical value
 _WORD = {"high": "above", "low": "below", "both": "away from"}
 FULL_RUN_FACTOR = 2  # a metric out for 2 x persist windows in a row counts fully
@@ -146,9 +155,10 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
         for i in np.flatnonzero(run >= cfg.persist):
             lo, hi = int(end[i] - run[i]), int(end[i])
             score = float(np.mean(z[i, lo:hi]))
-            per_node.setdefault(int(i), []).append(MetricScore(metric=name, node=nodes[i], score=round(score, 2),
-                                                                windows=int(run[i])))  # fmt: skip
-    for i, scores in per_node.items():
+            per_node.setdefault(int(i), []).append(
+                MetricScore(metric=name, node=nodes[i], score=round(score, 2), windows=int(run[i]))
+            )
+    for scores in per_node.values():
         scores.sort(key=lambda s: -s.score)
         out.ranking.extend(scores)
         node = nodes[i]
@@ -156,7 +166,10 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
         # metric barely past `persist` is a lead, a long run or several agreeing metrics a finding.
         weight = sum(min(1.0, s.windows / (FULL_RUN_FACTOR * cfg.persist)) for s in scores)
         out.node_scores[node] = round(min(0.95, 0.3 + 0.3 * weight), 2)
-        out.reasons[node] = [f"{s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "
-                             f"the other nodes for {s.windows} windows in a row" for s in scores[:4]]  # fmt: skip
+        out.reasons[node] = [
+            f"{s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "
+            f"the other nodes for {s.windows} windows in a row"
+            for s in scores[:4]
+        ]
     out.ranking.sort(key=lambda s: (-out.node_scores.get(s.node, 0), -s.score))
     return out

@@ -89,8 +89,9 @@ class Topology(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
         if self.tp * self.cp * self.pp * self.dp != self.world_size:
-            raise ValueError(f"tp*cp*pp*dp = {self.tp}*{self.cp}*{self.pp}*{self.dp} "
-                             f"does not equal world_size {self.world_size}")  # fmt: skip
+            raise ValueError(
+                f"tp*cp*pp*dp = {self.tp}*{self.cp}*{self.pp}*{self.dp} does not equal world_size {self.world_size}"
+            )
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
         dims = self.dims()  # raises on a bad order
@@ -140,16 +141,19 @@ class RankStack(_Model):
     node: NodeName = Field(default="", max_length=253)
     text: str = Field(default="", max_length=MAX_STACK_CHARS)
     method: str = Field(default="py-spy", max_length=32)
-    text_ref: int | None = Field(default=None, ge=0, lt=MAX_TEXTS,
-                                 description="index into EvidenceBundle.texts, instead of `text`")  # fmt: skip
+    text_ref: int | None = Field(
+        default=None, ge=0, lt=MAX_TEXTS, description="index into EvidenceBundle.texts, instead of `text`"
+    )
 
 
 def rank_stacks(reports: list[Any]) -> list[RankStack]:
     """Each rank's dump from the agents' StackReports (stalwart.store.records), as diagnosis reads them."""
     return [
         RankStack(rank=int(d["rank"]), node=r.node, text=d.get("text") or "", method=str(d.get("method") or "none"))
-        for r in reports for d in r.stacks if d.get("rank") is not None
-    ]  # fmt: skip
+        for r in reports
+        for d in r.stacks
+        if d.get("rank") is not None
+    ]
 
 
 class NodeMetrics(_Model):
@@ -176,8 +180,11 @@ class RankLog(_Model):
     node: NodeName = Field(default="", max_length=253)
     exit_code: int | None = None
     lines: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES)
-    kernel_log: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES,
-                                  description="the node's kernel log (dmesg) from around the failure")  # fmt: skip
+    kernel_log: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_LOG_LINES,
+        description="the node's kernel log (dmesg) from around the failure",
+    )
 
     @field_validator("lines", "kernel_log")
     @classmethod
@@ -196,8 +203,11 @@ class EvidenceBundle(_Model):
     metrics: list[NodeMetrics] = Field(default_factory=list, max_length=MAX_NODES)
     logs: list[RankLog] = Field(default_factory=list, max_length=MAX_RANKS)
     rounds: list[list[RankStack]] = Field(default_factory=list, max_length=MAX_ROUNDS)
-    texts: list[str] = Field(default_factory=list, max_length=MAX_TEXTS,
-                             description="stack texts shared by ranks, referenced by RankStack.text_ref")  # fmt: skip
+    texts: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_TEXTS,
+        description="stack texts shared by ranks, referenced by RankStack.text_ref",
+    )
 
     @field_validator("texts")
     @classmethod
@@ -214,8 +224,7 @@ class EvidenceBundle(_Model):
         for where, stacks in [("stacks", self.stacks), *((f"rounds[{i}]", r) for i, r in enumerate(self.rounds))]:
             for s in stacks:
                 if s.text_ref is not None and s.text_ref >= n:
-                    raise ValueError(f"{where}: rank {s.rank} refers to texts[{s.text_ref}], "
-                                     f"but there are {n} texts")  # fmt: skip
+                    raise ValueError(f"{where}: rank {s.rank} refers to texts[{s.text_ref}], but there are {n} texts")
                 if world is not None and s.rank >= world:
                     raise ValueError(f"{where}: rank {s.rank} is outside the topology's world of {world}")
         if world is not None:

@@ -72,7 +72,7 @@ def build_layout(topology: Topology, rank_nodes: dict[int, str] | None = None) -
     for kind in ("tp", "cp", "pp", "dp"):
         # the rank with this dimension's coordinate zeroed identifies the group; compact it to 0..n-1
         base = ranks - coords[kind] * strides[kind]
-        ids[kind] = np.unique(base, return_inverse=True)[1].astype(np.int64)  # type: ignore[literal-required]
+        ids[kind] = np.unique(base, return_inverse=True)[1].astype(np.int64)
     replica = coords["dp"]
     ids["mp"] = replica.copy()
     if topology.ep > 1:
@@ -82,8 +82,13 @@ def build_layout(topology: Topology, rank_nodes: dict[int, str] | None = None) -
     names = [placement.get(r, f"rank-{r}") for r in range(world)]
     nodes, node_ids = np.unique(np.array(names, dtype=object), return_inverse=True)
     ids["node"] = node_ids.astype(np.int64)
-    return Layout(topology=topology, coords=coords, group_ids=ids, nodes=[str(n) for n in nodes],
-                  node_ids=node_ids.astype(np.int64))  # fmt: skip
+    return Layout(
+        topology=topology,
+        coords=coords,
+        group_ids=ids,
+        nodes=[str(n) for n in nodes],
+        node_ids=node_ids.astype(np.int64),
+    )
 
 
 def group_size(layout: Layout, kind: GroupKind, index: int) -> int:

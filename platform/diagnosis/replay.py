@@ -85,25 +85,34 @@ def plan_replay(pp: int, dp: int, machines: Sequence[str], spares: Sequence[str]
         g = max(d for d in range(1, dp + 1) if dp % d == 0 and dp // d >= pp)
         h_groups = dp // g
         horizontal = [
-            ReplayGroup(id=f"h{j}", phase="horizontal",
-                        pipelines=[[at(s, r) for s in range(pp)] for r in range(j * g, (j + 1) * g)])  # fmt: skip
+            ReplayGroup(
+                id=f"h{j}",
+                phase="horizontal",
+                pipelines=[[at(s, r) for s in range(pp)] for r in range(j * g, (j + 1) * g)],
+            )
             for j in range(h_groups)
         ]
         vertical = [
             ReplayGroup(id=f"v{k}", phase="vertical", pipelines=[[at(s, (k + s * g) % dp) for s in range(pp)]])
             for k in range(dp)
         ]
-        return ReplayPlan(pp=pp, dp=dp, scheme="diagonal", machines=list(machines),
-                          horizontal=horizontal, vertical=vertical)  # fmt: skip
+        return ReplayPlan(
+            pp=pp, dp=dp, scheme="diagonal", machines=list(machines), horizontal=horizontal, vertical=vertical
+        )
     need = pp - dp
     if len(spares) < need:
-        raise ValueError(f"dual-phase replay with DP={dp} < PP={pp} needs {need} spare machine(s) known to be "
-                         f"good (warm standbys) to fill the vertical pipelines; got {len(spares)}")  # fmt: skip
+        raise ValueError(
+            f"dual-phase replay with DP={dp} < PP={pp} needs {need} spare machine(s) known to be "
+            f"good (warm standbys) to fill the vertical pipelines; got {len(spares)}"
+        )
     fill = list(spares[:need])
-    horizontal = [ReplayGroup(id=f"h{r}", phase="horizontal", pipelines=[[at(s, r) for s in range(pp)]])
-                  for r in range(dp)]  # fmt: skip
-    vertical = [ReplayGroup(id=f"v{s}", phase="vertical", pipelines=[[at(s, r) for r in range(dp)] + fill],
-                            spares=fill) for s in range(pp)]  # fmt: skip
+    horizontal = [
+        ReplayGroup(id=f"h{r}", phase="horizontal", pipelines=[[at(s, r) for s in range(pp)]]) for r in range(dp)
+    ]
+    vertical = [
+        ReplayGroup(id=f"v{s}", phase="vertical", pipelines=[[at(s, r) for r in range(dp)] + fill], spares=fill)
+        for s in range(pp)
+    ]
     return ReplayPlan(pp=pp, dp=dp, scheme="stages", machines=list(machines), horizontal=horizontal, vertical=vertical)
 
 
@@ -122,8 +131,10 @@ def _failed(plan: ReplayPlan, phase: Phase, failed: Sequence[int | str]) -> Repl
             raise ValueError(f"no {phase} group {f!r}")
     unique = {g.id: g for g in picked}
     if len(unique) != 1:
-        raise ReplayInconclusive(f"{len(unique)} {phase} groups failed; dual-phase replay singles out one faulty "
-                                 "machine when exactly one group of each phase fails")  # fmt: skip
+        raise ReplayInconclusive(
+            f"{len(unique)} {phase} groups failed; dual-phase replay singles out one faulty "
+            "machine when exactly one group of each phase fails"
+        )
     return next(iter(unique.values()))
 
 
@@ -133,6 +144,8 @@ def locate(plan: ReplayPlan, horizontal_failed: Sequence[int | str], vertical_fa
     v = _failed(plan, "vertical", vertical_failed)
     common = (set(h.machines) & set(v.machines)) - set(v.spares) - set(h.spares)
     if len(common) != 1:
-        raise ReplayInconclusive(f"groups {h.id} and {v.id} share {len(common)} machines; the replay results are "
-                                 "inconsistent with a single faulty machine")  # fmt: skip
+        raise ReplayInconclusive(
+            f"groups {h.id} and {v.id} share {len(common)} machines; the replay results are "
+            "inconsistent with a single faulty machine"
+        )
     return common.pop()

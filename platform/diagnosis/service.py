@@ -55,8 +55,13 @@ class BodyLimit:
     async def _error(self, send: Send, status: int, message: str) -> None:
         self.on_reject(status)
         body = JSONResponse({"detail": message}, status_code=status).body
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -67,8 +72,12 @@ class BodyLimit:
         limit_mib = self.max_bytes / (1024 * 1024)
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._error(send, 413, f"request body is {int(declared)} bytes; the limit is {limit_mib:g} MiB "
-                                         "(send stack texts once in `texts`, or gzip the body)")  # fmt: skip
+            await self._error(
+                send,
+                413,
+                f"request body is {int(declared)} bytes; the limit is {limit_mib:g} MiB "
+                "(send stack texts once in `texts`, or gzip the body)",
+            )
             return
         chunks: list[bytes] = []
         size = 0
@@ -98,8 +107,9 @@ class BodyLimit:
                 await self._error(send, 413, f"decompressed request body exceeds {limit:g} MiB")
                 return
         elif encoding not in (b"identity", b""):
-            await self._error(send, 415, f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}; "
-                                         "use gzip or none")  # fmt: skip
+            await self._error(
+                send, 415, f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}; use gzip or none"
+            )
             return
         new_headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-length", b"content-encoding")]
         new_headers.append((b"content-length", str(len(body)).encode()))
@@ -120,21 +130,36 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
-def create_app(store: Store | None = None, *, max_body_bytes: int = MAX_BODY_BYTES,
-               max_decoded_bytes: int = MAX_DECODED_BYTES) -> FastAPI:  # fmt: skip
+def create_app(
+    store: Store | None = None, *, max_body_bytes: int = MAX_BODY_BYTES, max_decoded_bytes: int = MAX_DECODED_BYTES
+) -> FastAPI:
     """The service; `store` (etcd) serves the incident endpoints, which answer 503 without one."""
     registry = CollectorRegistry(auto_describe=True)
-    diagnoses = Counter("stalwart_diagnosis_requests", "Verdicts returned, by evidence kind and failure class.",
-                        ("kind", "failure_class"), registry=registry)  # fmt: skip
-    latency = Histogram("stalwart_diagnosis_seconds", "Time to diagnose one evidence bundle.", ("kind",),
-                        registry=registry, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
-    rejected = Counter("stalwart_diagnosis_rejected_requests", "Requests refused, by HTTP status.", ("status",),
-                       registry=registry)  # fmt: skip
-    incidents_served = Counter("stalwart_diagnosis_incident_reads", "Incident reads, by outcome.", ("outcome",),
-                               registry=registry)  # fmt: skip
+    diagnoses = Counter(
+        "stalwart_diagnosis_requests",
+        "Verdicts returned, by evidence kind and failure class.",
+        ("kind", "failure_class"),
+        registry=registry,
+    )
+    latency = Histogram(
+        "stalwart_diagnosis_seconds",
+        "Time to diagnose one evidence bundle.",
+        ("kind",),
+        registry=registry,
+        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    )
+    rejected = Counter(
+        "stalwart_diagnosis_rejected_requests", "Requests refused, by HTTP status.", ("status",), registry=registry
+    )
+    incidents_served = Counter(
+        "stalwart_diagnosis_incident_reads", "Incident reads, by outcome.", ("outcome",), registry=registry
+    )
 
-    app = FastAPI(title="Stalwart diagnosis", version=VERSION,
-                  description="Localizes faulty machines from stack traces, metrics and logs; serves incidents.")
+    app = FastAPI(
+        title="Stalwart diagnosis",
+        version=VERSION,
+        description="Localizes faulty machines from stack traces, metrics and logs; serves incidents.",
+    )
     app.state.store = store
 
     @app.exception_handler(RequestValidationError)
@@ -147,10 +172,20 @@ def create_app(store: Store | None = None, *, max_body_bytes: int = MAX_BODY_BYT
         rejected.labels("422").inc()
         parts = [f"{_field(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors[:10]]
         more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
-        return JSONResponse({"detail": "invalid evidence bundle: " + "; ".join(parts) + more,
-                             "errors": [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")),
-                                         "type": str(e.get("type", ""))} for e in errors[:50]]},
-                            status_code=422)  # fmt: skip
+        return JSONResponse(
+            {
+                "detail": "invalid evidence bundle: " + "; ".join(parts) + more,
+                "errors": [
+                    {
+                        "loc": [str(x) for x in e.get("loc", ())],
+                        "msg": str(e.get("msg", "")),
+                        "type": str(e.get("type", "")),
+                    }
+                    for e in errors[:50]
+                ],
+            },
+            status_code=422,
+        )
 
     errors: dict[int | str, dict[str, Any]] = {
         400: {"description": "the body is not JSON (or not gzip)"},
@@ -159,8 +194,9 @@ def create_app(store: Store | None = None, *, max_body_bytes: int = MAX_BODY_BYT
         422: {"description": "not a valid evidence bundle; the message names the fields"},
     }
 
-    @app.post("/v1/diagnose", response_model=Verdict, summary="Diagnose one failure from its evidence",
-              responses=errors)  # fmt: skip
+    @app.post(
+        "/v1/diagnose", response_model=Verdict, summary="Diagnose one failure from its evidence", responses=errors
+    )
     def post_diagnose(bundle: EvidenceBundle) -> Verdict:
         kind = resolve_kind(bundle)
         t0 = time.perf_counter()
@@ -207,8 +243,12 @@ def create_app(store: Store | None = None, *, max_body_bytes: int = MAX_BODY_BYT
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, max_decoded=max_decoded_bytes,  # type: ignore[arg-type]
-                       on_reject=lambda status: rejected.labels(str(status)).inc())  # fmt: skip
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=max_body_bytes,
+        max_decoded=max_decoded_bytes,
+        on_reject=lambda status: rejected.labels(str(status)).inc(),
+    )
     return app
 
 
@@ -223,17 +263,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8470)
     parser.add_argument("--etcd", default=None, help="HOST:PORT of etcd, for the incident endpoints")
-    parser.add_argument("--max-body-mib", type=float, default=MAX_BODY_BYTES / (1024 * 1024),
-                        help="largest request body, as sent (compressed or not)")
-    parser.add_argument("--max-decoded-mib", type=float, default=MAX_DECODED_BYTES / (1024 * 1024),
-                        help="largest request body after gunzip")
+    parser.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=MAX_BODY_BYTES / (1024 * 1024),
+        help="largest request body, as sent (compressed or not)",
+    )
+    parser.add_argument(
+        "--max-decoded-mib",
+        type=float,
+        default=MAX_DECODED_BYTES / (1024 * 1024),
+        help="largest request body after gunzip",
+    )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     store = Store(args.etcd) if args.etcd else None
-    app = create_app(store, max_body_bytes=int(args.max_body_mib * 1024 * 1024),
-                     max_decoded_bytes=int(args.max_decoded_mib * 1024 * 1024))
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=5)  # fmt: skip
+    app = create_app(
+        store,
+        max_body_bytes=int(args.max_body_mib * 1024 * 1024),
+        max_decoded_bytes=int(args.max_decoded_mib * 1024 * 1024),
+    )
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)  # handles SIGTERM and SIGINT: stops accepting, finishes requests, exits
     # After its graceful shutdown uvicorn re-raises the signal under the handlers it found: let those be
     # no-ops, so that a service stopped by SIGTERM exits 0 (it did stop cleanly), not -15.

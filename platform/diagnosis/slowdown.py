@@ -49,8 +49,12 @@ def analyze_rounds(rounds: Sequence[Sequence[tuple[int, str]]], layout: Layout) 
         waiting = sum(1 for st in agg.states.values() if st.state.waiting)
         active = [r for r, st in agg.states.items() if st.state is State.ACTIVE]
         nodes = {layout.node_name(r) for r in active}
-        if active and waiting > len(active) and len(active) <= max(1, MAX_ACTIVE_FRACTION * len(agg.states)) \
-                and len(nodes) <= MAX_FLAGGED_PER_ROUND:  # fmt: skip
+        if (
+            active
+            and waiting > len(active)
+            and len(active) <= max(1, MAX_ACTIVE_FRACTION * len(agg.states))
+            and len(nodes) <= MAX_FLAGGED_PER_ROUND
+        ):
             out.node_counts.update(nodes)
             rank_counts.update(active)
         if agg.outliers:
@@ -70,13 +74,16 @@ def analyze_rounds(rounds: Sequence[Sequence[tuple[int, str]]], layout: Layout) 
         out.node_scores[node] = round(min(0.95, 0.5 + 0.45 * share), 2)
         ranks = sorted({r for r in rank_counts if layout.node_name(r) == node})
         out.suspect_ranks[node] = ranks
-        out.reasons[node] = [f"its rank(s) {ranks[:8]} were where the others waited in {count} of {len(rounds)} "
-                             "rounds of stacks"]  # fmt: skip
+        out.reasons[node] = [
+            f"its rank(s) {ranks[:8]} were where the others waited in {count} of {len(rounds)} rounds of stacks"
+        ]
         out.confidence = out.node_scores[node]
         out.summary = f"{node} held the others up in {count} of {len(rounds)} rounds of stacks"
     else:
-        out.summary = (f"no machine stands out in {len(rounds)} rounds of stacks (most often {node}, "
-                       f"{count} times; next {runner_up})")  # fmt: skip
+        out.summary = (
+            f"no machine stands out in {len(rounds)} rounds of stacks (most often {node}, "
+            f"{count} times; next {runner_up})"
+        )
         out.confidence = 0.3
     if out.group_counts:
         (kind, index), _n = out.group_counts.most_common(1)[0]

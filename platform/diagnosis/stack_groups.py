@@ -45,8 +45,9 @@ def _sign(frames: tuple[str, ...]) -> str:
     return hashlib.sha1("\n".join(frames).encode()).hexdigest()[:12]
 
 
-def aggregate(stacks: Iterable[tuple[int, str]], parser: StackParser | None = None,
-              replica_of: np.ndarray | None = None) -> Aggregation:  # fmt: skip
+def aggregate(
+    stacks: Iterable[tuple[int, str]], parser: StackParser | None = None, replica_of: np.ndarray | None = None
+) -> Aggregation:
     """Group (rank, dump text) pairs by signature and mark the outliers; `replica_of[rank]` is the
     rank's data-parallel index, when the layout is known."""
     parser = parser or StackParser()
@@ -85,7 +86,15 @@ def aggregate(stacks: Iterable[tuple[int, str]], parser: StackParser | None = No
         is_out = is_out or sig == EMPTY_SIGNATURE
         if is_out:
             outliers.extend(ranks)
-        groups.append(StackGroup(signature=sig, frames=list((ex.frames or ex.native)[:256]), ranks=ranks,
-                                 count=len(ranks), outlier=is_out, state=states[ranks[0]].state.value))  # fmt: skip
+        groups.append(
+            StackGroup(
+                signature=sig,
+                frames=list((ex.frames or ex.native)[:256]),
+                ranks=ranks,
+                count=len(ranks),
+                outlier=is_out,
+                state=states[ranks[0]].state.value,
+            )
+        )
     outliers.sort()
     return Aggregation(groups=groups, signature=signature, states=states, outliers=outliers, parsed=examples)

@@ -17,22 +17,46 @@ from enum import Enum
 from stalwart.diagnosis.stack_parse import ParsedStack
 
 _COLLECTIVES = {
-    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-    "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "barrier", "monitored_barrier", "reduce",
-    "all_to_all", "all_to_all_single", "gather", "scatter", "all_gather_object", "broadcast_object_list",
-    "gather_object", "all_reduce_coalesced", "new_group", "init_process_group",
-}  # fmt: skip
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "broadcast",
+    "barrier",
+    "monitored_barrier",
+    "reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "all_reduce_coalesced",
+    "new_group",
+    "init_process_group",
+}
 _P2P_RECV = {"recv", "irecv", "recv_object_list"}
 _P2P_SEND = {"send", "isend", "send_object_list"}
 _P2P_BATCH = {"batch_isend_irecv"}
 _DIST_FILES = ("distributed_c10d.py", "c10d_logger.py", "rendezvous.py")
-_NATIVE_WAIT = re.compile(r"(Work::wait|waitRecv|waitSend|UnboundBuffer::wait|ProcessGroup\w*::\w*wait|"
-                          r"Reducer::finalize|ncclGroupEnd|ncclKernel|NCCLComm)", re.IGNORECASE)  # fmt: skip
+_NATIVE_WAIT = re.compile(
+    r"(Work::wait|waitRecv|waitSend|UnboundBuffer::wait|ProcessGroup\w*::\w*wait|"
+    r"Reducer::finalize|ncclGroupEnd|ncclKernel|NCCLComm)",
+    re.IGNORECASE,
+)
 _NATIVE_RECV = re.compile(r"RecvWork|waitRecv", re.IGNORECASE)
 _NATIVE_SEND = re.compile(r"SendWork|waitSend", re.IGNORECASE)
 # Frames that wait on the autograd engine: the rank may be computing or waiting for DDP's reducer.
-_AMBIGUOUS = {"backward (_tensor.py)", "Tensor.backward (_tensor.py)", "_engine_run_backward (graph.py)",
-              "backward (__init__.py)"}
+_AMBIGUOUS = {
+    "backward (_tensor.py)",
+    "Tensor.backward (_tensor.py)",
+    "_engine_run_backward (graph.py)",
+    "backward (__init__.py)",
+}
 
 
 class State(str, Enum):
@@ -79,8 +103,13 @@ def _phase(names: list[str]) -> Phase:
     phase = Phase.UNKNOWN
     for name in reversed(names):  # outermost first
         low = name.lower()
-        if "finalize_model_grads" in low or "optimizer" in low or "grad_norm" in low or "grad_sync" in low \
-                or low in ("step", "clip_grad_norm_"):  # fmt: skip
+        if (
+            "finalize_model_grads" in low
+            or "optimizer" in low
+            or "grad_norm" in low
+            or "grad_sync" in low
+            or low in ("step", "clip_grad_norm_")
+        ):
             phase = Phase.SYNC
         elif "backward" in low and "forward_backward" not in low:
             phase = Phase.BACKWARD

@@ -21,11 +21,19 @@ def combine(*scores: Mapping[str, float]) -> dict[str, float]:
     return {n: round(min(1.0, s), 3) for n, s in out.items()}
 
 
-def rank_suspects(scores: Mapping[str, float], reasons: Mapping[str, Sequence[str]],
-                  ranks: Mapping[str, Sequence[int]] | None = None) -> list[Suspect]:  # fmt: skip
+def rank_suspects(
+    scores: Mapping[str, float], reasons: Mapping[str, Sequence[str]], ranks: Mapping[str, Sequence[int]] | None = None
+) -> list[Suspect]:
     ordered = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SUSPECTS]
-    return [Suspect(node=n, score=round(s, 3), reasons=list(reasons.get(n, []))[:32],
-                    ranks=sorted(set((ranks or {}).get(n, [])))) for n, s in ordered]  # fmt: skip
+    return [
+        Suspect(
+            node=n,
+            score=round(s, 3),
+            reasons=list(reasons.get(n, []))[:32],
+            ranks=sorted(set((ranks or {}).get(n, []))),
+        )
+        for n, s in ordered
+    ]
 
 
 def flagged(suspects: Sequence[Suspect]) -> list[str]:

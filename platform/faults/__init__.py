@@ -11,4 +11,14 @@ from stalwart.faults.spec import (
     preflight_fault_env,
 )
 
-__all__ = ["CONTROLLER_CRASH_ENV", "controller_fault_env", "FaultInjector", "FaultKind", "FaultSpec", "FiredFault", "node_fault_env", "parse_fault", "preflight_fault_env"]
+__all__ = [
+    "CONTROLLER_CRASH_ENV",
+    "controller_fault_env",
+    "FaultInjector",
+    "FaultKind",
+    "FaultSpec",
+    "FiredFault",
+    "node_fault_env",
+    "parse_fault",
+    "preflight_fault_env",
+]

@@ -15,8 +15,11 @@ from stalwart.faults.spec import FaultKind, FaultSpec
 from stalwart.logs import get_logger
 from stalwart.store.records import Heartbeat, JobPhase, JobState
 
-_WORKER_SIGNALS = {FaultKind.KILL_WORKER: signal.SIGKILL, FaultKind.HANG_WORKER: HANG_SIGNAL,
-                   FaultKind.SLOW_WORKER: SLOW_SIGNAL}  # fmt: skip
+_WORKER_SIGNALS = {
+    FaultKind.KILL_WORKER: signal.SIGKILL,
+    FaultKind.HANG_WORKER: HANG_SIGNAL,
+    FaultKind.SLOW_WORKER: SLOW_SIGNAL,
+}
 
 
 class FiredFault(BaseModel):
@@ -27,7 +30,9 @@ class FiredFault(BaseModel):
 
 
 class FaultInjector:
-    def __init__(self, faults: list[FaultSpec], cluster: LocalCluster, kill_controller: Callable[[], int | None]) -> None:
+    def __init__(
+        self, faults: list[FaultSpec], cluster: LocalCluster, kill_controller: Callable[[], int | None]
+    ) -> None:
         self.pending = [f for f in faults if not f.kind.through_environment]
         self.fired: list[FiredFault] = []
         self.cluster = cluster
@@ -54,7 +59,7 @@ class FaultInjector:
             out.append(fired)
         return out
 
-    def _fire(self, fault: FaultSpec, state: JobState, workers: list) -> str | None:  # type: ignore[type-arg]
+    def _fire(self, fault: FaultSpec, state: JobState, workers: list) -> str | None:
         if fault.kind in _WORKER_SIGNALS:
             worker = next((w for w in workers if w.rank == fault.rank and w.exit_code is None), None)
             if worker is None:

@@ -48,12 +48,20 @@ class FaultSpec(BaseModel):
         return f"{self.kind.value}{target} at step {self.step}"
 
 
-_REQUIRED = {FaultKind.KILL_WORKER: "rank", FaultKind.KILL_NODE: "node", FaultKind.FREEZE_NODE: "node",
-             FaultKind.HANG_WORKER: "rank",
-             FaultKind.SLOW_WORKER: "rank", FaultKind.CORRUPT_COMPUTE: "node", FaultKind.COLLECTIVE_HANG: "node",
-             FaultKind.BAD_NODE: "node"}  # fmt: skip
-_PREFLIGHT_ENV = {FaultKind.CORRUPT_COMPUTE: {"STALWART_FAULT_CORRUPT_COMPUTE": "1"},
-                  FaultKind.COLLECTIVE_HANG: {"STALWART_FAULT_COLLECTIVE_HANG": "1"}}  # fmt: skip
+_REQUIRED = {
+    FaultKind.KILL_WORKER: "rank",
+    FaultKind.KILL_NODE: "node",
+    FaultKind.FREEZE_NODE: "node",
+    FaultKind.HANG_WORKER: "rank",
+    FaultKind.SLOW_WORKER: "rank",
+    FaultKind.CORRUPT_COMPUTE: "node",
+    FaultKind.COLLECTIVE_HANG: "node",
+    FaultKind.BAD_NODE: "node",
+}
+_PREFLIGHT_ENV = {
+    FaultKind.CORRUPT_COMPUTE: {"STALWART_FAULT_CORRUPT_COMPUTE": "1"},
+    FaultKind.COLLECTIVE_HANG: {"STALWART_FAULT_COLLECTIVE_HANG": "1"},
+}
 # Set on the node's agent, whose workers inherit it (the worker SDK acts on it).
 _NODE_ENV = {FaultKind.BAD_NODE: {CRASH_AFTER_STEPS_ENV: "5"}}
 
@@ -100,7 +108,7 @@ def parse_fault(text: str) -> FaultSpec:
             raise ValueError(f"--inject {text!r}: expected key=value, got {item!r}")
         fields[key.strip()] = value.strip()
     try:
-        spec = FaultSpec(kind=FaultKind(kind), **fields)  # type: ignore[arg-type]
+        spec = FaultSpec(kind=FaultKind(kind), **fields)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"--inject {text!r}: {problems}") from None

@@ -50,8 +50,9 @@ def _read_report(path: Path, rank: int, per_node: int) -> RankReport:
         return RankReport(rank=rank, node=rank // per_node, local_rank=rank % per_node, phase="not started")
 
 
-def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int],
-          reference_digest: str | None = None) -> list[NodeVerdict]:  # fmt: skip
+def judge(
+    reports: list[RankReport], procs_per_node: int, timed_out: list[int], reference_digest: str | None = None
+) -> list[NodeVerdict]:
     """Which nodes failed, and why (pure: tested on constructed reports as well as real runs).
 
     With `reference_digest` (the compute check's result computed where it is known to be right, on
@@ -64,16 +65,17 @@ def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int],
     suspects: set[int] = set()
 
     # Silent data corruption: the majority view of the gathered digests, from any finished rank.
-    views = [r.compute_mismatch_ranks for r in reports if r.phase == "done"]
-    mismatched = set(max(views, key=len)) if views else set()
+    views: list[list[int]] = [r.compute_mismatch_ranks for r in reports if r.phase == "done"]
+    mismatched = set(sorted(views, key=len, reverse=True)[0]) if views else set()
     digests = {r.rank: r.compute_digest for r in reports if r.compute_digest}
     if reference_digest is not None:
         mismatched = {rank for rank, d in digests.items() if d != reference_digest}
     against = "the reference" if reference_digest is not None else "the other ranks'"
     for rank in sorted(mismatched):
         suspects.add(rank)
-        reasons[by_rank[rank].node].append(f"rank {rank}: compute result differs from {against} "
-                                           f"(digest {str(digests.get(rank))[:12]})")  # fmt: skip
+        reasons[by_rank[rank].node].append(
+            f"rank {rank}: compute result differs from {against} (digest {str(digests.get(rank))[:12]})"
+        )
 
     # Hangs: unfinished ranks while others finished, or the ranks at the earliest phase.
     hung: set[int] = set()
@@ -101,18 +103,21 @@ def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int],
                 for m in c.group:
                     if m in by_rank:
                         suspects.add(m)
-                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} returned {c.mismatches} "
-                                       "wrong elements")  # fmt: skip
+                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} returned {c.mismatches} wrong elements")
                 continue
             waiting = sorted(h for h in hung if h in c.group and h != r.rank)
             if waiting:
-                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed (waiting for rank "
-                                       f"{', '.join(map(str, waiting))}): {c.error}")  # fmt: skip
+                reasons[r.node].append(
+                    f"rank {r.rank}: {c.name} over {c.group} failed (waiting for rank "
+                    f"{', '.join(map(str, waiting))}): {c.error}"
+                )
             elif hung - {r.rank}:
                 # A timeout in a group without the hung ranks is still theirs: the group's other
                 # members were stuck in an earlier collective with them and never came.
-                reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed, after ranks "
-                                       f"{', '.join(map(str, sorted(hung)))} hung: {c.error}")  # fmt: skip
+                reasons[r.node].append(
+                    f"rank {r.rank}: {c.name} over {c.group} failed, after ranks "
+                    f"{', '.join(map(str, sorted(hung)))} hung: {c.error}"
+                )
             elif r.rank not in hung:
                 suspects.add(r.rank)
                 reasons[r.node].append(f"rank {r.rank}: {c.name} over {c.group} failed: {c.error}")
@@ -123,8 +128,9 @@ def judge(reports: list[RankReport], procs_per_node: int, timed_out: list[int],
     verdicts = []
     for n in nodes:
         ranks = sorted(r.rank for r in reports if r.node == n)
-        verdicts.append(NodeVerdict(node=n, ranks=ranks, passed=not any(x in suspects for x in ranks),
-                                    reasons=reasons[n]))  # fmt: skip
+        verdicts.append(
+            NodeVerdict(node=n, ranks=ranks, passed=not any(x in suspects for x in ranks), reasons=reasons[n])
+        )
     return verdicts
 
 
@@ -192,8 +198,11 @@ def run_collective_check(
         if r.rank in timed_out:
             r.finished = False
     verdicts = judge(reports, procs_per_node, timed_out, reference_digest)
-    passed = (all(v.passed for v in verdicts) and all(r.finished and r.phase == "done" for r in reports)
-              and all(c.passed for r in reports for c in r.checks))  # fmt: skip
+    passed = (
+        all(v.passed for v in verdicts)
+        and all(r.finished and r.phase == "done" for r in reports)
+        and all(c.passed for r in reports for c in r.checks)
+    )
     return CollectiveCheckReport(
         passed=passed,
         backend=next((r.backend for r in reports if r.backend), backend),
@@ -206,8 +215,9 @@ def run_collective_check(
     )
 
 
-def _wait(procs: Mapping[int, subprocess.Popen[bytes]], paths: Mapping[int, Path], deadline: float,
-          stall: float) -> list[int]:  # fmt: skip
+def _wait(
+    procs: Mapping[int, subprocess.Popen[bytes]], paths: Mapping[int, Path], deadline: float, stall: float
+) -> list[int]:
     """Wait for every process to exit; returns the ranks still running at the deadline or stalled."""
     last_change = time.monotonic()
     last_seen: dict[int, float] = {}

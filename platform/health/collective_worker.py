@@ -49,12 +49,13 @@ def _backend_and_device(local_rank: int) -> tuple[str, torch.device]:
     return "gloo", torch.device("cpu")
 
 
-def _run_check(report: RankReport, path: Path, name: str, members: list[int],
-               fn: Callable[[], CheckResult]) -> None:  # fmt: skip
+def _run_check(
+    report: RankReport, path: Path, name: str, members: list[int], fn: Callable[..., CheckResult], *args: object
+) -> None:
     report.enter(name, path)
     try:
-        report.checks.append(fn())
-    except Exception as exc:  # noqa: BLE001 - a failed collective is a result, not a crash
+        report.checks.append(fn(*args))
+    except Exception as exc:
         report.checks.append(CheckResult(name=name, group=members, passed=False, error=f"{type(exc).__name__}: {exc}"))
     report.write(path)
 
@@ -69,8 +70,9 @@ def main() -> int:
     timeout = float(os.environ.get(TIMEOUT_ENV, "30"))
     rendezvous_timeout = float(os.environ.get(RENDEZVOUS_TIMEOUT_ENV, "300"))
     backend, device = _backend_and_device(local_rank)
-    report = RankReport(rank=rank, node=rank // per_node, local_rank=local_rank, pid=os.getpid(),
-                        backend=backend, device=str(device))  # fmt: skip
+    report = RankReport(
+        rank=rank, node=rank // per_node, local_rank=local_rank, pid=os.getpid(), backend=backend, device=str(device)
+    )
     report.write(path)
     time.sleep(min(60.0, float(os.environ.get(SLOW_START_ENV, "0"))))
     try:
@@ -78,8 +80,13 @@ def main() -> int:
         limit = datetime.timedelta(seconds=timeout)
         # Rendezvous waits for the slowest process to start (seconds on a loaded host); the short
         # collective timeout applies from then on, so a hung peer is noticed quickly.
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
-                              timeout=datetime.timedelta(seconds=rendezvous_timeout))  # fmt: skip
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world,
+            rank == 0,
+            timeout=datetime.timedelta(seconds=rendezvous_timeout),
+        )
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=limit)
         # Every group gets the same timeout: new_group's default is the 30-minute one.
         intra = [(g, dist.new_group(g, timeout=limit)) for g in node_groups(nodes, per_node) if len(g) > 1]
@@ -94,14 +101,11 @@ def main() -> int:
             return 3
         for members, group in intra:
             if rank in members:
-                _run_check(report, path, "all_to_all", members,
-                           lambda: all_to_all_check(group, members, rank, numel, device))  # noqa: B023
+                _run_check(report, path, "all_to_all", members, all_to_all_check, group, members, rank, numel, device)
         for members, group in pairs:
             if rank in members:
-                _run_check(report, path, "all_reduce", members,
-                           lambda: all_reduce_check(group, members, rank, numel, device))  # noqa: B023
-                _run_check(report, path, "all_gather", members,
-                           lambda: all_gather_check(group, members, rank, numel, device))  # noqa: B023
+                _run_check(report, path, "all_reduce", members, all_reduce_check, group, members, rank, numel, device)
+                _run_check(report, path, "all_gather", members, all_gather_check, group, members, rank, numel, device)
         report.enter("compute", path)
         report.compute_digest = compute_digest(device)
         mine = torch.tensor(list(bytes.fromhex(report.compute_digest)), dtype=torch.uint8, device=device)
@@ -110,7 +114,7 @@ def main() -> int:
         digests = {r: bytes(t.cpu().tolist()).hex() for r, t in enumerate(gathered)}
         report.compute_mismatch_ranks = disagreeing_ranks(digests)
         report.enter("done", path)
-    except Exception as exc:  # noqa: BLE001 - reported, the runner judges
+    except Exception as exc:
         report.error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     report.finished = True

@@ -46,8 +46,9 @@ def _mismatches(got: torch.Tensor, expected: torch.Tensor) -> int:
     return int((got != expected).sum().item())
 
 
-def all_reduce_check(group: dist.ProcessGroup, members: Sequence[int], rank: int, numel: int,
-                     device: torch.device) -> CheckResult:  # fmt: skip
+def all_reduce_check(
+    group: dist.ProcessGroup, members: Sequence[int], rank: int, numel: int, device: torch.device
+) -> CheckResult:
     n = len(members)
     expected = sum(pattern(numel, m, device=device) for m in members)
     assert isinstance(expected, torch.Tensor)
@@ -64,13 +65,21 @@ def all_reduce_check(group: dist.ProcessGroup, members: Sequence[int], rank: int
     seconds = _timed(op, device)
     bad = _mismatches(holder[0], expected)
     nbytes = numel * 4
-    return CheckResult(name="all_reduce", group=list(members), passed=bad == 0, numel=numel, latency_s=latency,
-                       seconds_per_op=seconds, bus_bandwidth_gbps=nbytes * 2 * (n - 1) / n / seconds / 1e9,
-                       mismatches=bad)  # fmt: skip
+    return CheckResult(
+        name="all_reduce",
+        group=list(members),
+        passed=bad == 0,
+        numel=numel,
+        latency_s=latency,
+        seconds_per_op=seconds,
+        bus_bandwidth_gbps=nbytes * 2 * (n - 1) / n / seconds / 1e9,
+        mismatches=bad,
+    )
 
 
-def all_gather_check(group: dist.ProcessGroup, members: Sequence[int], rank: int, numel: int,
-                     device: torch.device) -> CheckResult:  # fmt: skip
+def all_gather_check(
+    group: dist.ProcessGroup, members: Sequence[int], rank: int, numel: int, device: torch.device
+) -> CheckResult:
     n = len(members)
     mine = pattern(numel, rank, device=device)
     outs = [torch.empty_like(mine) for _ in members]
@@ -80,13 +89,21 @@ def all_gather_check(group: dist.ProcessGroup, members: Sequence[int], rank: int
     seconds = _timed(lambda: dist.all_gather(outs, mine, group=group), device)
     bad = sum(_mismatches(outs[i], pattern(numel, m, device=device)) for i, m in enumerate(members))
     nbytes = numel * 4
-    return CheckResult(name="all_gather", group=list(members), passed=bad == 0, numel=numel, latency_s=latency,
-                       seconds_per_op=seconds, bus_bandwidth_gbps=nbytes * (n - 1) / seconds / 1e9,
-                       mismatches=bad)  # fmt: skip
+    return CheckResult(
+        name="all_gather",
+        group=list(members),
+        passed=bad == 0,
+        numel=numel,
+        latency_s=latency,
+        seconds_per_op=seconds,
+        bus_bandwidth_gbps=nbytes * (n - 1) / seconds / 1e9,
+        mismatches=bad,
+    )
 
 
-def all_to_all_check(group: dist.ProcessGroup, members: Sequence[int], rank: int, numel: int,
-                     device: torch.device) -> CheckResult:  # fmt: skip
+def all_to_all_check(
+    group: dist.ProcessGroup, members: Sequence[int], rank: int, numel: int, device: torch.device
+) -> CheckResult:
     n = len(members)
     chunk = max(1, numel // n)
     send = torch.cat([pattern(chunk, rank, dst, device=device) for dst in members])
@@ -99,9 +116,16 @@ def all_to_all_check(group: dist.ProcessGroup, members: Sequence[int], rank: int
     expected = torch.cat([pattern(chunk, src, rank, device=device) for src in members])
     bad = _mismatches(recv, expected)
     nbytes = chunk * n * 4
-    return CheckResult(name="all_to_all", group=list(members), passed=bad == 0, numel=chunk * n,
-                       latency_s=latency, seconds_per_op=seconds,
-                       bus_bandwidth_gbps=nbytes * (n - 1) / n / seconds / 1e9, mismatches=bad)  # fmt: skip
+    return CheckResult(
+        name="all_to_all",
+        group=list(members),
+        passed=bad == 0,
+        numel=chunk * n,
+        latency_s=latency,
+        seconds_per_op=seconds,
+        bus_bandwidth_gbps=nbytes * (n - 1) / n / seconds / 1e9,
+        mismatches=bad,
+    )
 
 
 def node_groups(nodes: int, procs_per_node: int) -> list[list[int]]:

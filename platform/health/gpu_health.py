@@ -25,46 +25,117 @@ def _subject(g: GpuReading) -> str:
 def _gpu_findings(g: GpuReading) -> list[Finding]:
     s = _subject(g)
     if not g.responding:
-        return [Finding(code="gpu_not_responding", severity=Severity.CRITICAL, subject=s, machine_fault=True,
-                        failure_class="gpu_lost", message=f"{s} is not responding: {g.error or 'no reason given'}")]
+        return [
+            Finding(
+                code="gpu_not_responding",
+                severity=Severity.CRITICAL,
+                subject=s,
+                machine_fault=True,
+                failure_class="gpu_lost",
+                message=f"{s} is not responding: {g.error or 'no reason given'}",
+            )
+        ]
     out: list[Finding] = []
     if g.ecc_volatile_uncorrected:
-        out.append(Finding(code="ecc_uncorrectable", severity=Severity.CRITICAL, subject=s, machine_fault=True,
-                           failure_class="ecc_error",
-                           message=f"{s}: {g.ecc_volatile_uncorrected} uncorrectable ECC errors "
-                                   "since the driver loaded"))  # fmt: skip
+        out.append(
+            Finding(
+                code="ecc_uncorrectable",
+                severity=Severity.CRITICAL,
+                subject=s,
+                machine_fault=True,
+                failure_class="ecc_error",
+                message=f"{s}: {g.ecc_volatile_uncorrected} uncorrectable ECC errors since the driver loaded",
+            )
+        )
     elif g.ecc_aggregate_uncorrected:
-        out.append(Finding(code="ecc_uncorrectable_history", severity=Severity.INFO, subject=s,
-                           message=f"{s}: {g.ecc_aggregate_uncorrected} uncorrectable ECC errors in its lifetime"))
+        out.append(
+            Finding(
+                code="ecc_uncorrectable_history",
+                severity=Severity.INFO,
+                subject=s,
+                message=f"{s}: {g.ecc_aggregate_uncorrected} uncorrectable ECC errors in its lifetime",
+            )
+        )
     if g.remapped_rows_failure:
-        out.append(Finding(code="row_remap_failure", severity=Severity.CRITICAL, subject=s, machine_fault=True,
-                           failure_class="ecc_error", message=f"{s}: row remapping failed (RMA criterion)"))
+        out.append(
+            Finding(
+                code="row_remap_failure",
+                severity=Severity.CRITICAL,
+                subject=s,
+                machine_fault=True,
+                failure_class="ecc_error",
+                message=f"{s}: row remapping failed (RMA criterion)",
+            )
+        )
     elif g.remapped_rows_pending:
-        out.append(Finding(code="row_remap_pending", severity=Severity.WARNING, subject=s,
-                           message=f"{s}: a remapped row is pending: reset the GPU at the next restart"))
+        out.append(
+            Finding(
+                code="row_remap_pending",
+                severity=Severity.WARNING,
+                subject=s,
+                message=f"{s}: a remapped row is pending: reset the GPU at the next restart",
+            )
+        )
     retired = (g.retired_pages_single_bit or 0) + (g.retired_pages_double_bit or 0)
     if retired >= RETIRED_PAGES_LIMIT:
-        out.append(Finding(code="retired_pages_limit", severity=Severity.CRITICAL, subject=s, machine_fault=True,
-                           failure_class="ecc_error",
-                           message=f"{s}: {retired} retired pages (limit {RETIRED_PAGES_LIMIT})"))
+        out.append(
+            Finding(
+                code="retired_pages_limit",
+                severity=Severity.CRITICAL,
+                subject=s,
+                machine_fault=True,
+                failure_class="ecc_error",
+                message=f"{s}: {retired} retired pages (limit {RETIRED_PAGES_LIMIT})",
+            )
+        )
     if g.retired_pages_pending:
-        out.append(Finding(code="retired_pages_pending", severity=Severity.WARNING, subject=s,
-                           message=f"{s}: pages are pending retirement: reset the GPU at the next restart"))
+        out.append(
+            Finding(
+                code="retired_pages_pending",
+                severity=Severity.WARNING,
+                subject=s,
+                message=f"{s}: pages are pending retirement: reset the GPU at the next restart",
+            )
+        )
     slow = sorted(SLOWDOWN_REASONS.intersection(g.throttle_reasons))
     if slow:
-        out.append(Finding(code="gpu_clock_slowdown", severity=Severity.WARNING, subject=s,
-                           message=f"{s}: clocks slowed down ({', '.join(slow)})"))
+        out.append(
+            Finding(
+                code="gpu_clock_slowdown",
+                severity=Severity.WARNING,
+                subject=s,
+                message=f"{s}: clocks slowed down ({', '.join(slow)})",
+            )
+        )
     if g.temperature_c is not None and g.slowdown_temperature_c and g.temperature_c >= g.slowdown_temperature_c:
-        out.append(Finding(code="gpu_too_hot", severity=Severity.WARNING, subject=s,
-                           message=f"{s}: {g.temperature_c:.0f} C, at or above its slowdown temperature "
-                                   f"{g.slowdown_temperature_c:.0f} C"))  # fmt: skip
+        out.append(
+            Finding(
+                code="gpu_too_hot",
+                severity=Severity.WARNING,
+                subject=s,
+                message=f"{s}: {g.temperature_c:.0f} C, at or above its slowdown temperature "
+                f"{g.slowdown_temperature_c:.0f} C",
+            )
+        )
     if g.pcie_width_current and g.pcie_width_max and g.pcie_width_current < g.pcie_width_max:
-        out.append(Finding(code="pcie_link_narrow", severity=Severity.WARNING, subject=s,
-                           message=f"{s}: PCIe link x{g.pcie_width_current} of x{g.pcie_width_max}"))
+        out.append(
+            Finding(
+                code="pcie_link_narrow",
+                severity=Severity.WARNING,
+                subject=s,
+                message=f"{s}: PCIe link x{g.pcie_width_current} of x{g.pcie_width_max}",
+            )
+        )
     if g.pcie_gen_current and g.pcie_gen_max and g.pcie_gen_current < g.pcie_gen_max:
         # Idle GPUs lower their link speed to save power: worth noting, not a fault by itself.
-        out.append(Finding(code="pcie_link_slow", severity=Severity.INFO, subject=s,
-                           message=f"{s}: PCIe gen {g.pcie_gen_current} of {g.pcie_gen_max}"))
+        out.append(
+            Finding(
+                code="pcie_link_slow",
+                severity=Severity.INFO,
+                subject=s,
+                message=f"{s}: PCIe gen {g.pcie_gen_current} of {g.pcie_gen_max}",
+            )
+        )
     return out
 
 
@@ -94,9 +165,15 @@ def evaluate_gpus(
 ) -> ProbeResult:
     findings: list[Finding] = []
     if expected_count is not None and len(gpus) < expected_count:
-        findings.append(Finding(code="gpu_missing", severity=Severity.CRITICAL, machine_fault=True,
-                                failure_class="gpu_lost",
-                                message=f"{len(gpus)} GPUs visible, {expected_count} expected"))  # fmt: skip
+        findings.append(
+            Finding(
+                code="gpu_missing",
+                severity=Severity.CRITICAL,
+                machine_fault=True,
+                failure_class="gpu_lost",
+                message=f"{len(gpus)} GPUs visible, {expected_count} expected",
+            )
+        )
     for g in gpus:
         findings.extend(_gpu_findings(g))
     if kernel_log is not None:

@@ -77,8 +77,9 @@ def _read_device(index: int) -> GpuReading:
         mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
         util = _try(nv.nvmlDeviceGetUtilizationRates, h)
         power_mw = _try(nv.nvmlDeviceGetPowerUsage, h)
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            nv.nvmlDeviceGetCurrentClocksThrottleReasons  # fmt: skip
+        reasons_fn = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         reasons = _try(reasons_fn, h)
         ecc_mode = _try(nv.nvmlDeviceGetEccMode, h)
         remapped = _try(nv.nvmlDeviceGetRemappedRows, h)
@@ -97,10 +98,12 @@ def _read_device(index: int) -> GpuReading:
             uuid=_text(uuid) if uuid is not None else None,
             bus_id=_text(pci.busId) if pci is not None else None,
             temperature_c=_try(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
-            slowdown_temperature_c=_try(nv.nvmlDeviceGetTemperatureThreshold, h,
-                                        nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-            shutdown_temperature_c=_try(nv.nvmlDeviceGetTemperatureThreshold, h,
-                                        nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            slowdown_temperature_c=_try(
+                nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            ),
+            shutdown_temperature_c=_try(
+                nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+            ),
             power_draw_w=power_mw / 1000.0 if power_mw is not None else None,
             utilization_gpu_pct=float(util.gpu) if util is not None else None,
             memory_used_mib=mem.used / 2**20 if mem is not None else None,
@@ -144,8 +147,9 @@ def read_nvml() -> NvmlSnapshot | NvmlUnavailable:
     try:
         driver = _try(nv.nvmlSystemGetDriverVersion)
         count = nv.nvmlDeviceGetCount()
-        return NvmlSnapshot(driver_version=_text(driver) if driver else None,
-                            gpus=[_read_device(i) for i in range(count)])  # fmt: skip
+        return NvmlSnapshot(
+            driver_version=_text(driver) if driver else None, gpus=[_read_device(i) for i in range(count)]
+        )
     except nv.NVMLError as exc:
         return NvmlUnavailable(reason=f"NVML failed to list GPUs: {exc}")
     finally:
@@ -199,15 +203,17 @@ class NvmlXidWatcher:
                 break
             xid = int(data.eventData)
             info = XID_CATALOG.get(xid)
-            events.append(XidEvent(
-                xid=xid,
-                pci=self._bus_ids.get(getattr(data.device, "contents", data.device)),
-                message="reported by NVML",
-                name=info.name if info else "unknown Xid",
-                severity=info.severity if info else Severity.WARNING,
-                machine_fault=info.machine_fault if info else False,
-                failure_class=info.failure_class if info else None,
-            ))  # fmt: skip
+            events.append(
+                XidEvent(
+                    xid=xid,
+                    pci=self._bus_ids.get(getattr(data.device, "contents", data.device)),
+                    message="reported by NVML",
+                    name=info.name if info else "unknown Xid",
+                    severity=info.severity if info else Severity.WARNING,
+                    machine_fault=info.machine_fault if info else False,
+                    failure_class=info.failure_class if info else None,
+                )
+            )
         return events
 
     def close(self) -> None:

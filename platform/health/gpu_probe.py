@@ -42,8 +42,7 @@ class GpuProbe:
         report = parse_nvidia_smi_q(text)
         if report.driver_unreachable:
             return _unreadable(f"{snapshot.reason}; nvidia-smi: {report.errors[0]}", kernel)
-        return evaluate_gpus(report.gpus, expected_count=self.expected_count, kernel_log=kernel,
-                             source="nvidia-smi")  # fmt: skip
+        return evaluate_gpus(report.gpus, expected_count=self.expected_count, kernel_log=kernel, source="nvidia-smi")
 
 
 def _unreadable(reason: str, kernel: KernelLogScan | None) -> ProbeResult:

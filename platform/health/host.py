@@ -99,25 +99,55 @@ def evaluate_host(
     findings: list[Finding] = []
     for d in readings.disks:
         if d.percent >= DISK_FULL_PERCENT or d.free_bytes < DISK_MIN_FREE_BYTES:
-            findings.append(Finding(code="disk_full", severity=Severity.CRITICAL, subject=d.path, machine_fault=True,
-                                    failure_class="disk_full",
-                                    message=f"{d.path} is full: {d.percent:.1f}% used, "
-                                            f"{d.free_bytes / 2**30:.2f} GiB free"))  # fmt: skip
+            findings.append(
+                Finding(
+                    code="disk_full",
+                    severity=Severity.CRITICAL,
+                    subject=d.path,
+                    machine_fault=True,
+                    failure_class="disk_full",
+                    message=f"{d.path} is full: {d.percent:.1f}% used, {d.free_bytes / 2**30:.2f} GiB free",
+                )
+            )
         elif d.percent >= DISK_LOW_PERCENT:
-            findings.append(Finding(code="disk_low", severity=Severity.WARNING, subject=d.path,
-                                    message=f"{d.path} is {d.percent:.1f}% used"))  # fmt: skip
+            findings.append(
+                Finding(
+                    code="disk_low",
+                    severity=Severity.WARNING,
+                    subject=d.path,
+                    message=f"{d.path} is {d.percent:.1f}% used",
+                )
+            )
     for p in readings.missing_paths:
-        findings.append(Finding(code="path_missing", severity=Severity.CRITICAL, subject=p, machine_fault=True,
-                                failure_class="mount_missing", message=f"{p} does not exist on this node"))  # fmt: skip
+        findings.append(
+            Finding(
+                code="path_missing",
+                severity=Severity.CRITICAL,
+                subject=p,
+                machine_fault=True,
+                failure_class="mount_missing",
+                message=f"{p} does not exist on this node",
+            )
+        )
     for p in writable_paths:
         m = _mount_of(p, readings.mounts)
         if m is not None and m.read_only:
-            findings.append(Finding(code="mount_read_only", severity=Severity.CRITICAL, subject=p, machine_fault=True,
-                                    failure_class="mount_read_only",
-                                    message=f"{p} is on a read-only mount ({m.mountpoint}, {m.fstype})"))  # fmt: skip
+            findings.append(
+                Finding(
+                    code="mount_read_only",
+                    severity=Severity.CRITICAL,
+                    subject=p,
+                    machine_fault=True,
+                    failure_class="mount_read_only",
+                    message=f"{p} is on a read-only mount ({m.mountpoint}, {m.fstype})",
+                )
+            )
     if readings.memory_percent >= MEMORY_HIGH_PERCENT:
-        findings.append(Finding(code="memory_pressure", severity=Severity.WARNING,
-                                message=f"memory {readings.memory_percent:.1f}% used"))  # fmt: skip
+        findings.append(
+            Finding(
+                code="memory_pressure", severity=Severity.WARNING, message=f"memory {readings.memory_percent:.1f}% used"
+            )
+        )
     if kernel_log is not None:
         findings.extend(host_kernel_findings(kernel_log))
     summary: dict[str, Reading] = {

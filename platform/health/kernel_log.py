@@ -141,8 +141,14 @@ def scan_kernel_log(lines: Iterable[str]) -> KernelLogScan:
             continue
         m = _OOM_KILL.search(line)
         if m:
-            scan.oom_kills.append(OomKill(pid=int(m.group("pid")), process=m.group("name"),
-                                          cgroup=bool(m.group("cgroup")), line=strip_prefix(line)))  # fmt: skip
+            scan.oom_kills.append(
+                OomKill(
+                    pid=int(m.group("pid")),
+                    process=m.group("name"),
+                    cgroup=bool(m.group("cgroup")),
+                    line=strip_prefix(line),
+                )
+            )
             continue
         if _PANIC.search(line):
             scan.panics.append(strip_prefix(line))
@@ -171,35 +177,64 @@ def xid_findings(scan: KernelLogScan) -> list[Finding]:
         )
     findings = list(seen.values())
     if scan.fallen_off_bus and not any(x.xid == 79 for x in scan.xids):
-        findings.append(Finding(code="gpu_fallen_off_bus", severity=Severity.CRITICAL,
-                                message="a GPU has fallen off the bus", machine_fault=True,
-                                failure_class="xid", evidence=scan.fallen_off_bus[:3]))  # fmt: skip
+        findings.append(
+            Finding(
+                code="gpu_fallen_off_bus",
+                severity=Severity.CRITICAL,
+                message="a GPU has fallen off the bus",
+                machine_fault=True,
+                failure_class="xid",
+                evidence=scan.fallen_off_bus[:3],
+            )
+        )
     failed = sorted({m.group("pci") for ln in scan.init_failures if (m := _INIT_FAILED.search(ln))})
     for pci in failed:
-        findings.append(Finding(code="gpu_init_failed", severity=Severity.CRITICAL, subject=pci,
-                                message=f"the driver cannot initialise GPU {pci}", machine_fault=True,
-                                failure_class="gpu_lost",
-                                evidence=[ln for ln in scan.init_failures if pci in ln][:2]))  # fmt: skip
+        findings.append(
+            Finding(
+                code="gpu_init_failed",
+                severity=Severity.CRITICAL,
+                subject=pci,
+                message=f"the driver cannot initialise GPU {pci}",
+                machine_fault=True,
+                failure_class="gpu_lost",
+                evidence=[ln for ln in scan.init_failures if pci in ln][:2],
+            )
+        )
     return findings
 
 
 def host_kernel_findings(scan: KernelLogScan) -> list[Finding]:
     findings: list[Finding] = []
     for k in scan.oom_kills:
-        findings.append(Finding(
-            code="oom_kill",
-            severity=Severity.WARNING,
-            message=f"the {'cgroup ' if k.cgroup else ''}OOM killer killed {k.process} (pid {k.pid})",
-            subject=str(k.pid),
-            evidence=[k.line],
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                code="oom_kill",
+                severity=Severity.WARNING,
+                message=f"the {'cgroup ' if k.cgroup else ''}OOM killer killed {k.process} (pid {k.pid})",
+                subject=str(k.pid),
+                evidence=[k.line],
+            )
+        )
     if scan.panics:
-        findings.append(Finding(code="kernel_panic", severity=Severity.CRITICAL, message="the kernel panicked",
-                                machine_fault=True, failure_class="kernel_panic",
-                                evidence=scan.panics[:3]))  # fmt: skip
+        findings.append(
+            Finding(
+                code="kernel_panic",
+                severity=Severity.CRITICAL,
+                message="the kernel panicked",
+                machine_fault=True,
+                failure_class="kernel_panic",
+                evidence=scan.panics[:3],
+            )
+        )
     if scan.soft_lockups:
-        findings.append(Finding(code="soft_lockup", severity=Severity.WARNING, message="a CPU soft lockup",
-                                evidence=scan.soft_lockups[:3]))  # fmt: skip
+        findings.append(
+            Finding(
+                code="soft_lockup",
+                severity=Severity.WARNING,
+                message="a CPU soft lockup",
+                evidence=scan.soft_lockups[:3],
+            )
+        )
     return findings
 
 

@@ -20,16 +20,39 @@ from stalwart.store.records import Record
 PROBE = "network"
 
 # Drops are left out: a NIC drops packets of protocols nobody listens to, in normal operation.
-NIC_ERROR_COUNTERS = ("rx_errors", "tx_errors", "rx_crc_errors", "rx_frame_errors", "rx_missed_errors",
-                      "tx_carrier_errors")  # fmt: skip
-IB_ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
-                     "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
-                     "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
-                     "excessive_buffer_overrun_errors", "VL15_dropped")  # fmt: skip
+NIC_ERROR_COUNTERS = (
+    "rx_errors",
+    "tx_errors",
+    "rx_crc_errors",
+    "rx_frame_errors",
+    "rx_missed_errors",
+    "tx_carrier_errors",
+)
+IB_ERROR_COUNTERS = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+)
 # enum ib_port_state and ib_port_phys_state (include/rdma/ib_verbs.h), as sysfs and ibstat print them.
 IB_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
-IB_PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
-                  6: "LinkErrorRecovery", 7: "Phy Test"}  # fmt: skip
+IB_PHYS_STATES = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "Phy Test",
+}
 
 
 class NicReading(Record):
@@ -100,14 +123,16 @@ def read_net_sysfs(root: Path | str = "/sys") -> NetReadings:
     nics: list[NicReading] = []
     net = root / "class" / "net"
     for d in sorted(net.iterdir()) if net.is_dir() else []:
-        nics.append(NicReading(
-            name=d.name,
-            operstate=_read(d / "operstate") or "unknown",
-            carrier=_int(_read(d / "carrier")),
-            carrier_changes=_int(_read(d / "carrier_changes")),
-            mtu=_int(_read(d / "mtu")),
-            counters=_counters(d / "statistics", NIC_ERROR_COUNTERS),
-        ))  # fmt: skip
+        nics.append(
+            NicReading(
+                name=d.name,
+                operstate=_read(d / "operstate") or "unknown",
+                carrier=_int(_read(d / "carrier")),
+                carrier_changes=_int(_read(d / "carrier_changes")),
+                mtu=_int(_read(d / "mtu")),
+                counters=_counters(d / "statistics", NIC_ERROR_COUNTERS),
+            )
+        )
     ports: list[IbPortReading] = []
     ib = root / "class" / "infiniband"
     for dev in sorted(ib.iterdir()) if ib.is_dir() else []:
@@ -116,11 +141,19 @@ def read_net_sysfs(root: Path | str = "/sys") -> NetReadings:
             code, state = parse_ib_state(_read(p / "state") or "")
             phys = _read(p / "phys_state")
             pcode, pstate = parse_ib_state(phys) if phys is not None else (None, None)
-            ports.append(IbPortReading(
-                device=dev.name, port=_int(p.name) or 0, state=state or "UNKNOWN", state_code=code,
-                phys_state=pstate, phys_state_code=pcode, rate=_read(p / "rate"),
-                link_layer=_read(p / "link_layer"), counters=_counters(p / "counters", IB_ERROR_COUNTERS),
-            ))  # fmt: skip
+            ports.append(
+                IbPortReading(
+                    device=dev.name,
+                    port=_int(p.name) or 0,
+                    state=state or "UNKNOWN",
+                    state_code=code,
+                    phys_state=pstate,
+                    phys_state_code=pcode,
+                    rate=_read(p / "rate"),
+                    link_layer=_read(p / "link_layer"),
+                    counters=_counters(p / "counters", IB_ERROR_COUNTERS),
+                )
+            )
     return NetReadings(nics=nics, ib_ports=ports)
 
 
@@ -137,9 +170,18 @@ def parse_ibstat(text: str) -> list[IbPortReading]:
             phys = current.get("physical state")
             code = next((c for c, n in IB_STATES.items() if n == state), None)
             pcode = next((c for c, n in IB_PHYS_STATES.items() if phys and n.lower() == phys.lower()), None)
-            ports.append(IbPortReading(device=device, port=port_no, state=state, state_code=code, phys_state=phys,
-                                       phys_state_code=pcode, rate=current.get("rate"),
-                                       link_layer=current.get("link layer")))  # fmt: skip
+            ports.append(
+                IbPortReading(
+                    device=device,
+                    port=port_no,
+                    state=state,
+                    state_code=code,
+                    phys_state=phys,
+                    phys_state_code=pcode,
+                    rate=current.get("rate"),
+                    link_layer=current.get("link layer"),
+                )
+            )
 
     for line in text.splitlines():
         s = line.strip()
@@ -170,9 +212,18 @@ def parse_ibstatus(text: str) -> list[IbPortReading]:
         if head is not None:
             code, state = parse_ib_state(fields.get("state", ""))
             pcode, pstate = parse_ib_state(fields["phys state"]) if "phys state" in fields else (None, None)
-            ports.append(IbPortReading(device=head[0], port=head[1], state=state or "UNKNOWN", state_code=code,
-                                       phys_state=pstate, phys_state_code=pcode, rate=fields.get("rate"),
-                                       link_layer=fields.get("link_layer")))  # fmt: skip
+            ports.append(
+                IbPortReading(
+                    device=head[0],
+                    port=head[1],
+                    state=state or "UNKNOWN",
+                    state_code=code,
+                    phys_state=pstate,
+                    phys_state_code=pcode,
+                    rate=fields.get("rate"),
+                    link_layer=fields.get("link_layer"),
+                )
+            )
 
     for line in text.splitlines():
         m = re.match(r"^Infiniband device '([^']+)' port (\d+) status:", line.strip())
@@ -229,34 +280,83 @@ def evaluate_network(
         if p.state in ("ACTIVE", "ACTIVE_DEFER"):
             continue
         if (p.phys_state or "").lower() == "disabled":
-            findings.append(Finding(code="ib_port_disabled", severity=Severity.INFO, subject=subject,
-                                    message=f"{subject} is administratively disabled", evidence=evidence))
+            findings.append(
+                Finding(
+                    code="ib_port_disabled",
+                    severity=Severity.INFO,
+                    subject=subject,
+                    message=f"{subject} is administratively disabled",
+                    evidence=evidence,
+                )
+            )
         elif p.state == "DOWN":
-            findings.append(Finding(code="ib_port_down", severity=Severity.CRITICAL, subject=subject,
-                                    machine_fault=True, failure_class="ib_port_down",
-                                    message=f"{subject} is down (physical state {p.phys_state})",
-                                    evidence=evidence))  # fmt: skip
+            findings.append(
+                Finding(
+                    code="ib_port_down",
+                    severity=Severity.CRITICAL,
+                    subject=subject,
+                    machine_fault=True,
+                    failure_class="ib_port_down",
+                    message=f"{subject} is down (physical state {p.phys_state})",
+                    evidence=evidence,
+                )
+            )
         else:
-            findings.append(Finding(code="ib_port_not_active", severity=Severity.WARNING, subject=subject,
-                                    message=f"{subject} is {p.state}, not ACTIVE", evidence=evidence))
+            findings.append(
+                Finding(
+                    code="ib_port_not_active",
+                    severity=Severity.WARNING,
+                    subject=subject,
+                    message=f"{subject} is {p.state}, not ACTIVE",
+                    evidence=evidence,
+                )
+            )
     required = set(required_nics or ())
     for n in now.nics:
         if n.name == "lo" or n.operstate in ("up", "unknown"):
             continue
         if n.name in required:
-            findings.append(Finding(code="nic_down", severity=Severity.CRITICAL, subject=n.name, machine_fault=True,
-                                    failure_class="nic_down", message=f"{n.name} is {n.operstate}"))  # fmt: skip
+            findings.append(
+                Finding(
+                    code="nic_down",
+                    severity=Severity.CRITICAL,
+                    subject=n.name,
+                    machine_fault=True,
+                    failure_class="nic_down",
+                    message=f"{n.name} is {n.operstate}",
+                )
+            )
         else:
-            findings.append(Finding(code="nic_not_up", severity=Severity.INFO, subject=n.name,
-                                    message=f"{n.name} is {n.operstate} (not used by the job)"))  # fmt: skip
-    for n in required - {x.name for x in now.nics}:
-        findings.append(Finding(code="nic_missing", severity=Severity.CRITICAL, subject=n, machine_fault=True,
-                                failure_class="nic_down", message=f"{n} does not exist"))  # fmt: skip
+            findings.append(
+                Finding(
+                    code="nic_not_up",
+                    severity=Severity.INFO,
+                    subject=n.name,
+                    message=f"{n.name} is {n.operstate} (not used by the job)",
+                )
+            )
+    for missing in required - {x.name for x in now.nics}:
+        findings.append(
+            Finding(
+                code="nic_missing",
+                severity=Severity.CRITICAL,
+                subject=missing,
+                machine_fault=True,
+                failure_class="nic_down",
+                message=f"{n} does not exist",
+            )
+        )
     deltas = error_deltas(now, previous)
     for key, d in sorted(deltas.items()):
         flap = key.endswith(":carrier_changes") or key.endswith(":link_downed")
-        findings.append(Finding(code="link_flap" if flap else "link_errors", severity=Severity.WARNING, subject=key,
-                                message=f"{key} grew by {d}"))  # fmt: skip
+        findings.append(
+            Finding(
+                code="link_flap" if flap else "link_errors",
+                severity=Severity.WARNING,
+                subject=key,
+                message=f"{key} grew by {d}",
+            )
+        )
     summary: dict[str, Reading] = {
         "nics_up": sum(n.operstate == "up" for n in now.nics),
         "ib_ports": len(now.ib_ports),

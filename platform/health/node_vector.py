@@ -73,10 +73,13 @@ def node_metric_vector(
         vector.gpu_count = len(responding)
         vector.gpu_utilization_pct = _mean([g.utilization_gpu_pct for g in responding])
         vector.gpu_temperature_c = max(temps) if temps else None
-        vector.gpu_memory_used_pct = _mean([
-            100.0 * g.memory_used_mib / g.memory_total_mib
-            for g in responding if g.memory_used_mib is not None and g.memory_total_mib
-        ])  # fmt: skip
+        vector.gpu_memory_used_pct = _mean(
+            [
+                100.0 * g.memory_used_mib / g.memory_total_mib
+                for g in responding
+                if g.memory_used_mib is not None and g.memory_total_mib
+            ]
+        )
     if net_now is not None and net_previous is not None:
         vector.nic_error_delta = sum(error_deltas(net_now, net_previous).values())
     if host is not None:

@@ -150,9 +150,10 @@ def _gpu(index: int, bus_id: str, node: _Node) -> GpuReading:
     power_draw = None
     if power is not None:
         power_draw = _number(
-            power.value_at("power draw") or power.value_at("instantaneous power draw")
+            power.value_at("power draw")
+            or power.value_at("instantaneous power draw")
             or power.value_at("average power draw")
-        )  # fmt: skip
+        )
     return GpuReading(
         index=index,
         name=node.value_at("product name"),
@@ -202,8 +203,14 @@ def parse_nvidia_smi_q(text: str) -> NvidiaSmiReport:
     for ln in lines:
         m = _NO_HANDLE.search(ln)
         if m:
-            gpus.append(GpuReading(index=len(gpus), bus_id=m.group("bus").rstrip(":").upper(), responding=False,
-                                   error=m.group("err").strip() or "no device handle"))  # fmt: skip
+            gpus.append(
+                GpuReading(
+                    index=len(gpus),
+                    bus_id=m.group("bus").rstrip(":").upper(),
+                    responding=False,
+                    error=m.group("err").strip() or "no device handle",
+                )
+            )
     return NvidiaSmiReport(
         driver_version=root.value_at("driver version"),
         cuda_version=root.value_at("cuda version"),

@@ -26,7 +26,7 @@ def run_probes(probes: Iterable[Probe]) -> list[ProbeResult]:
     for probe in probes:
         try:
             results.append(probe.run())
-        except Exception as exc:  # noqa: BLE001 - any failure of the probe itself
+        except Exception as exc:
             results.append(ProbeResult.not_available(probe.name, f"probe error: {type(exc).__name__}: {exc}"))
     return results
 

@@ -58,17 +58,27 @@ def _since(inc: Incident, t: float | None) -> str:
 
 def incidents_table(incidents: list[Incident]) -> Table:
     """Times are seconds after the failure; fits an 80-column terminal."""
-    t = Table(title="incidents (seconds after the failure)", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False, collapse_padding=True)
+    t = Table(
+        title="incidents (seconds after the failure)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for col in ("id", "class", "where", "exit", "detect", "restart", "1st step", "resumed"):
         t.add_column(col, no_wrap=True)
     for inc in incidents:
         where = (inc.node or "-") + (f"/r{inc.rank}" if inc.rank is not None else "")
         t.add_row(
-            inc.id.removeprefix("inc-"), inc.failure_class.value, where, _fmt(inc.exit_code, "d"),
-            _since(inc, inc.detected_at), _since(inc, inc.restarted_at), _since(inc, inc.first_step_at),
+            inc.id.removeprefix("inc-"),
+            inc.failure_class.value,
+            where,
+            _fmt(inc.exit_code, "d"),
+            _since(inc, inc.detected_at),
+            _since(inc, inc.restarted_at),
+            _since(inc, inc.first_step_at),
             _fmt(inc.resumed_step, "d"),
-        )  # fmt: skip
+        )
     return t
 
 
@@ -81,12 +91,14 @@ def summary_view(s: JobSnapshot) -> Group:
         Text(f"  final loss {_fmt(s.loss, '.4f')}"),
         Text(f"  restarts   {s.restarts} counted, {s.infra_restarts} caused by the infrastructure"),
         Text(f"  incidents  {len(s.incidents)}"),
-        Text(f"  ETTR       {_fmt(None if ettr is None else ettr * 100, '.1f')}% "
-             f"(downtime {s.ettr.downtime_seconds:.1f}s, redone work {s.ettr.lost_work_seconds:.1f}s "
-             f"over {s.ettr.window_seconds:.1f}s)"),  # fmt: skip
+        Text(
+            f"  ETTR       {_fmt(None if ettr is None else ettr * 100, '.1f')}% "
+            f"(downtime {s.ettr.downtime_seconds:.1f}s, redone work {s.ettr.lost_work_seconds:.1f}s "
+            f"over {s.ettr.window_seconds:.1f}s)"
+        ),
         Text(f"  wall time  {s.elapsed_seconds:.1f}s"),
     ]
-    parts: list = [*lines]  # type: ignore[type-arg]
+    parts: list = [*lines]
     if s.incidents:
         parts.append(incidents_table(s.incidents))
         parts += [Text(f"  {inc.id}: {inc.action}") for inc in s.incidents]

@@ -17,8 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from rich.console import Console
 
-from stalwart.cluster.local import LocalCluster
-from stalwart.cluster.local import NODE_FAULTS_ENV, PREFLIGHT_FAULTS_ENV
+from stalwart.cluster.local import NODE_FAULTS_ENV, PREFLIGHT_FAULTS_ENV, LocalCluster
 from stalwart.faults import (
     FaultInjector,
     FaultSpec,
@@ -28,6 +27,7 @@ from stalwart.faults import (
     preflight_fault_env,
 )
 from stalwart.logs import configure, get_logger
+from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
 from stalwart.runner.summary import JobSnapshot, snapshot
@@ -36,7 +36,6 @@ from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
-from stalwart.net import free_port
 from stalwart.store.records import JobPhase, JobState, ServiceEndpoint
 
 POLL_SECONDS = 0.25
@@ -90,12 +89,24 @@ class LocalRun:
     # -- pieces ----------------------------------------------------------------------------------
     def _start_controller(self, endpoint: str) -> None:
         argv = [
-            sys.executable, "-m", "stalwart.cli.main", "controller",
-            "--job", self.job.name, "--etcd", endpoint,
-            "--workdir", str(self.workdir), "--job-dir", str(self.job_dir),
-        ]  # fmt: skip
-        env = {**os.environ, PREFLIGHT_FAULTS_ENV: json.dumps(preflight_fault_env(self.faults)),
-               NODE_FAULTS_ENV: json.dumps(node_fault_env(self.faults))}
+            sys.executable,
+            "-m",
+            "stalwart.cli.main",
+            "controller",
+            "--job",
+            self.job.name,
+            "--etcd",
+            endpoint,
+            "--workdir",
+            str(self.workdir),
+            "--job-dir",
+            str(self.job_dir),
+        ]
+        env = {
+            **os.environ,
+            PREFLIGHT_FAULTS_ENV: json.dumps(preflight_fault_env(self.faults)),
+            NODE_FAULTS_ENV: json.dumps(node_fault_env(self.faults)),
+        }
         if self.controller_starts == 0:
             env.update(controller_fault_env(self.faults))
         with open(self.workdir / "controller.log", "ab") as log:
@@ -105,12 +116,23 @@ class LocalRun:
     def _start_diagnosis(self, store: Store, endpoint: str) -> None:
         """Host the diagnosis service, as a cluster would run it, and publish its URL in etcd."""
         port = free_port()
-        argv = [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port),
-                "--etcd", endpoint]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "stalwart.diagnosis.service",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--etcd",
+            endpoint,
+        ]
         with open(self.workdir / "diagnosis.log", "ab") as log:
             self.diagnosis = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
-        store.put(keys.service("diagnosis"),
-                  ServiceEndpoint(name="diagnosis", url=f"http://127.0.0.1:{port}", registered_at=time.time()))  # fmt: skip
+        store.put(
+            keys.service("diagnosis"),
+            ServiceEndpoint(name="diagnosis", url=f"http://127.0.0.1:{port}", registered_at=time.time()),
+        )
 
     def _kill_controller(self) -> int | None:
         if self.controller is None or self.controller.poll() is not None:
@@ -180,7 +202,7 @@ class LocalRun:
                 if store is not None:
                     try:
                         store.delete(keys.service("diagnosis"))  # the URL would point at nothing now
-                    except Exception:  # noqa: BLE001 - etcd may be gone already; nothing to clean then
+                    except Exception:
                         pass
             if cluster is not None:
                 cluster.stop_all()
@@ -202,7 +224,9 @@ class LocalRun:
                     break
                 state = store.get(keys.job_state(self.job.name), JobState)
                 for fired in injector.poll(state, read_nodes(store, self.job.name).heartbeats):
-                    verb = {"hang": "hung", "slow": "slowed", "freeze": "froze"}.get(fired.fault.split("-")[0], "killed")
+                    verb = {"hang": "hung", "slow": "slowed", "freeze": "froze"}.get(
+                        fired.fault.split("-")[0], "killed"
+                    )
                     view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
                 snap = snapshot(store, self.job.name)
                 if snap is not None:
@@ -218,8 +242,9 @@ class LocalRun:
                     if self.controller_starts >= MAX_CONTROLLER_STARTS:
                         view.note("the controller keeps exiting; giving up (see controller.log)")
                         break
-                    self.log.warning("controller exited; starting a new one",
-                                     fields={"code": self.controller.returncode})  # fmt: skip
+                    self.log.warning(
+                        "controller exited; starting a new one", fields={"code": self.controller.returncode}
+                    )
                     self._start_controller(endpoint)
                 time.sleep(POLL_SECONDS)
             else:

@@ -155,9 +155,13 @@ def classify_exit(
     matched = {m.failure_class for m in matches}
     candidates: list[FailureClassSpec] = [c for c in db.classes if c.name in matched]
     for c in db.classes:
-        if exit_code is not None and exit_code in c.exit_codes and c not in candidates:
-            if not c.exit_codes_need_evidence:
-                candidates.append(c)
+        if (
+            exit_code is not None
+            and exit_code in c.exit_codes
+            and c not in candidates
+            and not c.exit_codes_need_evidence
+        ):
+            candidates.append(c)
     if not candidates:
         how = f"killed by {sig_name}" if sig_name else f"exited {exit_code}"
         return ExitVerdict(exit_code=exit_code, signal=sig_name, reason=f"{how}; no known signature in the log tail")

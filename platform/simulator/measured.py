@@ -81,8 +81,11 @@ def load_measured(path: Path | str | None = None) -> MeasuredRecovery:
     if not p.is_file():
         return DEFAULTS
     raw = json.loads(p.read_text())
-    detect = {FailureEvent(k): float(v) for k, v in (raw.get("detect_seconds") or {}).items()
-              if k in FailureEvent._value2member_map_}  # fmt: skip
+    detect = {
+        FailureEvent(k): float(v)
+        for k, v in (raw.get("detect_seconds") or {}).items()
+        if k in FailureEvent._value2member_map_
+    }
     merged = {**raw, "detect_seconds": {**DEFAULTS.detect_seconds, **detect}}
     merged.setdefault("source", str(p))
     if "machine" not in raw:

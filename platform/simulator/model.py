@@ -58,8 +58,10 @@ def generate_trace(classes: list[FailureClass], job: JobModel, seed: int) -> Tra
     for index, cls in enumerate(classes):
         n = int(rng.poisson(cls.per_second(job.gpus) * horizon))
         times, nodes, phases = rng.uniform(0, horizon, n), rng.integers(0, job.nodes, n), rng.uniform(0, 1, n)
-        arrivals += [Arrival(time=float(t), cls=index, node=int(k), phase=float(p))
-                     for t, k, p in zip(times, nodes, phases, strict=True)]  # fmt: skip
+        arrivals += [
+            Arrival(time=float(t), cls=index, node=int(k), phase=float(p))
+            for t, k, p in zip(times, nodes, phases, strict=True)
+        ]
     arrivals.sort(key=lambda a: (a.time, a.cls, a.node))
     return Trace(seed=seed, horizon_seconds=horizon, nodes=job.nodes, classes=list(classes), arrivals=arrivals)
 
@@ -151,8 +153,12 @@ def simulate(trace: Trace, strategy: Strategy) -> RunResult:
                     tokens += 1
                     pending_update = tokens
                     if strategy.hot_update_deadline_seconds is not None:
-                        queue.push(t + strategy.hot_update_deadline_seconds, Kind.UPDATE_DEADLINE,
-                                   arrival=ev.arrival, token=tokens)  # fmt: skip
+                        queue.push(
+                            t + strategy.hot_update_deadline_seconds,
+                            Kind.UPDATE_DEADLINE,
+                            arrival=ev.arrival,
+                            token=tokens,
+                        )
                     continue
                 inc = _planned(trace, arrival, t, strategy, forced=False)
             else:
@@ -170,12 +176,11 @@ def simulate(trace: Trace, strategy: Strategy) -> RunResult:
         incidents.append(inc)
         down_total += inc.window_seconds
         up_at = t + inc.window_seconds
-        if (inc.event is FailureEvent.USER_CODE_ERROR and inc.action is FailureAction.RESTART
-                and arrival is not None):  # fmt: skip
+        if inc.event is FailureEvent.USER_CODE_ERROR and inc.action is FailureAction.RESTART and arrival is not None:
             # A deterministic user-code error fails again on its first step after the retry.
             queue.push(up_at + strategy.step_seconds, Kind.RECURRENCE, arrival=ev.arrival)
 
-    lost: dict[Component, float] = {c: 0.0 for c in Component}
+    lost: dict[Component, float] = dict.fromkeys(Component, 0.0)
     for inc in incidents:
         for c, s in inc.seconds.items():
             lost[c] += s
@@ -184,30 +189,50 @@ def simulate(trace: Trace, strategy: Strategy) -> RunResult:
     lost[Component.CHECKPOINT_STALL] = running * stall / (strategy.checkpoint_interval_seconds + stall)
     unproductive = min(horizon, sum(lost.values()))
     return RunResult(
-        strategy=strategy.name, seed=trace.seed, horizon_seconds=horizon, ettr=1.0 - unproductive / horizon,
-        lost=lost, incidents=incidents, standbys=strategy.standbys, cold_replacements=pool.cold if pool else 0,
-        checkpoint_interval_seconds=strategy.checkpoint_interval_seconds, failed_decisions=failed,
-    )  # fmt: skip
+        strategy=strategy.name,
+        seed=trace.seed,
+        horizon_seconds=horizon,
+        ettr=1.0 - unproductive / horizon,
+        lost=lost,
+        incidents=incidents,
+        standbys=strategy.standbys,
+        cold_replacements=pool.cold if pool else 0,
+        checkpoint_interval_seconds=strategy.checkpoint_interval_seconds,
+        failed_decisions=failed,
+    )
 
 
 def _planned(trace: Trace, arrival: Arrival | None, t: float, strategy: Strategy, *, forced: bool) -> Incident:
     """A code/config update: checkpoint, then restart (in place, or a whole requeue). No work is lost."""
     name = trace.classes[arrival.cls].name if arrival is not None else "Planned update"
     return Incident(
-        cls=name + (" (forced at deadline)" if forced else ""), event=None, action=FailureAction.RESTART,
-        failed_at=t, seconds={Component.RESTART: strategy.restart_seconds}, window_seconds=strategy.restart_seconds,
-    )  # fmt: skip
+        cls=name + (" (forced at deadline)" if forced else ""),
+        event=None,
+        action=FailureAction.RESTART,
+        failed_at=t,
+        seconds={Component.RESTART: strategy.restart_seconds},
+        window_seconds=strategy.restart_seconds,
+    )
 
 
-def _failure(cls: FailureClass, arrival: Arrival, t: float, since_resume: float, strategy: Strategy,
-             counters: Counters, pool: StandbyPool | None, nodes: int) -> tuple[Incident, Counters]:  # fmt: skip
+def _failure(
+    cls: FailureClass,
+    arrival: Arrival,
+    t: float,
+    since_resume: float,
+    strategy: Strategy,
+    counters: Counters,
+    pool: StandbyPool | None,
+    nodes: int,
+) -> tuple[Incident, Counters]:
     """Detect, classify, `decide`, then pay for what the decision does."""
     assert cls.event is not None
     suspects: list[str] = []
     if strategy.knows_suspects and cls.machine_at_fault and cls.detection is not Detection.NAN:
         suspects = [f"node-{(arrival.node + i) % nodes}" for i in range(cls.nodes)]
-    decision = decide(Classified(cls.event, suspects), strategy.policy, counters,
-                      checks_enabled=strategy.checks_enabled)  # fmt: skip
+    decision = decide(
+        Classified(cls.event, suspects), strategy.policy, counters, checks_enabled=strategy.checks_enabled
+    )
     counters = count(counters, decision)
     seconds: dict[Component, float] = {}
     detect = strategy.detection_seconds(cls)
@@ -254,14 +279,22 @@ def _failure(cls: FailureClass, arrival: Arrival, t: float, since_resume: float,
     return _incident(cls, action, t, seconds, evicted, detect), counters
 
 
-def _incident(cls: FailureClass, action: FailureAction, t: float, seconds: dict[Component, float], evicted: int,
-              detect: float) -> Incident:  # fmt: skip
+def _incident(
+    cls: FailureClass, action: FailureAction, t: float, seconds: dict[Component, float], evicted: int, detect: float
+) -> Incident:
     """An incident whose window is its downtime, plus the straggler's slowed period if it was one."""
     window = sum(seconds.get(c, 0.0) for c in DOWNTIME)
     if cls.detection is Detection.SLOW:
         window += detect
-    return Incident(cls=cls.name, event=cls.event, action=action, failed_at=t, evicted=evicted, seconds=seconds,
-                    window_seconds=window)  # fmt: skip
+    return Incident(
+        cls=cls.name,
+        event=cls.event,
+        action=action,
+        failed_at=t,
+        evicted=evicted,
+        seconds=seconds,
+        window_seconds=window,
+    )
 
 
 def _clip(inc: Incident, t: float, horizon: float) -> Incident:

@@ -79,13 +79,21 @@ class FailureClass(BaseModel):
         return self.count * scale / (self.basis_days * 86_400.0)
 
 
-def _llama(name: str, count: int, event: FailureEvent, detection: Detection, *, machine: bool,
-           nodes: int = 1) -> FailureClass:  # fmt: skip
+def _llama(
+    name: str, count: int, event: FailureEvent, detection: Detection, *, machine: bool, nodes: int = 1
+) -> FailureClass:
     return FailureClass(
-        name=name, event=event, detection=detection, count=count, basis=Basis.GPU, basis_gpus=LLAMA3_GPUS,
-        basis_days=LLAMA3_DAYS, nodes=nodes, machine_at_fault=machine,
+        name=name,
+        event=event,
+        detection=detection,
+        count=count,
+        basis=Basis.GPU,
+        basis_gpus=LLAMA3_GPUS,
+        basis_days=LLAMA3_DAYS,
+        nodes=nodes,
+        machine_at_fault=machine,
         source=f"Llama 3 Table 5: {name}, {count} of 419",
-    )  # fmt: skip
+    )
 
 
 M, L, H = FailureEvent.MACHINE_FAULT, FailureEvent.LOST_NODE, FailureEvent.HANG
@@ -119,10 +127,16 @@ LLAMA3_TABLE5: tuple[FailureClass, ...] = (
 # Llama 3 also reports 47 planned interruptions in the same 54 days (automated maintenance such as
 # firmware upgrades, and operator-initiated configuration or dataset updates).
 PLANNED_UPDATES = FailureClass(
-    name="Planned update (code/config/firmware)", event=None, detection=Detection.PLANNED, count=47,
-    basis=Basis.GPU, basis_gpus=LLAMA3_GPUS, basis_days=LLAMA3_DAYS, machine_at_fault=False,
+    name="Planned update (code/config/firmware)",
+    event=None,
+    detection=Detection.PLANNED,
+    count=47,
+    basis=Basis.GPU,
+    basis_gpus=LLAMA3_GPUS,
+    basis_days=LLAMA3_DAYS,
+    machine_at_fault=False,
     source="Llama 3 Sec. 3.3.4: 47 planned interruptions of 466 in 54 days",
-)  # fmt: skip
+)
 
 # ByteRobust's Table 1 lists implicit failures (hangs, MFU decline), NaN values and user-code
 # errors beside the explicit hardware ones, but its figures could not be retrieved for this work.

@@ -22,7 +22,8 @@ def _dur(seconds: float) -> str:
 
 def ettr_table(summary: Summary) -> str:
     rows = [
-        "| strategy | ETTR mean | std | min - max | unproductive (h) | incidents | standbys | resume checkpoint every | restart |",
+        "| strategy | ETTR mean | std | min - max | unproductive (h) | incidents | standbys "
+        "| resume checkpoint every | restart |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary.strategies:
@@ -52,8 +53,10 @@ def component_table(summary: Summary) -> str:
 
 def class_table(summary: Summary) -> str:
     names = [s.strategy for s in summary.strategies]
-    all_classes = sorted({name for s in summary.strategies for name in s.classes},
-                         key=lambda n: -max(s.classes[n].count if n in s.classes else 0 for s in summary.strategies))  # fmt: skip
+    all_classes = sorted(
+        {name for s in summary.strategies for name in s.classes},
+        key=lambda n: -max(s.classes[n].count if n in s.classes else 0 for s in summary.strategies),
+    )
     head = "| class | " + " | ".join(f"n ({n}) | MTTR ({n})" for n in names) + " |"
     rows = [head, "|---|" + "---|---|" * len(names)]
     for name in all_classes:
@@ -94,8 +97,10 @@ def verdict(summary: Summary) -> str:
     if st is None:
         return ""
     ok = st.ettr.min >= TARGET_ETTR
-    return (f"Target ETTR >= {_pct(TARGET_ETTR)} for Stalwart: **{'met' if ok else 'not met'}** "
-            f"(mean {_pct(st.ettr.mean)}, worst seed {_pct(st.ettr.min)}).")  # fmt: skip
+    return (
+        f"Target ETTR >= {_pct(TARGET_ETTR)} for Stalwart: **{'met' if ok else 'not met'}** "
+        f"(mean {_pct(st.ettr.mean)}, worst seed {_pct(st.ettr.min)})."
+    )
 
 
 def comparison(summary: Summary) -> str:
@@ -110,8 +115,10 @@ def comparison(summary: Summary) -> str:
         if s is anchor:
             continue
         lost = sum(s.lost_hours.values())
-        lines.append(f"- {s.strategy}: {lost:.1f} h unproductive per run against requeue's {base:.1f} h "
-                     f"({base / lost:.1f}x less).")  # fmt: skip
+        lines.append(
+            f"- {s.strategy}: {lost:.1f} h unproductive per run against requeue's {base:.1f} h "
+            f"({base / lost:.1f}x less)."
+        )
     return "\n".join(lines)
 
 
@@ -121,18 +128,21 @@ def strategy_line(s: StrategySummary) -> str:
 
 def markdown(summary: Summary, command: str) -> str:
     j = summary.job
-    return "\n\n".join([
-        (
-            f"Produced by `{command}`: {len(summary.seeds)} seeds ({summary.seeds[0]}..{summary.seeds[-1]}), "
-            f"{j.gpus:,} GPUs ({j.nodes:,} nodes), {j.days:.0f} days, {j.step_seconds:.0f} s steps, "
-            f"{summary.expected_failures:.0f} incidents expected per run (planned updates included). "
-            f"Every strategy replays the same trace for each seed."
-        ),
-        "\n".join(strategy_line(s) for s in summary.strategies),
-        ettr_table(summary),
-        verdict(summary),
-        comparison(summary),
-        "### Time lost per component\n\n" + component_table(summary),
-        "### Per class (mean count per run, MTTR = failure to first step after recovery)\n\n" + class_table(summary),
-        "### Recovery inputs\n\n" + inputs_table(summary),
-    ])  # fmt: skip
+    return "\n\n".join(
+        [
+            (
+                f"Produced by `{command}`: {len(summary.seeds)} seeds ({summary.seeds[0]}..{summary.seeds[-1]}), "
+                f"{j.gpus:,} GPUs ({j.nodes:,} nodes), {j.days:.0f} days, {j.step_seconds:.0f} s steps, "
+                f"{summary.expected_failures:.0f} incidents expected per run (planned updates included). "
+                f"Every strategy replays the same trace for each seed."
+            ),
+            "\n".join(strategy_line(s) for s in summary.strategies),
+            ettr_table(summary),
+            verdict(summary),
+            comparison(summary),
+            "### Time lost per component\n\n" + component_table(summary),
+            "### Per class (mean count per run, MTTR = failure to first step after recovery)\n\n"
+            + class_table(summary),
+            "### Recovery inputs\n\n" + inputs_table(summary),
+        ]
+    )

@@ -28,8 +28,12 @@ class Spread(BaseModel):
 
     @classmethod
     def of(cls, values: list[float]) -> Spread:
-        return cls(mean=statistics.fmean(values), std=statistics.pstdev(values) if len(values) > 1 else 0.0,
-                   min=min(values), max=max(values))  # fmt: skip
+        return cls(
+            mean=statistics.fmean(values),
+            std=statistics.pstdev(values) if len(values) > 1 else 0.0,
+            min=min(values),
+            max=max(values),
+        )
 
 
 class ClassStats(BaseModel):
@@ -82,16 +86,22 @@ def summarise(strategy: Strategy, runs: list[RunResult]) -> StrategySummary:
         for name, rows in sorted(per_class.items())
     }
     return StrategySummary(
-        strategy=strategy.name, description=strategy.description, ettr=Spread.of([r.ettr for r in runs]),
-        lost_hours=dict(lost), classes=classes, standbys=strategy.standbys,
+        strategy=strategy.name,
+        description=strategy.description,
+        ettr=Spread.of([r.ettr for r in runs]),
+        lost_hours=dict(lost),
+        classes=classes,
+        standbys=strategy.standbys,
         cold_replacements=statistics.fmean(r.cold_replacements for r in runs),
-        checkpoint_interval_seconds=strategy.checkpoint_interval_seconds, restart_seconds=strategy.restart_seconds,
+        checkpoint_interval_seconds=strategy.checkpoint_interval_seconds,
+        restart_seconds=strategy.restart_seconds,
         failed_decisions=statistics.fmean(r.failed_decisions for r in runs),
-    )  # fmt: skip
+    )
 
 
-def run_many(strategies: list[Strategy], classes: list[FailureClass], job: JobModel,
-             seeds: Iterable[int]) -> dict[str, list[RunResult]]:  # fmt: skip
+def run_many(
+    strategies: list[Strategy], classes: list[FailureClass], job: JobModel, seeds: Iterable[int]
+) -> dict[str, list[RunResult]]:
     """Every strategy on the same trace for each seed."""
     out: dict[str, list[RunResult]] = {s.name: [] for s in strategies}
     for count, seed in enumerate(seeds):
@@ -103,9 +113,14 @@ def run_many(strategies: list[Strategy], classes: list[FailureClass], job: JobMo
     return out
 
 
-def run_default(seeds: Iterable[int] = range(10), *, job: JobModel | None = None,
-                measured: MeasuredRecovery | None = None, classes: list[FailureClass] | None = None,
-                strategies: list[Strategy] | None = None) -> Summary:  # fmt: skip
+def run_default(
+    seeds: Iterable[int] = range(10),
+    *,
+    job: JobModel | None = None,
+    measured: MeasuredRecovery | None = None,
+    classes: list[FailureClass] | None = None,
+    strategies: list[Strategy] | None = None,
+) -> Summary:
     """The published table: the 9,600-GPU, 90-day job under the three strategies."""
     job = job or JobModel()
     measured = measured or load_measured()
@@ -115,6 +130,10 @@ def run_default(seeds: Iterable[int] = range(10), *, job: JobModel | None = None
     runs = run_many(strategies, classes, job, seed_list)
     expected = sum(c.per_second(job.gpus) for c in classes if c.event is not None) * job.horizon_seconds
     return Summary(
-        seeds=seed_list, job=job, measured=measured, scaled=scale(measured, job),
-        strategies=[summarise(s, runs[s.name]) for s in strategies], expected_failures=expected,
-    )  # fmt: skip
+        seeds=seed_list,
+        job=job,
+        measured=measured,
+        scaled=scale(measured, job),
+        strategies=[summarise(s, runs[s.name]) for s in strategies],
+        expected_failures=expected,
+    )

@@ -99,8 +99,13 @@ def scale(measured: MeasuredRecovery, job: JobModel) -> ScaledRecovery:
     memory_restore = shard / staging + shard * job.gpus_per_node / job.peer_bytes_per_second
     remote_restore = job.checkpoint_bytes / job.remote_read_bytes_per_second
     in_place = measured.hot_swap_seconds + job.collective_init_seconds + memory_restore + job.step_seconds
-    requeue = (measured.requeue_seconds + job.requeue_scheduling_seconds + job.collective_init_seconds
-               + remote_restore + job.step_seconds)  # fmt: skip
+    requeue = (
+        measured.requeue_seconds
+        + job.requeue_scheduling_seconds
+        + job.collective_init_seconds
+        + remote_restore
+        + job.step_seconds
+    )
     stall = shard / staging
     capture = max(measured.stack_capture_seconds, job.stack_capture_floor_seconds)
     notes = {
@@ -116,10 +121,14 @@ def scale(measured: MeasuredRecovery, job: JobModel) -> ScaledRecovery:
         f"{job.stack_capture_floor_seconds:.0f} s)",
     }
     return ScaledRecovery(
-        in_place_restart_seconds=in_place, requeue_seconds=requeue, checkpoint_stall_seconds=stall,
-        stack_capture_seconds=capture, memory_restore_seconds=memory_restore,
-        remote_restore_seconds=remote_restore, notes=notes,
-    )  # fmt: skip
+        in_place_restart_seconds=in_place,
+        requeue_seconds=requeue,
+        checkpoint_stall_seconds=stall,
+        stack_capture_seconds=capture,
+        memory_restore_seconds=memory_restore,
+        remote_restore_seconds=remote_restore,
+        notes=notes,
+    )
 
 
 def young_daly_interval(stall_seconds: float, mtbf_seconds: float) -> float:

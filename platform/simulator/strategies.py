@@ -51,8 +51,9 @@ class Strategy(BaseModel):
     detect_seconds: dict[Detection, float] = Field(description="Failure to detection, per manifestation.")
     stack_capture_seconds: float = Field(0.0, ge=0, description="After a hang is detected, before acting.")
     stop_time_check_seconds: float = Field(0.0, ge=0)
-    straggler_threshold: float = Field(1.0, ge=1.0, description="Slowest node / median that is flagged; "
-                                       "slower stragglers are seen only by a human.")  # fmt: skip
+    straggler_threshold: float = Field(
+        1.0, ge=1.0, description="Slowest node / median that is flagged; slower stragglers are seen only by a human."
+    )
     human_straggler_seconds: float = Field(4 * 3600.0, ge=0)
     restart_seconds: float = Field(gt=0, description="Decision to first step, per restart_mode.")
     resubmit_seconds: float = Field(gt=0, description="A failed job resubmitted after a human fix.")
@@ -110,37 +111,71 @@ def requeue(measured: MeasuredRecovery, job: JobModel, classes: list[FailureClas
     return Strategy(
         name="requeue",
         description="Requeue from remote storage (timeouts, whole-job reschedule, 30-min remote checkpoints)",
-        policy=_requeue_policy(), checks_enabled=False, knows_suspects=False, restart_mode=RestartMode.REQUEUE,
+        policy=_requeue_policy(),
+        checks_enabled=False,
+        knows_suspects=False,
+        restart_mode=RestartMode.REQUEUE,
         detect_seconds={
-            Detection.CRASH: 30.0, Detection.MACHINE: 30.0, Detection.LEASE: 340.0, Detection.HANG: 1800.0,
-            Detection.NAN: 30.0 + job.step_seconds, Detection.SLOW: job.human_straggler_seconds,
+            Detection.CRASH: 30.0,
+            Detection.MACHINE: 30.0,
+            Detection.LEASE: 340.0,
+            Detection.HANG: 1800.0,
+            Detection.NAN: 30.0 + job.step_seconds,
+            Detection.SLOW: job.human_straggler_seconds,
             Detection.PLANNED: 0.0,
         },
-        straggler_threshold=float("inf"), human_straggler_seconds=job.human_straggler_seconds,
-        restart_seconds=sc.requeue_seconds, resubmit_seconds=sc.requeue_seconds,
+        straggler_threshold=float("inf"),
+        human_straggler_seconds=job.human_straggler_seconds,
+        restart_seconds=sc.requeue_seconds,
+        resubmit_seconds=sc.requeue_seconds,
         checkpoint_interval_seconds=job.remote_checkpoint_interval_seconds,
         remote_checkpoint_interval_seconds=job.remote_checkpoint_interval_seconds,
-        checkpoint_stall_seconds=sc.checkpoint_stall_seconds, standbys=None, lazy_updates=False,
-        manual_fix_seconds=job.manual_fix_seconds, step_seconds=job.step_seconds,
-    )  # fmt: skip
+        checkpoint_stall_seconds=sc.checkpoint_stall_seconds,
+        standbys=None,
+        lazy_updates=False,
+        manual_fix_seconds=job.manual_fix_seconds,
+        step_seconds=job.step_seconds,
+    )
 
 
-def _in_place(name: str, description: str, measured: MeasuredRecovery, job: JobModel, classes: list[FailureClass],
-              sc: ScaledRecovery, detect: dict[Detection, float], straggler_threshold: float,
-              stall: float | None = None, interval: float | None = None) -> Strategy:  # fmt: skip
+def _in_place(
+    name: str,
+    description: str,
+    measured: MeasuredRecovery,
+    job: JobModel,
+    classes: list[FailureClass],
+    sc: ScaledRecovery,
+    detect: dict[Detection, float],
+    straggler_threshold: float,
+    stall: float | None = None,
+    interval: float | None = None,
+) -> Strategy:
     stall = sc.checkpoint_stall_seconds if stall is None else stall
     interval = memory_checkpoint_interval(stall, classes, job) if interval is None else interval
     return Strategy(
-        name=name, description=description, policy=_ladder_policy(), checks_enabled=True, knows_suspects=True,
-        restart_mode=RestartMode.IN_PLACE, detect_seconds=detect, stack_capture_seconds=sc.stack_capture_seconds,
-        stop_time_check_seconds=job.stop_time_check_seconds, straggler_threshold=straggler_threshold,
-        human_straggler_seconds=job.human_straggler_seconds, restart_seconds=sc.in_place_restart_seconds,
-        resubmit_seconds=sc.requeue_seconds, checkpoint_interval_seconds=interval,
-        remote_checkpoint_interval_seconds=job.remote_checkpoint_interval_seconds, checkpoint_stall_seconds=stall,
-        standbys=standbys_for(StandbySettings(), job.nodes), replenish_seconds=job.provision_seconds
-        + job.preflight_seconds, lazy_updates=True, hot_update_deadline_seconds=6 * 3600.0,
-        manual_fix_seconds=job.manual_fix_seconds, step_seconds=job.step_seconds,
-    )  # fmt: skip
+        name=name,
+        description=description,
+        policy=_ladder_policy(),
+        checks_enabled=True,
+        knows_suspects=True,
+        restart_mode=RestartMode.IN_PLACE,
+        detect_seconds=detect,
+        stack_capture_seconds=sc.stack_capture_seconds,
+        stop_time_check_seconds=job.stop_time_check_seconds,
+        straggler_threshold=straggler_threshold,
+        human_straggler_seconds=job.human_straggler_seconds,
+        restart_seconds=sc.in_place_restart_seconds,
+        resubmit_seconds=sc.requeue_seconds,
+        checkpoint_interval_seconds=interval,
+        remote_checkpoint_interval_seconds=job.remote_checkpoint_interval_seconds,
+        checkpoint_stall_seconds=stall,
+        standbys=standbys_for(StandbySettings(), job.nodes),
+        replenish_seconds=job.provision_seconds + job.preflight_seconds,
+        lazy_updates=True,
+        hot_update_deadline_seconds=6 * 3600.0,
+        manual_fix_seconds=job.manual_fix_seconds,
+        step_seconds=job.step_seconds,
+    )
 
 
 def _measured_detection(measured: MeasuredRecovery, job: JobModel) -> dict[Detection, float]:
@@ -154,8 +189,13 @@ def _measured_detection(measured: MeasuredRecovery, job: JobModel) -> dict[Detec
     }
 
 
-def stalwart(measured: MeasuredRecovery, job: JobModel, classes: list[FailureClass],
-             fault_tolerance: FaultTolerance | None = None, slowdown_round_seconds: float = 10.0) -> Strategy:  # fmt: skip
+def stalwart(
+    measured: MeasuredRecovery,
+    job: JobModel,
+    classes: list[FailureClass],
+    fault_tolerance: FaultTolerance | None = None,
+    slowdown_round_seconds: float = 10.0,
+) -> Strategy:
     """Stalwart: the spec's default ladder and fault-tolerance settings, measured recovery times.
 
     Hangs: the adaptive timeout (`hang_timeout` over full-size step times), then stack capture.
@@ -167,12 +207,21 @@ def stalwart(measured: MeasuredRecovery, job: JobModel, classes: list[FailureCla
     detect = _measured_detection(measured, job)
     detect[Detection.HANG] = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds)
     detect[Detection.SLOW] = 3 * job.step_seconds + ft.slowdown_rounds * slowdown_round_seconds
-    return _in_place("stalwart", "Stalwart (decide + standbys_for + measured hot-swap, scaled)", measured, job,
-                     classes, sc, detect, straggler_threshold=ft.slowdown_factor)  # fmt: skip
+    return _in_place(
+        "stalwart",
+        "Stalwart (decide + standbys_for + measured hot-swap, scaled)",
+        measured,
+        job,
+        classes,
+        sc,
+        detect,
+        straggler_threshold=ft.slowdown_factor,
+    )
 
 
-def byterobust_like(measured: MeasuredRecovery, job: JobModel, classes: list[FailureClass],
-                    *, zero_stall_every_step: bool = False) -> Strategy:  # fmt: skip
+def byterobust_like(
+    measured: MeasuredRecovery, job: JobModel, classes: list[FailureClass], *, zero_stall_every_step: bool = False
+) -> Strategy:
     """ByteRobust as its paper describes it, with our own recovery times where it gives none.
 
     From the paper (via the summary cited in docs/simulator.md): a job is judged hung after 10
@@ -187,8 +236,18 @@ def byterobust_like(measured: MeasuredRecovery, job: JobModel, classes: list[Fai
     detect[Detection.SLOW] = 300.0 + 5 * 10.0  # ESTIMATE: 5 min for the MFU alarm, then 5 rounds
     stall, interval = (0.0, job.step_seconds) if zero_stall_every_step else (None, None)
     name = "byterobust-like" + ("/free-ckpt" if zero_stall_every_step else "")
-    return _in_place(name, "ByteRobust-like (10-min hang detection, MFU-alarm stragglers, standbys)", measured,
-                     job, classes, sc, detect, straggler_threshold=1.0, stall=stall, interval=interval)  # fmt: skip
+    return _in_place(
+        name,
+        "ByteRobust-like (10-min hang detection, MFU-alarm stragglers, standbys)",
+        measured,
+        job,
+        classes,
+        sc,
+        detect,
+        straggler_threshold=1.0,
+        stall=stall,
+        interval=interval,
+    )
 
 
 def default_strategies(measured: MeasuredRecovery, job: JobModel, classes: list[FailureClass]) -> list[Strategy]:

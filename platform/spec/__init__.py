@@ -3,6 +3,7 @@
 from stalwart.spec.loader import SpecError, load_job, parse_job
 from stalwart.spec.model import (
     API_VERSION,
+    INFRASTRUCTURE_EVENTS,
     KIND,
     CheckpointSettings,
     CleanPodPolicy,
@@ -13,7 +14,6 @@ from stalwart.spec.model import (
     FailurePolicy,
     FailurePolicyRule,
     FaultTolerance,
-    INFRASTRUCTURE_EVENTS,
     RecoveryMode,
     Resources,
     RestartScope,

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from stalwart.spec.model import TrainingJob
 
@@ -32,7 +33,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out or "(document)"
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     path = _field_path(tuple(error["loc"]))
     msg = error["msg"]
     if error["type"] == "missing":

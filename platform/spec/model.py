@@ -78,9 +78,7 @@ class Role(SpecModel):
     restart_scope: Annotated[
         RestartScope, Field(description="What restarts when a worker of this role fails: Job or Role.")
     ] = RestartScope.JOB
-    image: Annotated[
-        str | None, Field(description="Container image of the role's pods (Kubernetes only).")
-    ] = None
+    image: Annotated[str | None, Field(description="Container image of the role's pods (Kubernetes only).")] = None
     resources: Annotated[Resources, Field(description="Per-node resources (Kubernetes only).")] = Resources()
 
     @field_validator("name")
@@ -115,31 +113,49 @@ class FaultTolerance(SpecModel):
     ] = True
     stop_time_checks: Annotated[
         bool,
-        Field(description="After a crash, a NaN or a hang with no clear suspect, run the collective and "
-              "compute checks on the job's nodes and evict the ones that fail."),
+        Field(
+            description="After a crash, a NaN or a hang with no clear suspect, run the collective and "
+            "compute checks on the job's nodes and evict the ones that fail."
+        ),
     ] = True
     warm_workers: Annotated[
         bool,
-        Field(description="Keep a Python process per worker with torch already imported, so a restart "
-              "skips the import (only for commands of the form `python script.py ...`)."),
+        Field(
+            description="Keep a Python process per worker with torch already imported, so a restart "
+            "skips the import (only for commands of the form `python script.py ...`)."
+        ),
     ] = True
     hang_timeout_multiplier: Annotated[
-        float, Field(ge=2, le=1000, description="A job is hung when no rank progresses for this many recent "
-                     "step times (never less than hangTimeoutFloorSeconds).")
+        float,
+        Field(
+            ge=2,
+            le=1000,
+            description="A job is hung when no rank progresses for this many recent "
+            "step times (never less than hangTimeoutFloorSeconds).",
+        ),
     ] = 10.0
     hang_timeout_floor_seconds: Annotated[
         float, Field(ge=0.5, le=86_400, description="The shortest hang timeout, whatever the step time.")
     ] = 60.0
     first_step_timeout_seconds: Annotated[
-        float, Field(ge=1, le=86_400, description="Time a new generation may take to reach its first step "
-                     "(process start, imports, checkpoint load) before it counts as hung.")
+        float,
+        Field(
+            ge=1,
+            le=86_400,
+            description="Time a new generation may take to reach its first step "
+            "(process start, imports, checkpoint load) before it counts as hung.",
+        ),
     ] = 600.0
     slowdown_factor: Annotated[
         float, Field(gt=1, le=100, description="A node whose step time is this many times the median is slow.")
     ] = 2.0
     slowdown_rounds: Annotated[
-        int, Field(ge=1, le=100, description="Consecutive diagnosis rounds that must flag the same node "
-                   "before a slow node is evicted.")
+        int,
+        Field(
+            ge=1,
+            le=100,
+            description="Consecutive diagnosis rounds that must flag the same node before a slow node is evicted.",
+        ),
     ] = 3
     loss_spike_factor: Annotated[
         float, Field(gt=1, le=1000, description="A loss this many times the recent mean is a spike.")
@@ -186,9 +202,15 @@ class FailureAction(str, Enum):
 
 # Machine-caused events never count against maxRestarts: the job did nothing wrong.
 INFRASTRUCTURE_EVENTS = frozenset(
-    {FailureEvent.MACHINE_FAULT, FailureEvent.LOST_NODE, FailureEvent.PREFLIGHT_FAILED,
-     FailureEvent.HANG, FailureEvent.SLOWDOWN, FailureEvent.CODE_UPDATE}
-)  # fmt: skip
+    {
+        FailureEvent.MACHINE_FAULT,
+        FailureEvent.LOST_NODE,
+        FailureEvent.PREFLIGHT_FAILED,
+        FailureEvent.HANG,
+        FailureEvent.SLOWDOWN,
+        FailureEvent.CODE_UPDATE,
+    }
+)
 
 DEFAULT_ACTIONS: dict[FailureEvent, FailureAction] = {
     FailureEvent.MACHINE_FAULT: FailureAction.EVICT,
@@ -213,19 +235,28 @@ class FailurePolicyRule(SpecModel):
     """One rung of the ladder: on `event`, take `action`."""
 
     event: Annotated[FailureEvent, Field(description="The failure event this rule matches.")]
-    action: Annotated[FailureAction, Field(description="What the controller does: Restart, Evict, Rollback, Fail or Ignore.")]
+    action: Annotated[
+        FailureAction, Field(description="What the controller does: Restart, Evict, Rollback, Fail or Ignore.")
+    ]
 
 
 class FailurePolicy(SpecModel):
     """What the controller does about each kind of failure, and how much restarting it may do."""
 
     max_restarts: Annotated[
-        int, Field(ge=0, le=10_000, description="Restarts the job's own failures may cause before it fails. "
-                   "Restarts caused by the infrastructure (machine faults, lost nodes, hangs) do not count.")
+        int,
+        Field(
+            ge=0,
+            le=10_000,
+            description="Restarts the job's own failures may cause before it fails. "
+            "Restarts caused by the infrastructure (machine faults, lost nodes, hangs) do not count.",
+        ),
     ] = 3
     user_code_retries: Annotated[
-        int, Field(ge=0, le=100, description="Restarts after a user-code exception before the job fails with "
-                   "UserCodeError.")
+        int,
+        Field(
+            ge=0, le=100, description="Restarts after a user-code exception before the job fails with UserCodeError."
+        ),
     ] = 1
     rollback_checkpoints: Annotated[
         int, Field(ge=1, le=100, description="On Rollback, skip this many of the newest checkpoints.")
@@ -235,17 +266,29 @@ class FailurePolicy(SpecModel):
         Field(max_length=32, description="Event to action rules; events without a rule take the default ladder."),
     ] = []
     recovery: Annotated[
-        RecoveryMode, Field(description="HotSwap (default) restarts workers in place and swaps standbys in; "
-                            "Requeue relaunches every node, as resubmitting the job would (for comparison).")
+        RecoveryMode,
+        Field(
+            description="HotSwap (default) restarts workers in place and swaps standbys in; "
+            "Requeue relaunches every node, as resubmitting the job would (for comparison)."
+        ),
     ] = RecoveryMode.HOT_SWAP
     replay_after: Annotated[
-        int, Field(ge=0, le=100, description="Dual-phase replay, the last rung: after this many failures in a "
-                   "row that no check explains (0: never), replay the job on groups of its nodes to find the "
-                   "faulty one.")
+        int,
+        Field(
+            ge=0,
+            le=100,
+            description="Dual-phase replay, the last rung: after this many failures in a "
+            "row that no check explains (0: never), replay the job on groups of its nodes to find the "
+            "faulty one.",
+        ),
     ] = 2
     replay_steps: Annotated[
-        int, Field(ge=1, le=100_000, description="Training steps each replay group runs (from scratch, on a "
-                   "scratch checkpoint folder) to pass.")
+        int,
+        Field(
+            ge=1,
+            le=100_000,
+            description="Training steps each replay group runs (from scratch, on a scratch checkpoint folder) to pass.",
+        ),
     ] = 20
 
     @field_validator("rules")
@@ -266,18 +309,31 @@ class StandbySettings(SpecModel):
     """Warm standby nodes: pre-flight checked, checkpoint pre-loaded, waiting to take a failed node's ranks."""
 
     count: Annotated[
-        int | None, Field(ge=0, le=1024, description="Standby nodes to keep warm. Default: sized from "
-                          "nodeFailureProbability as the 99th percentile of concurrent failures.")
+        int | None,
+        Field(
+            ge=0,
+            le=1024,
+            description="Standby nodes to keep warm. Default: sized from "
+            "nodeFailureProbability as the 99th percentile of concurrent failures.",
+        ),
     ] = None
     node_failure_probability: Annotated[
-        float, Field(gt=0, lt=1, description="Chance that one node fails within one replacement window; "
-                     "the default matches ByteRobust's table (2 standbys for 128-256 nodes, 4 for 1,024).")
+        float,
+        Field(
+            gt=0,
+            lt=1,
+            description="Chance that one node fails within one replacement window; "
+            "the default matches ByteRobust's table (2 standbys for 128-256 nodes, 4 for 1,024).",
+        ),
     ] = 0.0012
     minimum: Annotated[int, Field(ge=0, le=1024, description="Never keep fewer standbys than this.")] = 1
     preload_checkpoint: Annotated[
-        bool, Field(description="While it waits, each standby copies the newest in-memory checkpoint into its "
-                    "own memory store (when it fits in half of checkpoint.memoryCapacityGib), so the ranks it "
-                    "takes over load locally instead of from other nodes on the recovery's critical path.")
+        bool,
+        Field(
+            description="While it waits, each standby copies the newest in-memory checkpoint into its "
+            "own memory store (when it fits in half of checkpoint.memoryCapacityGib), so the ranks it "
+            "takes over load locally instead of from other nodes on the recovery's critical path."
+        ),
     ] = True
 
 
@@ -304,9 +360,7 @@ class Scheduling(SpecModel):
     scheduler_name: Annotated[
         str | None, Field(description="Scheduler for gang scheduling, e.g. volcano; default: the cluster's.")
     ] = None
-    queue: Annotated[
-        str | None, Field(description="Volcano queue or Kueue LocalQueue name for gang admission.")
-    ] = None
+    queue: Annotated[str | None, Field(description="Volcano queue or Kueue LocalQueue name for gang admission.")] = None
 
 
 class CheckpointSettings(SpecModel):
@@ -319,8 +373,11 @@ class CheckpointSettings(SpecModel):
     interval_steps: Annotated[int, Field(ge=1, le=10_000_000, description="Save every this many steps.")] = 10
     keep_last: Annotated[int, Field(ge=1, le=1000, description="Committed checkpoints to keep.")] = 3
     memory: Annotated[
-        bool, Field(description="Also keep checkpoints in host memory, on the node and on a peer node, so "
-                    "that a restart loads from memory when the copy is intact and from storage otherwise.")
+        bool,
+        Field(
+            description="Also keep checkpoints in host memory, on the node and on a peer node, so "
+            "that a restart loads from memory when the copy is intact and from storage otherwise."
+        ),
     ] = True
     memory_capacity_gib: Annotated[
         float, Field(gt=0, le=4096, description="Host memory each node's checkpoint store may use.")
@@ -346,21 +403,28 @@ class DataSettings(SpecModel):
 
 
 class TrainingJobSpec(SpecModel):
-    roles: Annotated[
-        list[Role], Field(min_length=1, max_length=16, description="The job's roles, as a named list.")
-    ]
+    roles: Annotated[list[Role], Field(min_length=1, max_length=16, description="The job's roles, as a named list.")]
     fault_tolerance: FaultTolerance = FaultTolerance()
     failure_policy: FailurePolicy = FailurePolicy()
     standbys: StandbySettings = StandbySettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     data: DataSettings | None = None
     code_version: Annotated[
-        str | None, Field(max_length=128, description="Version of the training code. Changing it updates the "
-                          "workers lazily, at the next restart, or at hotUpdateDeadlineSeconds at the latest.")
+        str | None,
+        Field(
+            max_length=128,
+            description="Version of the training code. Changing it updates the "
+            "workers lazily, at the next restart, or at hotUpdateDeadlineSeconds at the latest.",
+        ),
     ] = None
     hot_update_deadline_seconds: Annotated[
-        float | None, Field(gt=0, le=7 * 86_400, description="Force a restart this long after codeVersion "
-                            "changed if no failure restarted the job first. Default: wait for a restart.")
+        float | None,
+        Field(
+            gt=0,
+            le=7 * 86_400,
+            description="Force a restart this long after codeVersion "
+            "changed if no failure restarted the job first. Default: wait for a restart.",
+        ),
     ] = None
     suspend: Annotated[bool, Field(description="Stop the job's pods and keep its state; resume by unsetting.")] = False
     ttl_seconds_after_finished: Annotated[

@@ -144,7 +144,8 @@ class Store:
         expect_revision: dict[str, int] | None = None,
         deletes: list[str] | None = None,
     ) -> bool:
-        """Write (and delete) several keys atomically, only if the expectations hold (values equal, mod revisions equal).
+        """Write (and delete) several keys atomically, only if the expectations hold (values equal, mod
+        revisions equal).
 
         This is how two writers that could race (two controllers, a controller and an operator) stay
         consistent: the loser's commit returns False and it re-reads.

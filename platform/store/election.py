@@ -20,8 +20,15 @@ log = get_logger("stalwart.election")
 
 
 class LeaseElection:
-    def __init__(self, store: Store, key: str, ttl: int, *, identity: str | None = None,
-                 on_lost: Callable[[], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        ttl: int,
+        *,
+        identity: str | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.key = key
         self.ttl = ttl
@@ -61,10 +68,11 @@ class LeaseElection:
                 if self.try_acquire():
                     return True
                 if not announced:
-                    log.info("standing by", fields={"key": self.key, "identity": self.identity,
-                                                    "leader": self.holder()})  # fmt: skip
+                    log.info(
+                        "standing by", fields={"key": self.key, "identity": self.identity, "leader": self.holder()}
+                    )
                     announced = True
-            except Exception as exc:  # noqa: BLE001 - etcd unreachable: keep trying, the lease decides
+            except Exception as exc:
                 log.warning("election attempt failed", fields={"key": self.key, "error": str(exc)})
             stop.wait(interval)
         return False
@@ -86,7 +94,7 @@ class LeaseElection:
                 if self.on_lost is not None:
                     self.on_lost()
                 return
-            except Exception:  # noqa: BLE001 - etcd unreachable: retry; the lease decides
+            except Exception:
                 continue
 
     def keep(self) -> None:
@@ -106,6 +114,6 @@ class LeaseElection:
         if self._lease is not None:
             try:
                 self._lease.revoke()
-            except Exception:  # noqa: BLE001 - gone already; the TTL ends it anyway
+            except Exception:
                 pass
             self._lease = None

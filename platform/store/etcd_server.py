@@ -48,15 +48,23 @@ class EtcdServer:
         peer_url = f"http://{self.host}:{self.peer_port}"
         argv = [
             find_etcd_binary(),
-            "--name", "stalwart",
-            "--data-dir", str(self.data_dir),
-            "--listen-client-urls", client_url,
-            "--advertise-client-urls", client_url,
-            "--listen-peer-urls", peer_url,
-            "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"stalwart={peer_url}",
-            "--log-level", "warn",
-        ]  # fmt: skip
+            "--name",
+            "stalwart",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            f"stalwart={peer_url}",
+            "--log-level",
+            "warn",
+        ]
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
         log = open(self.log_path, "ab")
         self.proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -180,7 +180,7 @@ class Heartbeat(Record):
     sent_at: float
     workers: list[WorkerStatus] = []
     # The compact per-node metric vector for metric-based diagnosis (stalwart.health NodeMetricVector).
-    vector: dict | None = None  # type: ignore[type-arg]
+    vector: dict | None = None
     # Machine faults the probes found (Xid 79, uncorrectable ECC, NIC down, disk full...): evict now.
     machine_faults: list[str] = []
 
@@ -255,7 +255,7 @@ class Incident(Record):
     replacements: dict[str, str] = {}
     counted: bool = True  # against maxRestarts; infrastructure failures are not
     # The diagnosis service's verdict (stalwart.diagnosis.models.Verdict), when it was asked.
-    verdict: dict | None = None  # type: ignore[type-arg]
+    verdict: dict | None = None
     runbook: str | None = None  # runbooks/<runbook>.md
     failed_at: float
     detected_at: float
@@ -349,7 +349,7 @@ class OperatorRequest(Record):
     status: RequestStatus = RequestStatus.PENDING
     message: str | None = None
     finished_at: float | None = None
-    result: dict | None = None  # type: ignore[type-arg]
+    result: dict | None = None
 
 
 class Cordon(Record):

@@ -26,8 +26,9 @@ class _Endpoint:
         self.namespace = namespace.strip("/")
         self._local = threading.local()
 
-    def request(self, method: str, path: str, body: bytes | memoryview | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
+    def request(
+        self, method: str, path: str, body: bytes | memoryview | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         """One request on this thread's kept-alive connection (a load makes hundreds of small
         ranged reads: a connection each would cost more than the bytes); a stale one is retried."""
         for attempt in (0, 1):
@@ -110,8 +111,11 @@ class MemoryStorage(Storage):
             holder = self._holders.get(path) or self._holders.get(path.rpartition("/")[0])
             down = set(self._down)
         first = [ep for ep in self.readers if ep is holder]
-        return first + [ep for ep in self.readers if ep is not holder and ep.address not in down] + [
-            ep for ep in self.readers if ep is not holder and ep.address in down]  # fmt: skip
+        return (
+            first
+            + [ep for ep in self.readers if ep is not holder and ep.address not in down]
+            + [ep for ep in self.readers if ep is not holder and ep.address in down]
+        )
 
     def _first(self, method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """Ask the local store, then the peer, then the other nodes; the first that has it answers.

@@ -27,8 +27,15 @@ class _MultipartWriter(ObjectWriter):
         self.upload_id = resp["UploadId"]
 
     def _upload_part(self, number: int, body: bytes) -> dict[str, object]:
-        resp = self.s._call("upload_part", self.key, Bucket=self.s.bucket, Key=self.key,
-                            UploadId=self.upload_id, PartNumber=number, Body=body)  # fmt: skip
+        resp = self.s._call(
+            "upload_part",
+            self.key,
+            Bucket=self.s.bucket,
+            Key=self.key,
+            UploadId=self.upload_id,
+            PartNumber=number,
+            Body=body,
+        )
         self.s._count_written(len(body))
         return {"PartNumber": number, "ETag": resp["ETag"]}
 
@@ -62,8 +69,14 @@ class _MultipartWriter(ObjectWriter):
         except Exception:
             self.abort()
             raise
-        self.s._call("complete_multipart_upload", self.key, Bucket=self.s.bucket, Key=self.key,
-                     UploadId=self.upload_id, MultipartUpload={"Parts": parts})  # fmt: skip
+        self.s._call(
+            "complete_multipart_upload",
+            self.key,
+            Bucket=self.s.bucket,
+            Key=self.key,
+            UploadId=self.upload_id,
+            MultipartUpload={"Parts": parts},
+        )
 
     def abort(self) -> None:
         if self.upload_id is not None:
@@ -108,9 +121,9 @@ class S3Storage(Storage):
     def _key(self, path: str) -> str:
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def _call(self, op: str, key: str, **kwargs: object) -> dict:  # type: ignore[type-arg]
+    def _call(self, op: str, key: str, **kwargs: object) -> dict:
         try:
-            return getattr(self.client, op)(**kwargs)  # type: ignore[no-any-return]
+            return getattr(self.client, op)(**kwargs)
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"s3 {op} s3://{self.bucket}/{key}: {exc}") from exc
 

@@ -55,12 +55,20 @@ def placements_for(layout: str, world: int):  # type: ignore[no-untyped-def]
         return None, None
     if layout == "tp2xdp2":
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        return mesh, {"w1": [Replicate(), Shard(0)], "w2": [Replicate(), Shard(1)], "bias": [Shard(0), Shard(0)],
-                      "scalar": [Replicate(), Replicate()]}
+        return mesh, {
+            "w1": [Replicate(), Shard(0)],
+            "w2": [Replicate(), Shard(1)],
+            "bias": [Shard(0), Shard(0)],
+            "scalar": [Replicate(), Replicate()],
+        }
     if layout == "tp2xfsdp2":
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        return mesh, {"w1": [Shard(0), Shard(1)], "w2": [Shard(1), Shard(0)], "bias": [Shard(0), Replicate()],
-                      "scalar": [Replicate(), Replicate()]}
+        return mesh, {
+            "w1": [Shard(0), Shard(1)],
+            "w2": [Shard(1), Shard(0)],
+            "bias": [Shard(0), Replicate()],
+            "scalar": [Replicate(), Replicate()],
+        }
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     if layout == "rep":
         return mesh, {k: [Replicate()] for k in SHAPES}
@@ -115,8 +123,9 @@ def reshard_load(root: Path, opts: dict[str, str]) -> None:
     step = ck.load(holder, fallback=opts.get("fallback") == "1")
     ref = reference()
     equal = {k: bool(torch.equal(full(state[k]), ref[k])) for k in ref}
-    write_result(root, {"step": step, "equal": equal, "meta": holder["meta"],
-                        "bytes_read": sum(s.bytes_read for s in storages)})
+    write_result(
+        root, {"step": step, "equal": equal, "meta": holder["meta"], "bytes_read": sum(s.bytes_read for s in storages)}
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,7 +190,7 @@ def megatron(root: Path, opts: dict[str, str]) -> None:
     tp = int(opts.get("tp", str(world)))  # shard rows over tp ranks; the other ranks are replicas
     tp_rank, dp_rank = rank % tp, rank // tp
     rows = ref.shape[0] // tp
-    local = (ref if opts["mode"] == "save" else torch.zeros_like(ref))[tp_rank * rows:(tp_rank + 1) * rows].clone()
+    local = (ref if opts["mode"] == "save" else torch.zeros_like(ref))[tp_rank * rows : (tp_rank + 1) * rows].clone()
     st = ShardedTensor.from_rank_offsets("decoder.w1", local, (0, tp_rank, tp), replica_id=dp_rank)
     shard = GlobalShard(st.data, st.global_shape, st.global_offset)
     ck = Checkpointer(tiers(root, opts))
@@ -190,7 +199,7 @@ def megatron(root: Path, opts: dict[str, str]) -> None:
         write_result(root, res.model_dump())
     else:
         ck.load({"model": {st.key: shard}})
-        expect = ref[tp_rank * rows:(tp_rank + 1) * rows]
+        expect = ref[tp_rank * rows : (tp_rank + 1) * rows]
         write_result(root, {"equal": {"w1": bool(torch.equal(local, expect))}})
 
 
@@ -217,8 +226,15 @@ def disk_full(root: Path, opts: dict[str, str]) -> None:
     for _ in range(3):
         dist.all_reduce(torch.ones(1))
         steps_after += 1
-    write_result(root, {"first": first.model_dump(), "second": second.model_dump(), "steps_after": steps_after,
-                        "catalog": [c.step for c in ck.catalog()]})
+    write_result(
+        root,
+        {
+            "first": first.model_dump(),
+            "second": second.model_dump(),
+            "steps_after": steps_after,
+            "catalog": [c.step for c in ck.catalog()],
+        },
+    )
 
 
 SCENARIOS = {f.__name__: f for f in (reshard_save, reshard_load, roundtrip, megatron, slow_save, disk_full)}

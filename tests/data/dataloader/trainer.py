@@ -51,9 +51,16 @@ def main() -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     config = DataConfig.loads(args.config.read_text())
     if args.shm:
-        loader = ShadowLoaderClient(args.shm, lane=local_rank, dp_rank=rank, dp_size=world,
-                                    micro_batch=args.micro_batch, config=config, local_fallback=not args.no_fallback,
-                                    wait_timeout=60.0)  # fmt: skip
+        loader = ShadowLoaderClient(
+            args.shm,
+            lane=local_rank,
+            dp_rank=rank,
+            dp_size=world,
+            micro_batch=args.micro_batch,
+            config=config,
+            local_fallback=not args.no_fallback,
+            wait_timeout=60.0,
+        )
     else:
         loader = DeterministicLoader(config, dp_rank=rank, dp_size=world, micro_batch=args.micro_batch)
 
@@ -77,9 +84,19 @@ def main() -> None:
         window[step] = ids
         if journal is not None:
             stats = getattr(loader, "stats", None)
-            journal.write(json.dumps({"step": step, "position": batch.position, "ids": ids, "pid": os.getpid(),
-                                      "served_by": batch.served_by,
-                                      "adopted": getattr(stats, "adopted", 0)}) + "\n")  # fmt: skip
+            journal.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "position": batch.position,
+                        "ids": ids,
+                        "pid": os.getpid(),
+                        "served_by": batch.served_by,
+                        "adopted": getattr(stats, "adopted", 0),
+                    }
+                )
+                + "\n"
+            )
             journal.flush()
         if step % args.ckpt_every == 0 or step == args.steps:
             state = loader.state_dict()

@@ -47,7 +47,6 @@ PID_MARK = "<<pid>>"
 LOG_TAIL = 40
 
 
-
 @dataclass
 class Scenario:
     name: str
@@ -91,15 +90,41 @@ class Run:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
         for rank in range(sc.world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(sc.world),
-                   "LOCAL_RANK": str(rank % sc.rpn), "LOCAL_WORLD_SIZE": str(sc.rpn),
-                   "GROUP_RANK": str(rank // sc.rpn), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}  # fmt: skip
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(sc.world),
+                "LOCAL_RANK": str(rank % sc.rpn),
+                "LOCAL_WORLD_SIZE": str(sc.rpn),
+                "GROUP_RANK": str(rank // sc.rpn),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "PYTHONWARNINGS": "ignore",
+                "PYTHONFAULTHANDLER": "1",
+            }
             if sc.script == "emulate":
-                argv = [sys.executable, str(EMULATE), "--tp", str(sc.tp), "--pp", str(sc.pp), "--dp", str(sc.dp),
-                        "--fault", sc.fault, "--fault-rank", ",".join(map(str, [sc.rank, *sc.more_ranks])),
-                        "--fault-step", str(sc.step),
-                        "--out", str(self.out), "--timeout", str(timeout), *sc.extra]  # fmt: skip
+                argv = [
+                    sys.executable,
+                    str(EMULATE),
+                    "--tp",
+                    str(sc.tp),
+                    "--pp",
+                    str(sc.pp),
+                    "--dp",
+                    str(sc.dp),
+                    "--fault",
+                    sc.fault,
+                    "--fault-rank",
+                    ",".join(map(str, [sc.rank, *sc.more_ranks])),
+                    "--fault-step",
+                    str(sc.step),
+                    "--out",
+                    str(self.out),
+                    "--timeout",
+                    str(timeout),
+                    *sc.extra,
+                ]
                 if sc.method == "faulthandler":
                     argv.append("--sdk")
             else:
@@ -189,6 +214,7 @@ class Texts:
 
 def dump_case(doc: dict) -> str:  # type: ignore[type-arg]
     """JSON that diffs well and stays small: one line per key, per stack row, per round, per log, per node."""
+
     def compact(v: object) -> str:
         return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
@@ -206,8 +232,16 @@ def dump_case(doc: dict) -> str:  # type: ignore[type-arg]
 
 
 def stack_rows(dumps: list[StackDump], sc: Scenario, texts: Texts) -> list[dict]:  # type: ignore[type-arg]
-    return [{"rank": d.rank, "node": sc.node_of(d.rank or 0), "method": d.method.value, "pid": d.pid,
-             "text_ref": texts.add(d.text, d.pid)} for d in dumps]  # fmt: skip
+    return [
+        {
+            "rank": d.rank,
+            "node": sc.node_of(d.rank or 0),
+            "method": d.method.value,
+            "pid": d.pid,
+            "text_ref": texts.add(d.text, d.pid),
+        }
+        for d in dumps
+    ]
 
 
 def node_series(run: Run, sc: Scenario, skip: int = 2) -> list[dict]:  # type: ignore[type-arg]
@@ -224,8 +258,14 @@ def node_series(run: Run, sc: Scenario, skip: int = 2) -> list[dict]:  # type: i
         nodes.setdefault(sc.node_of(r), []).append(r)
     out = []
     for node, ranks in nodes.items():
-        names = ("step_time_s", "step_time_max_s", "tokens_per_second", "cpu_percent", "compute_time_s",
-                 "compute_time_max_s")
+        names = (
+            "step_time_s",
+            "step_time_max_s",
+            "tokens_per_second",
+            "cpu_percent",
+            "compute_time_s",
+            "compute_time_max_s",
+        )
         series: dict[str, list[float]] = {name: [] for name in names}
         for i in range(skip, steps):
             st = [rows[r][i]["step_time_s"] for r in ranks]
@@ -241,11 +281,15 @@ def node_series(run: Run, sc: Scenario, skip: int = 2) -> list[dict]:  # type: i
 
 
 def case_doc(sc: Scenario, **evidence: object) -> dict:  # type: ignore[type-arg]
-    user = sc.failure_class in ("user_code_error", "nan_loss") or (sc.fault == "none" and not sc.throttle
-                                                                    and not sc.nice)
+    user = sc.failure_class in ("user_code_error", "nan_loss") or (
+        sc.fault == "none" and not sc.throttle and not sc.nice
+    )
     every = [sc.rank, *sc.more_ranks]
-    faulty = sc.faulty_nodes if sc.faulty_nodes is not None else (
-        [] if user else sorted({sc.node_of(r) for r in every}, key=lambda n: int(n.split("-")[1])))
+    faulty = (
+        sc.faulty_nodes
+        if sc.faulty_nodes is not None
+        else ([] if user else sorted({sc.node_of(r) for r in every}, key=lambda n: int(n.split("-")[1])))
+    )
     nodes = sorted({sc.node_of(r) for r in range(sc.world)}, key=lambda n: int(n.split("-")[1]))
     return {
         "name": sc.name,
@@ -253,12 +297,23 @@ def case_doc(sc: Scenario, **evidence: object) -> dict:  # type: ignore[type-arg
         "source": f"captured: tests/data/diagnosis/capture.py run {sc.name}",
         "captured_at": time.strftime("%Y-%m-%d"),
         "truth": {"faulty_nodes": faulty, "failure_class": sc.failure_class, "blame": sc.blame},
-        "topology": {"world_size": sc.world, "tp": sc.tp, "pp": sc.pp, "dp": sc.dp,
-                     "rank_nodes": {str(r): sc.node_of(r) for r in range(sc.world)}},  # fmt: skip
+        "topology": {
+            "world_size": sc.world,
+            "tp": sc.tp,
+            "pp": sc.pp,
+            "dp": sc.dp,
+            "rank_nodes": {str(r): sc.node_of(r) for r in range(sc.world)},
+        },
         "nodes": nodes,
         "kind": sc.kind,
-        "fault": {"kind": "throttle" if sc.throttle else "starve" if sc.nice else sc.fault, "rank": sc.rank,
-                  "more_ranks": sc.more_ranks, "step": sc.step, "method": sc.method, "throttle": sc.throttle},
+        "fault": {
+            "kind": "throttle" if sc.throttle else "starve" if sc.nice else sc.fault,
+            "rank": sc.rank,
+            "more_ranks": sc.more_ranks,
+            "step": sc.step,
+            "method": sc.method,
+            "throttle": sc.throttle,
+        },
         **evidence,
     }
 
@@ -278,6 +333,7 @@ def capture_hang(sc: Scenario, run: Run, texts: Texts) -> dict:  # type: ignore[
 
 def run_wait_example(run: Run, step: int) -> None:
     """The example job prints its step on rank 0 only: wait for that line."""
+
     def reached() -> bool:
         if any(p.poll() is not None for p in run.procs):
             raise RuntimeError("\n".join(run.tail(0)))
@@ -365,17 +421,32 @@ def capture_crash(sc: Scenario, run: Run, texts: Texts) -> dict:  # type: ignore
 
 
 CAPTURE: dict[str, Callable[[Scenario, Run, Texts], dict]] = {  # type: ignore[type-arg]
-    "hang": capture_hang, "slowdown": capture_slowdown, "metrics": capture_slowdown, "crash": capture_crash,
-}  # fmt: skip
+    "hang": capture_hang,
+    "slowdown": capture_slowdown,
+    "metrics": capture_slowdown,
+    "crash": capture_crash,
+}
 
 
-def _hang(name: str, tp: int, pp: int, dp: int, rpn: int, fault: str, rank: int, what: str,
-          method: str = "py-spy") -> Scenario:  # fmt: skip
+def _hang(
+    name: str, tp: int, pp: int, dp: int, rpn: int, fault: str, rank: int, what: str, method: str = "py-spy"
+) -> Scenario:
     if fault == "sleep-data" and rank >= tp * dp:
         raise ValueError(f"{name}: only the first pipeline stage reads data; rank {rank} is not on it")
-    return Scenario(name=name, kind="hang", tp=tp, pp=pp, dp=dp, rpn=rpn, fault=fault, rank=rank, method=method,
-                    description=f"TP={tp} PP={pp} DP={dp}, {rpn} ranks per node: rank {rank} {what}",
-                    failure_class="hang", blame="node")  # fmt: skip
+    return Scenario(
+        name=name,
+        kind="hang",
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        rpn=rpn,
+        fault=fault,
+        rank=rank,
+        method=method,
+        description=f"TP={tp} PP={pp} DP={dp}, {rpn} ranks per node: rank {rank} {what}",
+        failure_class="hang",
+        blame="node",
+    )
 
 
 _SLEEP = "stalls in user code inside forward_step, before its TP all-reduce"
@@ -398,78 +469,318 @@ SCENARIOS: list[Scenario] = [
     _hang("hang-t1p8d2-sleep-r7", 1, 8, 2, 2, "sleep-forward", 7, _SLEEP),
     _hang("hang-t1p8d2-recv-r12", 1, 8, 2, 4, "recv", 12, _RECV),
     _hang("hang-t2p4d1-sleep-r3", 2, 4, 1, 2, "sleep-forward", 3, _SLEEP),
-    Scenario(name="hang-t2p2d4-node3-both", kind="hang", tp=2, pp=2, dp=4, rpn=2, fault="sleep-forward", rank=6,
-             more_ranks=[7], failure_class="hang", blame="node",
-             description="TP=2 PP=2 DP=4, 2 ranks per node: both ranks of node-3 stall (a machine-wide stall)"),
-    Scenario(name="hang-t1p4d4-two-r2-r13", kind="hang", tp=1, pp=4, dp=4, rpn=2, fault="sleep-forward", rank=2,
-             more_ranks=[13], failure_class="hang", blame="node",
-             description="TP=1 PP=4 DP=4, 2 ranks per node: ranks 2 and 13 (nodes 1 and 6) stall independently"),
+    Scenario(
+        name="hang-t2p2d4-node3-both",
+        kind="hang",
+        tp=2,
+        pp=2,
+        dp=4,
+        rpn=2,
+        fault="sleep-forward",
+        rank=6,
+        more_ranks=[7],
+        failure_class="hang",
+        blame="node",
+        description="TP=2 PP=2 DP=4, 2 ranks per node: both ranks of node-3 stall (a machine-wide stall)",
+    ),
+    Scenario(
+        name="hang-t1p4d4-two-r2-r13",
+        kind="hang",
+        tp=1,
+        pp=4,
+        dp=4,
+        rpn=2,
+        fault="sleep-forward",
+        rank=2,
+        more_ranks=[13],
+        failure_class="hang",
+        blame="node",
+        description="TP=1 PP=4 DP=4, 2 ranks per node: ranks 2 and 13 (nodes 1 and 6) stall independently",
+    ),
     _hang("hang-t2p2d2-fh-sleep-r2", 2, 2, 2, 2, "sleep-forward", 2, _SLEEP, method="faulthandler"),
     _hang("hang-t1p2d4-fh-recv-r5", 1, 2, 4, 2, "recv", 5, _RECV, method="faulthandler"),
     _hang("hang-t2p2d2-fh-data-r3", 2, 2, 2, 2, "sleep-data", 3, _DATA, method="faulthandler"),
-    Scenario(name="hang-example-ddp-r1", kind="hang", dp=4, rpn=2, rank=1, script="example", fault="sdk-hang",
-             extra=["--steps", "400"], failure_class="hang", blame="node",
-             description="the example job (DDP, 4 ranks, 2 per node): the worker SDK hangs rank 1 (SIGUSR2)"),
-    Scenario(name="hang-example-ddp-r2", kind="hang", dp=4, rpn=2, rank=2, script="example", fault="sdk-hang",
-             extra=["--steps", "400"], failure_class="hang", blame="node",
-             description="the example job (DDP, 4 ranks, 2 per node): the worker SDK hangs rank 2 (SIGUSR2)"),
+    Scenario(
+        name="hang-example-ddp-r1",
+        kind="hang",
+        dp=4,
+        rpn=2,
+        rank=1,
+        script="example",
+        fault="sdk-hang",
+        extra=["--steps", "400"],
+        failure_class="hang",
+        blame="node",
+        description="the example job (DDP, 4 ranks, 2 per node): the worker SDK hangs rank 1 (SIGUSR2)",
+    ),
+    Scenario(
+        name="hang-example-ddp-r2",
+        kind="hang",
+        dp=4,
+        rpn=2,
+        rank=2,
+        script="example",
+        fault="sdk-hang",
+        extra=["--steps", "400"],
+        failure_class="hang",
+        blame="node",
+        description="the example job (DDP, 4 ranks, 2 per node): the worker SDK hangs rank 2 (SIGUSR2)",
+    ),
     # slowdowns: stack rounds and per-step metrics
-    Scenario(name="slow-t2p2d2-sleep-r5", kind="slowdown", tp=2, pp=2, dp=2, rpn=2, fault="slow", rank=5,
-             extra=["--steps", "100000", "--slow-ms", "60"], failure_class="slowdown", blame="node",
-             description="TP=2 PP=2 DP=2: rank 5's forward compute takes 60 ms longer (a slow GPU)"),
-    Scenario(name="slow-t1p2d4-sleep-r2", kind="slowdown", tp=1, pp=2, dp=4, rpn=2, fault="slow", rank=2,
-             extra=["--steps", "100000", "--slow-ms", "40"], failure_class="slowdown", blame="node",
-             description="TP=1 PP=2 DP=4: rank 2's forward compute takes 40 ms longer"),
-    Scenario(name="slow-t2p2d2-throttle-r3", kind="slowdown", tp=2, pp=2, dp=2, rpn=2, fault="none", rank=3,
-             throttle=0.85, extra=["--steps", "100000", "--work", "8"], failure_class="slowdown", blame="node",
-             description="TP=2 PP=2 DP=2, CPU-bound forward: rank 3 is CPU-throttled (stopped 85% of every 100 ms)"),
-    Scenario(name="slow-t1p2d4-starved-r6", kind="slowdown", tp=1, pp=2, dp=4, rpn=2, fault="none", rank=6,
-             nice=19, extra=["--steps", "100000", "--work", "8"], failure_class="slowdown", blame="node",
-             description="TP=1 PP=2 DP=4, CPU-bound forward: rank 6 is starved of CPU (nice 19 on a busy host)"),
-    Scenario(name="slow-t2p2d2-starved-r0", kind="slowdown", tp=2, pp=2, dp=2, rpn=2, fault="none", rank=0,
-             nice=19, extra=["--steps", "100000", "--work", "8"], failure_class="slowdown", blame="node",
-             description="TP=2 PP=2 DP=2, CPU-bound forward: rank 0 is starved of CPU (nice 19 on a busy host)"),
-    Scenario(name="healthy-t2p2d2", kind="slowdown", tp=2, pp=2, dp=2, rpn=2, extra=["--steps", "100000"],
-             failure_class="none", blame="none", faulty_nodes=[],
-             description="TP=2 PP=2 DP=2, no fault: nothing must be flagged"),
-    Scenario(name="healthy-t2p2d2-work", kind="slowdown", tp=2, pp=2, dp=2, rpn=2,
-             extra=["--steps", "100000", "--work", "8"], failure_class="none", blame="none", faulty_nodes=[],
-             description="TP=2 PP=2 DP=2, CPU-bound forward on a shared 2-core box, no fault: nothing must be flagged"),
-    Scenario(name="healthy-t1p2d4", kind="slowdown", tp=1, pp=2, dp=4, rpn=2, extra=["--steps", "100000"],
-             failure_class="none", blame="none", faulty_nodes=[],
-             description="TP=1 PP=2 DP=4, no fault: nothing must be flagged"),
+    Scenario(
+        name="slow-t2p2d2-sleep-r5",
+        kind="slowdown",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="slow",
+        rank=5,
+        extra=["--steps", "100000", "--slow-ms", "60"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=2 PP=2 DP=2: rank 5's forward compute takes 60 ms longer (a slow GPU)",
+    ),
+    Scenario(
+        name="slow-t1p2d4-sleep-r2",
+        kind="slowdown",
+        tp=1,
+        pp=2,
+        dp=4,
+        rpn=2,
+        fault="slow",
+        rank=2,
+        extra=["--steps", "100000", "--slow-ms", "40"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=1 PP=2 DP=4: rank 2's forward compute takes 40 ms longer",
+    ),
+    Scenario(
+        name="slow-t2p2d2-throttle-r3",
+        kind="slowdown",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="none",
+        rank=3,
+        throttle=0.85,
+        extra=["--steps", "100000", "--work", "8"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=2 PP=2 DP=2, CPU-bound forward: rank 3 is CPU-throttled (stopped 85% of every 100 ms)",
+    ),
+    Scenario(
+        name="slow-t1p2d4-starved-r6",
+        kind="slowdown",
+        tp=1,
+        pp=2,
+        dp=4,
+        rpn=2,
+        fault="none",
+        rank=6,
+        nice=19,
+        extra=["--steps", "100000", "--work", "8"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=1 PP=2 DP=4, CPU-bound forward: rank 6 is starved of CPU (nice 19 on a busy host)",
+    ),
+    Scenario(
+        name="slow-t2p2d2-starved-r0",
+        kind="slowdown",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="none",
+        rank=0,
+        nice=19,
+        extra=["--steps", "100000", "--work", "8"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=2 PP=2 DP=2, CPU-bound forward: rank 0 is starved of CPU (nice 19 on a busy host)",
+    ),
+    Scenario(
+        name="healthy-t2p2d2",
+        kind="slowdown",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        extra=["--steps", "100000"],
+        failure_class="none",
+        blame="none",
+        faulty_nodes=[],
+        description="TP=2 PP=2 DP=2, no fault: nothing must be flagged",
+    ),
+    Scenario(
+        name="healthy-t2p2d2-work",
+        kind="slowdown",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        extra=["--steps", "100000", "--work", "8"],
+        failure_class="none",
+        blame="none",
+        faulty_nodes=[],
+        description="TP=2 PP=2 DP=2, CPU-bound forward on a shared 2-core box, no fault: nothing must be flagged",
+    ),
+    Scenario(
+        name="healthy-t1p2d4",
+        kind="slowdown",
+        tp=1,
+        pp=2,
+        dp=4,
+        rpn=2,
+        extra=["--steps", "100000"],
+        failure_class="none",
+        blame="none",
+        faulty_nodes=[],
+        description="TP=1 PP=2 DP=4, no fault: nothing must be flagged",
+    ),
     # crashes
-    Scenario(name="crash-user-exception-all", kind="crash", tp=2, pp=2, dp=2, rpn=2, fault="exception", step=3,
-             extra=["--steps", "20", "--timeout", "20"], failure_class="user_code_error", blame="user_code",
-             description="every rank raises the same IndexError (a learning-rate schedule too short)"),
-    Scenario(name="crash-user-exception-last-stage", kind="crash", tp=2, pp=2, dp=2, rpn=2, fault="exception-loss",
-             step=3, extra=["--steps", "20", "--timeout", "20"], failure_class="user_code_error", blame="user_code",
-             description="the last stage's ranks (4 ranks on 2 nodes) raise the same shape mismatch in the loss"),
-    Scenario(name="crash-user-exception-one", kind="crash", tp=1, pp=2, dp=2, rpn=2, fault="exception-one", rank=0,
-             step=3, extra=["--steps", "20", "--timeout", "20"], failure_class="user_code_error", blame="user_code",
-             description="rank 0 alone raises a KeyError in its data pipeline; the others lose their peer"),
-    Scenario(name="crash-nan", kind="crash", tp=2, pp=2, dp=2, rpn=2, fault="nan", rank=0, step=3,
-             extra=["--steps", "20", "--timeout", "20"], failure_class="nan_loss", blame="job",
-             description="a batch with inf values makes the loss NaN; every rank raises FloatingPointError"),
-    Scenario(name="crash-disk-full-r3", kind="crash", tp=2, pp=2, dp=2, rpn=2, fault="disk-full", rank=3, step=3,
-             extra=["--steps", "20", "--timeout", "20"], failure_class="disk_full", blame="node",
-             description="rank 3 writes its checkpoint shard to a full disk (/dev/full: ENOSPC)"),
-    Scenario(name="crash-segfault-r6", kind="crash", tp=2, pp=2, dp=2, rpn=2, fault="segfault", rank=6, step=3,
-             extra=["--steps", "20", "--timeout", "20"], failure_class="segfault", blame="job", faulty_nodes=[],
-             description="rank 6 dereferences NULL in native code (the code's bug, not the machine's)"),
-    Scenario(name="crash-kill-r5", kind="crash", tp=2, pp=2, dp=2, rpn=2, fault="kill", rank=5, step=3,
-             extra=["--steps", "100000", "--timeout", "20"], failure_class="unknown", blame="node",
-             description="rank 5's process vanishes (SIGKILL, no word in its log): its machine went away"),
-    Scenario(name="crash-example-nan", kind="crash", dp=2, rpn=1, script="example", fault="nan",
-             extra=["--steps", "60", "--lr", "1e6"], failure_class="nan_loss", blame="job",
-             description="the example job with a learning rate of 1e6: the loss becomes NaN on every rank"),
-    Scenario(name="crash-example-lr-overflow", kind="crash", dp=2, rpn=1, script="example", fault="exception",
-             extra=["--steps", "60", "--lr", "1e38"], failure_class="user_code_error", blame="user_code",
-             description="the example job with a learning rate of 1e38: Adam's update overflows float on every "
-                         "rank (a configuration error, before any NaN)"),
-    Scenario(name="crash-example-user-exception", kind="crash", dp=2, rpn=1, script="example", fault="exception",
-             extra=["--steps", "20", "--shards", "/nonexistent/*.stok"], failure_class="user_code_error",
-             blame="user_code", description="the example job pointed at token shards that do not exist"),
+    Scenario(
+        name="crash-user-exception-all",
+        kind="crash",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="exception",
+        step=3,
+        extra=["--steps", "20", "--timeout", "20"],
+        failure_class="user_code_error",
+        blame="user_code",
+        description="every rank raises the same IndexError (a learning-rate schedule too short)",
+    ),
+    Scenario(
+        name="crash-user-exception-last-stage",
+        kind="crash",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="exception-loss",
+        step=3,
+        extra=["--steps", "20", "--timeout", "20"],
+        failure_class="user_code_error",
+        blame="user_code",
+        description="the last stage's ranks (4 ranks on 2 nodes) raise the same shape mismatch in the loss",
+    ),
+    Scenario(
+        name="crash-user-exception-one",
+        kind="crash",
+        tp=1,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="exception-one",
+        rank=0,
+        step=3,
+        extra=["--steps", "20", "--timeout", "20"],
+        failure_class="user_code_error",
+        blame="user_code",
+        description="rank 0 alone raises a KeyError in its data pipeline; the others lose their peer",
+    ),
+    Scenario(
+        name="crash-nan",
+        kind="crash",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="nan",
+        rank=0,
+        step=3,
+        extra=["--steps", "20", "--timeout", "20"],
+        failure_class="nan_loss",
+        blame="job",
+        description="a batch with inf values makes the loss NaN; every rank raises FloatingPointError",
+    ),
+    Scenario(
+        name="crash-disk-full-r3",
+        kind="crash",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="disk-full",
+        rank=3,
+        step=3,
+        extra=["--steps", "20", "--timeout", "20"],
+        failure_class="disk_full",
+        blame="node",
+        description="rank 3 writes its checkpoint shard to a full disk (/dev/full: ENOSPC)",
+    ),
+    Scenario(
+        name="crash-segfault-r6",
+        kind="crash",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="segfault",
+        rank=6,
+        step=3,
+        extra=["--steps", "20", "--timeout", "20"],
+        failure_class="segfault",
+        blame="job",
+        faulty_nodes=[],
+        description="rank 6 dereferences NULL in native code (the code's bug, not the machine's)",
+    ),
+    Scenario(
+        name="crash-kill-r5",
+        kind="crash",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="kill",
+        rank=5,
+        step=3,
+        extra=["--steps", "100000", "--timeout", "20"],
+        failure_class="unknown",
+        blame="node",
+        description="rank 5's process vanishes (SIGKILL, no word in its log): its machine went away",
+    ),
+    Scenario(
+        name="crash-example-nan",
+        kind="crash",
+        dp=2,
+        rpn=1,
+        script="example",
+        fault="nan",
+        extra=["--steps", "60", "--lr", "1e6"],
+        failure_class="nan_loss",
+        blame="job",
+        description="the example job with a learning rate of 1e6: the loss becomes NaN on every rank",
+    ),
+    Scenario(
+        name="crash-example-lr-overflow",
+        kind="crash",
+        dp=2,
+        rpn=1,
+        script="example",
+        fault="exception",
+        extra=["--steps", "60", "--lr", "1e38"],
+        failure_class="user_code_error",
+        blame="user_code",
+        description="the example job with a learning rate of 1e38: Adam's update overflows float on every "
+        "rank (a configuration error, before any NaN)",
+    ),
+    Scenario(
+        name="crash-example-user-exception",
+        kind="crash",
+        dp=2,
+        rpn=1,
+        script="example",
+        fault="exception",
+        extra=["--steps", "20", "--shards", "/nonexistent/*.stok"],
+        failure_class="user_code_error",
+        blame="user_code",
+        description="the example job pointed at token shards that do not exist",
+    ),
 ]
 
 
@@ -481,12 +792,14 @@ SCENARIOS: list[Scenario] = [
 HEALTH = REPO / "tests" / "data" / "health" / "kernel-log"
 ECC_LINE = "RuntimeError: CUDA error: uncorrectable ECC error encountered"  # vllm-project/vllm#5222
 ILLEGAL_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered"  # VITA-Group/TEGNAS#19
-OOM_LINE = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity "
-            "of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory "
-            "in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch "
-            "but unallocated. If reserved but unallocated memory is large try setting "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
-            "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")  # pytorch#16417
+OOM_LINE = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity "
+    "of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory "
+    "in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch "
+    "but unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+    "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)  # pytorch#16417
 
 
 def _traceback_with(lines: list[str], last: str) -> list[str]:
@@ -506,9 +819,15 @@ def compose() -> None:
     victim = 5
 
     def variant(base: dict, name: str, description: str, source: str, truth: dict, logs: list[dict]) -> None:  # type: ignore[type-arg]
-        doc = {**base, "name": name, "description": description, "truth": truth, "logs": logs,
-               "source": f"composed: the real logs of {base['name']}; {source}",
-               "fault": {**base.get("fault", {}), "kind": name.split("-")[1]}}  # fmt: skip
+        doc = {
+            **base,
+            "name": name,
+            "description": description,
+            "truth": truth,
+            "logs": logs,
+            "source": f"composed: the real logs of {base['name']}; {source}",
+            "fault": {**base.get("fault", {}), "kind": name.split("-")[1]},
+        }
         (cases / f"{name}.json").write_text(dump_case(doc))
         print(f"{name}: composed")
 
@@ -521,33 +840,67 @@ def compose() -> None:
     oom = (HEALTH / "oom-docker-for-linux-1001.log").read_text().splitlines()
     node = kill["topology"]["rank_nodes"][str(victim)]
     machine = {"faulty_nodes": [node], "blame": "node"}
-    variant(kill, "crash-xid79-r5", "rank 5's GPU fell off the bus (Xid 79 in its node's kernel log); its CUDA call "
-            "failed and the other ranks lost their peer", "rank 5 ends in the illegal-memory-access line recorded in "
-            "VITA-Group/TEGNAS#19, its kernel log is tests/data/health/kernel-log/gpud-xid79-sxid.log",
-            {**machine, "failure_class": "xid"},
-            replace(kill, victim, exit_code=1, lines=_traceback_with(tb, ILLEGAL_LINE), kernel_log=xid79))
-    variant(kill, "crash-xid48-r5", "rank 5 was killed while its node's kernel logged Xid 48 (double-bit ECC)",
-            "rank 5 stays the real SIGKILLed rank, with the kernel log tests/data/health/kernel-log/"
-            "gpu-operator-1146-xid48-xid64.log", {**machine, "failure_class": "xid"},
-            replace(kill, victim, kernel_log=xid48))
-    variant(kill, "crash-ecc-r5", "rank 5 hit an uncorrectable ECC error", "rank 5's traceback ends in the line "
-            "recorded in vllm-project/vllm#5222", {**machine, "failure_class": "ecc_error"},
-            replace(kill, victim, exit_code=1, lines=_traceback_with(tb, ECC_LINE)))
-    variant(kill, "crash-cuda-error-r5", "rank 5 alone hit an illegal memory access (its GPU)", "rank 5's traceback "
-            "ends in the line recorded in VITA-Group/TEGNAS#19", {**machine, "failure_class": "cuda_error"},
-            replace(kill, victim, exit_code=1, lines=_traceback_with(tb, ILLEGAL_LINE)))
-    variant(kill, "crash-gpu-oom-r5", "rank 5 ran out of GPU memory (the job's size, not the machine)",
-            "rank 5's traceback ends in the line recorded in pytorch/pytorch#16417",
-            {"faulty_nodes": [], "blame": "user_code", "failure_class": "gpu_oom"},
-            replace(kill, victim, exit_code=1, lines=_traceback_with(tb, OOM_LINE)))
-    variant(kill, "crash-cpu-oom-r5", "the kernel's OOM killer killed rank 5 (the job's host memory use)",
-            "rank 5 stays the real SIGKILLed rank, with the kernel log tests/data/health/kernel-log/"
-            "oom-docker-for-linux-1001.log", {"faulty_nodes": [], "blame": "user_code", "failure_class": "cpu_oom"},
-            replace(kill, victim, kernel_log=oom))
+    variant(
+        kill,
+        "crash-xid79-r5",
+        "rank 5's GPU fell off the bus (Xid 79 in its node's kernel log); its CUDA call "
+        "failed and the other ranks lost their peer",
+        "rank 5 ends in the illegal-memory-access line recorded in "
+        "VITA-Group/TEGNAS#19, its kernel log is tests/data/health/kernel-log/gpud-xid79-sxid.log",
+        {**machine, "failure_class": "xid"},
+        replace(kill, victim, exit_code=1, lines=_traceback_with(tb, ILLEGAL_LINE), kernel_log=xid79),
+    )
+    variant(
+        kill,
+        "crash-xid48-r5",
+        "rank 5 was killed while its node's kernel logged Xid 48 (double-bit ECC)",
+        "rank 5 stays the real SIGKILLed rank, with the kernel log tests/data/health/kernel-log/"
+        "gpu-operator-1146-xid48-xid64.log",
+        {**machine, "failure_class": "xid"},
+        replace(kill, victim, kernel_log=xid48),
+    )
+    variant(
+        kill,
+        "crash-ecc-r5",
+        "rank 5 hit an uncorrectable ECC error",
+        "rank 5's traceback ends in the line recorded in vllm-project/vllm#5222",
+        {**machine, "failure_class": "ecc_error"},
+        replace(kill, victim, exit_code=1, lines=_traceback_with(tb, ECC_LINE)),
+    )
+    variant(
+        kill,
+        "crash-cuda-error-r5",
+        "rank 5 alone hit an illegal memory access (its GPU)",
+        "rank 5's traceback ends in the line recorded in VITA-Group/TEGNAS#19",
+        {**machine, "failure_class": "cuda_error"},
+        replace(kill, victim, exit_code=1, lines=_traceback_with(tb, ILLEGAL_LINE)),
+    )
+    variant(
+        kill,
+        "crash-gpu-oom-r5",
+        "rank 5 ran out of GPU memory (the job's size, not the machine)",
+        "rank 5's traceback ends in the line recorded in pytorch/pytorch#16417",
+        {"faulty_nodes": [], "blame": "user_code", "failure_class": "gpu_oom"},
+        replace(kill, victim, exit_code=1, lines=_traceback_with(tb, OOM_LINE)),
+    )
+    variant(
+        kill,
+        "crash-cpu-oom-r5",
+        "the kernel's OOM killer killed rank 5 (the job's host memory use)",
+        "rank 5 stays the real SIGKILLed rank, with the kernel log tests/data/health/kernel-log/"
+        "oom-docker-for-linux-1001.log",
+        {"faulty_nodes": [], "blame": "user_code", "failure_class": "cpu_oom"},
+        replace(kill, victim, kernel_log=oom),
+    )
     every = [{**log, "lines": _traceback_with(log["lines"], ILLEGAL_LINE)} for log in everyone["logs"]]
-    variant(everyone, "crash-cuda-error-all", "every rank hit the same illegal memory access: the code, not a GPU",
-            "every rank's real traceback ends in the line recorded in VITA-Group/TEGNAS#19",
-            {"faulty_nodes": [], "blame": "user_code", "failure_class": "cuda_error"}, every)
+    variant(
+        everyone,
+        "crash-cuda-error-all",
+        "every rank hit the same illegal memory access: the code, not a GPU",
+        "every rank's real traceback ends in the line recorded in VITA-Group/TEGNAS#19",
+        {"faulty_nodes": [], "blame": "user_code", "failure_class": "cuda_error"},
+        every,
+    )
 
 
 def capture(sc: Scenario, texts: Texts) -> dict:  # type: ignore[type-arg]

@@ -340,9 +340,16 @@ def train_step(step: int, model: StageModel, par: Parallel, fault: Fault) -> dic
     loss = report_loss(loss, par)
     t2 = time.perf_counter()
     cpu = time.process_time() - c0
-    return {"step": step, "step_time_s": t2 - t0, "pipeline_time_s": t1 - t0, "sync_time_s": t2 - t1,
-            "compute_time_s": Timer.compute_s,
-            "cpu_percent": 100.0 * cpu / max(t2 - t0, 1e-9), "loss": loss, "grad_norm": norm}  # fmt: skip
+    return {
+        "step": step,
+        "step_time_s": t2 - t0,
+        "pipeline_time_s": t1 - t0,
+        "sync_time_s": t2 - t1,
+        "compute_time_s": Timer.compute_s,
+        "cpu_percent": 100.0 * cpu / max(t2 - t0, 1e-9),
+        "loss": loss,
+        "grad_norm": norm,
+    }
 
 
 def main() -> None:

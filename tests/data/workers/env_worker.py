@@ -7,8 +7,18 @@ import time
 
 from stalwart.agents.worker_sdk import report_step
 
-names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-         "STALWART_GENERATION", "STALWART_NODE", "OMP_NUM_THREADS"]
+names = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "STALWART_GENERATION",
+    "STALWART_NODE",
+    "OMP_NUM_THREADS",
+]
 out = os.path.join(os.environ["OUT_DIR"], f"rank-{os.environ['RANK']}-gen-{os.environ['STALWART_GENERATION']}.json")
 with open(out + ".tmp", "w") as f:
     json.dump({"pid": os.getpid(), **{n: os.environ.get(n) for n in names}}, f)

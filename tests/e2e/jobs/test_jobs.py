@@ -1,0 +1,282 @@
+"""End to end: `stalwart run` with a real etcd, a controller, 2 agents × 2 gloo workers, and faults.
+
+Each test runs the real command in a subprocess and reads its JSON summary; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.orphans import cmdline, tagged_processes
+from support.paths import REPO
+
+from stalwart.processes import wait_for
+
+JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
+STEPS = 60
+INITIAL_LOSS = 5.0  # ln(256) ≈ 5.55 for an untrained byte-level model
+
+
+def job_variant(
+    tmp_path: Path,
+    *,
+    args: list[str] = (),
+    fault_tolerance: dict[str, Any] | None = None,  # type: ignore[assignment]
+    failure_policy: dict[str, Any] | None = None,
+    standbys: int = 0,
+) -> Path:
+    """e2e.yaml with extra worker arguments or policy settings, written where the test can use it."""
+    doc = yaml.safe_load(JOB.read_text())
+    role = doc["spec"]["roles"][0]
+    role["command"] += list(args)
+    role["workingDir"] = str((JOB.parent / role["workingDir"]).resolve())
+    for source in doc["spec"]["data"]["sources"]:
+        source["shards"] = [str((JOB.parent / s).resolve()) for s in source["shards"]]
+    doc["spec"]["faultTolerance"].update(fault_tolerance or {})
+    doc["spec"]["failurePolicy"].update(failure_policy or {})
+    doc["spec"]["standbys"] = {"count": standbys}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_job(tmp_path: Path, stalwart_cmd: list[str], *inject: str, job: Path = JOB) -> tuple[int, dict[str, Any], str]:
+    summary = tmp_path / "summary.json"
+    argv = [
+        *stalwart_cmd,
+        "run",
+        str(job),
+        "--workdir",
+        str(tmp_path / "run"),
+        "--summary-json",
+        str(summary),
+        "--timeout",
+        "240",
+    ]
+    for fault in inject:
+        argv += ["--inject", fault]
+    before = {p.pid for p in tagged_processes()}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert summary.exists(), output
+    left = [cmdline(p) for p in tagged_processes() if p.pid not in before]
+    assert not left, f"stalwart run left processes behind: {left}"
+    return proc.returncode, json.loads(summary.read_text()), output
+
+
+def test_a_killed_worker_restarts_in_place_then_nan_rolls_back(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """Two failures in one job. A worker SIGKILLed at step 25: no machine named, so the stop-time
+    checks run, pass, and the same nodes restart their workers from the latest checkpoint. Then the
+    loss turns NaN at step 45: a rollback past the newest checkpoint (40) to the one before (30)."""
+    job = job_variant(tmp_path, args=["--nan-at-step", "45"])
+    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-worker:rank=1,step=25", job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert "[fault] kill-worker rank=1 at step 25: killed rank 1" in output
+    assert snap["step"] == STEPS and snap["restarts"] == 2 and snap["infra_restarts"] == 0
+    crash, nan = snap["incidents"]
+    assert crash["failure_class"] == "WorkerCrash"
+    assert crash["rank"] == 1 and crash["exit_code"] == -9
+    assert crash["evidence"] and crash["evidence"][0].startswith("rank 1 on node-0")
+    # No machine was named, so nothing was evicted: the stop-time checks ran, passed, and the same
+    # nodes restarted their workers.
+    assert crash["evicted"] == [] and "stop-time checks" in crash["action"]
+    assert snap["evicted"] == [] and snap["slots"] == ["node-0", "node-1"]
+    # Every timestamp is there, in order: failed <= detected <= restarted <= first step after restart.
+    times = [crash[k] for k in ("failed_at", "detected_at", "restarted_at", "first_step_at")]
+    assert None not in times and times == sorted(times), crash
+    # It resumed from a checkpoint (a multiple of the interval), not from step 0, and not past the failure.
+    assert crash["step_at_failure"] >= 25
+    assert crash["resumed_step"] > 1 and (crash["resumed_step"] - 1) % 10 == 0
+    assert crash["resumed_step"] <= crash["step_at_failure"] + 1
+    # The loss continues where the checkpoint left it, far below an untrained model's.
+    assert crash["loss_after"] < INITIAL_LOSS - 1.5
+    assert abs(crash["loss_after"] - crash["loss_before"]) < 1.0
+
+    assert nan["failure_class"] == "NaNLoss" and nan["policy_action"] == "Rollback"
+    assert nan["evicted"] == [] and "roll back" in nan["action"] and nan["runbook"] == "nan_loss"
+    assert nan["resumed_step"] == 31, nan  # checkpoints at 10..40 existed; 40 was skipped
+
+
+def test_lost_node_is_hot_swapped_even_when_the_controller_dies_mid_recovery(
+    tmp_path: Path, stalwart_cmd: list[str]
+) -> None:
+    """A killed node's slot goes to the warm standby; the healthy node keeps its agent (same pid) and
+    only restarts its workers. The first controller dies right after committing the eviction: its
+    successor finishes the recovery without evicting again or losing the incident."""
+    job = job_variant(tmp_path, standbys=1)
+    code, result, output = run_job(
+        tmp_path, stalwart_cmd, "kill-node:node=1,step=25", "kill-controller-mid-recovery", job=job
+    )
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert result["controller_starts"] == 2, output
+    assert snap["step"] == STEPS
+    assert snap["restarts"] == 0 and snap["infra_restarts"] == 1  # the machine's fault, not the job's
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "LostNode" and incident["policy_action"] == "Evict"
+    assert incident["evicted"] == ["node-1"] and incident["replacements"] == {"node-1": "node-2"}
+    assert snap["evicted"] == ["node-1"] and snap["slots"] == ["node-0", "node-2"]
+    assert snap["standbys"] == ["node-3"]  # the pool was replenished
+    # The cluster saw the node's processes die, so the controller fenced it without waiting out its lease.
+    assert incident["detected_at"] >= incident["failed_at"]
+    assert incident["evidence"] == ["node-1: its machine is gone (the cluster reports it dead); lease revoked"]
+    assert incident["resumed_step"] > 1 and incident["first_step_at"] is not None
+    agents = {int(g): pids for g, pids in result["agents_by_generation"].items()}
+    assert agents[1]["node-0"] == agents[2]["node-0"], agents  # the healthy agent was kept
+    assert "node-1" not in agents[2] and agents[2]["node-2"] != agents[1].get("node-1")
+
+
+def test_a_new_controller_finishes_the_job_without_a_second_restart(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-controller:step=20")
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert result["controller_starts"] == 2
+    assert [f["fault"] for f in result["faults"]] == ["kill-controller at step 20"]
+    assert snap["step"] == STEPS
+    assert snap["restarts"] == 0 and snap["generation"] == 1 and snap["incidents"] == []
+    assert result["phase"] == "Succeeded"
+    assert snap["loss"] < 3.0  # it learned something
+    assert snap["ettr"]["ettr"] == pytest.approx(1.0)
+    assert "Succeeded" in output and "ETTR" in output
+
+
+def test_restart_budget_is_enforced(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """With maxRestarts 0 the job's first crash of its own fails it (the ladder's budget rules are
+    unit-tested in test_policy.py; this is the end-to-end path)."""
+    job = job_variant(tmp_path, failure_policy={"maxRestarts": 0})
+    code, result, output = run_job(tmp_path, stalwart_cmd, "kill-worker:rank=1,step=15", job=job)
+    snap = result["snapshot"]
+    assert code == 1, output
+    assert result["phase"] == "Failed" and snap["reason"] == "RestartBudgetExhausted"
+    assert snap["restarts"] == 0 and len(snap["incidents"]) == 1
+    assert snap["incidents"][0]["action"].startswith("fail") and snap["incidents"][0]["policy_action"] == "Fail"
+
+
+def test_user_code_error_fails_the_job_after_one_retry(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    job = job_variant(tmp_path, args=["--raise-at-step", "15"])
+    code, result, output = run_job(tmp_path, stalwart_cmd, job=job)
+    snap = result["snapshot"]
+    assert code == 1, output
+    assert result["phase"] == "Failed" and snap["reason"] == "UserCodeError"
+    assert "shapes do not match in my_custom_layer" in snap["message"]  # the traceback, for the user
+    first, second = snap["incidents"]
+    assert first["failure_class"] == second["failure_class"] == "UserCodeError"
+    assert first["policy_action"] == "Restart" and second["policy_action"] == "Fail"
+    assert snap["evicted"] == [] and first["evicted"] == [] and second["evicted"] == []  # no machine blamed
+    assert snap["restarts"] == 1 and snap["infra_restarts"] == 0
+
+
+def test_a_hung_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """Rank 1 (on node-0) stops before a collective; the others wait in it. No progress past the
+    adaptive timeout: the controller captures every rank's stack, diagnosis names node-0 (its rank
+    is the outlier), and the standby takes node-0's ranks."""
+    job = job_variant(tmp_path, fault_tolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10}, standbys=1)
+    code, result, output = run_job(tmp_path, stalwart_cmd, "hang-worker:rank=1,step=20", job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "Hang" and incident["policy_action"] == "Evict", incident
+    assert incident["suspects"] == ["node-0"] and incident["evicted"] == ["node-0"], incident
+    assert snap["slots"] == ["node-2", "node-1"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
+    verdict = incident["verdict"]
+    assert verdict["failure_class"] == "hang" and 1 in verdict["suspects"][0]["ranks"], verdict
+    assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
+
+
+def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """Rank 3 (on node-1) turns slow at step 45: the job's step time climbs past twice its baseline,
+    rounds of stacks catch the others waiting for rank 3, and the standby takes node-1's ranks."""
+    job = job_variant(
+        tmp_path, args=["--steps", "90"], fault_tolerance={"slowdownFactor": 2, "slowdownRounds": 3}, standbys=1
+    )
+    code, result, output = run_job(tmp_path, stalwart_cmd, "slow-worker:rank=3,step=45", job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == 90
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "Slowdown" and incident["policy_action"] == "Evict", incident
+    assert incident["suspects"] == ["node-1"] and incident["evicted"] == ["node-1"], incident
+    assert snap["slots"] == ["node-0", "node-2"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
+    assert incident["verdict"]["failure_class"] == "slowdown", incident["verdict"]
+    assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
+
+
+def test_dual_phase_replay_finds_a_bad_node_that_passes_every_check(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """node-1 kills its workers 5 steps into every run, with no message, and passes the stop-time
+    checks. With replayAfter 1 (2 by default) that unexplained failure starts a replay: the whole job
+    is the horizontal group (it failed), each node alone is a vertical group; node-1's fails, so
+    node-1 is evicted and the standby takes its ranks."""
+    job = job_variant(tmp_path, failure_policy={"replayAfter": 1, "replaySteps": 8}, standbys=1)
+    code, result, output = run_job(tmp_path, stalwart_cmd, "bad-node:node=1", job=job)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "WorkerCrash" and incident["evicted"] == ["node-1"], incident
+    assert "dual-phase replay found node-1" in incident["action"], incident["action"]
+    assert any("v1 ['node-1']: failed" in line for line in incident["evidence"]), incident["evidence"]
+    assert any("v0 ['node-0']: passed" in line for line in incident["evidence"]), incident["evidence"]
+    assert snap["slots"] == ["node-0", "node-2"]
+
+
+def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    before = {p.pid for p in tagged_processes()}
+    argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # A worker is a pretrain_tiny.py process, or a warm worker that became one.
+        def started() -> bool:
+            return any("pretrain_tiny.py" in cmdline(p) or "warm_start" in cmdline(p) for p in tagged_processes())
+
+        assert wait_for(started, 120), "workers never started"
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "interrupted" in output
+    assert wait_for(lambda: not [p for p in tagged_processes() if p.pid not in before], 20), [
+        cmdline(p) for p in tagged_processes() if p.pid not in before
+    ]
+
+
+def test_preflight_evicts_bad_nodes_before_the_start(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    job = REPO / "tests" / "data" / "jobs" / "e2e-preflight.yaml"
+    summary = tmp_path / "summary.json"
+    argv = [
+        *stalwart_cmd,
+        "run",
+        str(job),
+        "--workdir",
+        str(tmp_path / "run"),
+        "--summary-json",
+        str(summary),
+        "--inject",
+        "corrupt-compute:node=1",
+        "--inject",
+        "collective-hang:node=0",
+        "--timeout",
+        "280",
+    ]
+    before = {p.pid for p in tagged_processes()}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=320)
+    assert not [p for p in tagged_processes() if p.pid not in before]
+    result = json.loads(summary.read_text())
+    snap = result["snapshot"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert snap["step"] == 20 and snap["restarts"] == 0  # evictions before the start cost no restart
+    evicted = {i["node"]: i for i in snap["incidents"]}
+    assert set(evicted) == {"node-0", "node-1"}, snap["incidents"]
+    assert all(i["failure_class"] == "PreflightFailed" for i in evicted.values())
+    assert any("compute" in r for r in evicted["node-1"]["evidence"]), evicted["node-1"]["evidence"]
+    assert any("time" in r or "hang" in r for r in evicted["node-0"]["evidence"]), evicted["node-0"]["evidence"]

@@ -1,0 +1,499 @@
+"""The operator end to end: a real `python -m stalwart_operator` (kopf, the official client)
+against kmock's Kubernetes API emulation over HTTP, a real etcd, and a small kubelet that runs each
+pod's node agent as a real local process. Failures are injected the way Kubernetes shows them: a
+pod marked Failed, a Node marked NotReady.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kubernetes
+import pytest
+import yaml
+from support.kubesim import ApiServer, Kubelet, raw
+from support.paths import REPO
+
+from stalwart.net import free_port
+from stalwart.processes import spawn, stop_process
+from stalwart.store import Store, keys
+from stalwart.store.etcd_server import EtcdServer
+from stalwart.store.records import (
+    Assignment,
+    JobPhase,
+    JobState,
+    OperatorRequest,
+    RequestKind,
+)
+from stalwart_operator import crd, names
+from stalwart_operator.kube import USER_AGENT
+
+DATA = REPO / "tests" / "data" / "operator"
+NS = "default"
+WAIT = 90.0  # bound of every wait; a healthy run needs a few seconds, a loaded machine more
+# Leases are generous: on a loaded test machine a 2 s lease lapses now and then, and the failures
+# this module injects are reported through Kubernetes (pod Failed, Node NotReady), not lease expiry.
+
+
+class World:
+    def __init__(
+        self,
+        api: ApiServer,
+        kubelet: Kubelet,
+        store: Store,
+        operator: subprocess.Popen[bytes],
+        log: Path,
+        env: dict[str, str],
+    ) -> None:
+        self.env = env
+        self.api = api
+        self.kubelet = kubelet
+        self.store = store
+        self.operator = operator
+        self.log = log
+        client = api.client()
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return raw(
+                self.custom.get_namespaced_custom_object(
+                    names.GROUP, names.VERSION, NS, names.PLURAL, name, _preload_content=False
+                )
+            )
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.job(name) or {}).get("status") or {}
+
+    def pods(self, job: str) -> dict[str, dict[str, Any]]:
+        """The job's pods by Stalwart node name."""
+        items = raw(self.core.list_namespaced_pod(NS, _preload_content=False))["items"]
+        return {
+            p["metadata"]["labels"][names.NODE_LABEL]: p
+            for p in items
+            if p["metadata"].get("labels", {}).get(names.JOB_LABEL) == job
+        }
+
+    def state(self, job: str) -> JobState | None:
+        return self.store.get(keys.job_state(names.job_id(NS, job)), JobState)
+
+    def wait(self, what: str, predicate: Callable[[], Any], timeout: float = WAIT) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.operator.poll() is None, f"the operator exited:\n{self.tail()}"
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.2)
+        raise AssertionError(
+            f"timed out waiting for {what}\n--- operator log ---\n{self.tail()}\n"
+            f"--- kubelet errors ---\n{self.kubelet.errors[-5:]}"
+        )
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    # -- acting ----------------------------------------------------------------------------------
+    def submit(self, name: str, replicas: int = 2, standbys: int = 1, **spec: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": f"{names.GROUP}/{names.VERSION}",
+            "kind": names.KIND,
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "roles": [
+                    {
+                        "name": "trainer",
+                        "replicas": replicas,
+                        "processesPerNode": 1,
+                        "command": ["python", "worker.py", *spec.pop("args", [])],
+                    }
+                ],
+                "faultTolerance": {
+                    "heartbeatIntervalSeconds": 0.5,
+                    "leaseTtlSeconds": 6,
+                    "stopGraceSeconds": 1,
+                    "preflight": False,
+                    "firstStepTimeoutSeconds": 120,
+                },
+                "standbys": {"count": standbys, "minimum": 0},
+                **spec,
+            },
+        }
+        return raw(
+            self.custom.create_namespaced_custom_object(
+                names.GROUP, names.VERSION, NS, names.PLURAL, body, _preload_content=False
+            )
+        )
+
+    def delete(self, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                names.GROUP, names.VERSION, NS, names.PLURAL, name, _preload_content=False
+            )
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    @contextmanager
+    def training(self, name: str, **spec: Any) -> Iterator[None]:
+        """A job for a test (or the one an earlier test left), deleted after it, so the next test
+        has the machine to itself."""
+        if self.job(name) is None:
+            self.submit(name, **spec)
+        try:
+            yield
+        finally:
+            self.delete(name)
+            self.wait(
+                f"{name} deleted",
+                lambda: self.job(name) is None and not self.pods(name),
+            )
+
+    def running(self, name: str, standby: bool = True) -> dict[str, Any]:
+        """Wait until the job runs with every slot stepping (and its standby registered)."""
+
+        def ready() -> dict[str, Any] | None:
+            status = self.status(name)
+            nodes = status.get("nodes") or []
+            if (
+                status.get("phase") == "Running"
+                and (status.get("currentStep") or 0) > 0
+                and nodes
+                and all(n["state"] in ("Running", "Standby") for n in nodes)
+                and (not standby or any(n["state"] == "Standby" for n in nodes))
+            ):
+                return status
+            return None
+
+        return self.wait(f"{name} running", ready)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("operator")
+    api = ApiServer(crd.crd()).start()
+    kubelet: Kubelet | None = None
+    operator: subprocess.Popen[bytes] | None = None
+    store = Store(etcd.endpoint)
+    try:
+        kubelet = Kubelet(api, [f"gpu-{i}" for i in range(8)], tmp / "pods").start()
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(api.kubeconfig(tmp / "kubeconfig")),
+            "STALWART_ETCD": etcd.endpoint,
+            "STALWART_OPERATOR_NAME": f"op-{uuid.uuid4().hex[:8]}",
+            "STALWART_IDENTITY": "operator-0",
+            "STALWART_JOB_DIR": str(DATA),
+            "STALWART_POD_WORKDIR": str(tmp / "agents"),
+            "STALWART_RENDEZVOUS_PORT": "0",
+            "STALWART_AGENT_METRICS_PORT": "0",
+            "STALWART_AGENT_METRICS_HOST": "127.0.0.1",
+            "STALWART_STATUS_INTERVAL_SECONDS": "0.5",
+            "STALWART_PROBE_PORT": str(free_port()),
+            "STALWART_PROBE_HOST": "127.0.0.1",
+            "STALWART_ELECTION_TTL_SECONDS": "3",
+        }
+        log = tmp / "operator.log"
+        with open(log, "ab") as out:
+            operator = spawn([sys.executable, "-m", "stalwart_operator"], env=env, stdout=out)
+        yield World(api, kubelet, store, operator, log, env)
+    finally:
+        if operator is not None:
+            stop_process(operator, grace=20.0)
+        if kubelet is not None:
+            kubelet.stop()
+        store.close()
+        api.stop()
+
+
+def test_a_job_gets_its_service_pods_and_status(world: World) -> None:
+    """(The job stays for the next test, which fails one of its pods.)"""
+    world.submit("alpha")
+    pods = world.wait("3 pods", lambda: len(p := world.pods("alpha")) == 3 and p)
+    status = world.running("alpha")
+    # The headless Service gives the pods DNS names under the job's name.
+    service = raw(world.core.read_namespaced_service(names.service_name("alpha"), NS, _preload_content=False))
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"][names.JOB_LABEL] == "alpha"
+    job = world.job("alpha")
+    assert job is not None and names.FINALIZER in job["metadata"]["finalizers"]
+    for node, pod in pods.items():
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+        assert pod["spec"]["hostname"] == node and pod["spec"]["subdomain"] == "alpha"
+        container = pod["spec"]["containers"][0]
+        assert container["command"][-1] == "agent"
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["STALWART_JOB"] == "default.alpha" and env["STALWART_NODE"] == node
+    # Status: phase, conditions, nodes in rank order, the standby, restarts split by cause.
+    assert status["jobId"] == "default.alpha"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Created"]["status"] == "True" and conditions["Running"]["status"] == "True"
+    assert "Failed" not in conditions and "Succeeded" not in conditions
+    assert [n["rank"] for n in status["nodes"] if n["state"] == "Running"] == [0, 1]
+    assert all(n["pod"] == f"alpha-{n['name']}" and n["machine"] for n in status["nodes"])
+    # Restarts, split by cause (a loaded test machine may lose a lease: infrastructure, never counted).
+    assert status["restarts"]["counted"] == 0
+    assert status["restarts"]["total"] == status["restarts"]["infrastructure"]
+    assert len(status["standbys"]) == 1 and status["ettr"] is not None
+    # The pods carry the controller's view: rank labels, standby label.
+    state = world.state("alpha")
+    assert state is not None
+    labels = world.wait(
+        "rank labels",
+        lambda: (
+            all(names.NODE_RANK_LABEL in world.pods("alpha")[n]["metadata"]["labels"] for n in state.slots)
+            and world.pods("alpha")
+        ),
+    )
+    assert [labels[n]["metadata"]["labels"][names.NODE_RANK_LABEL] for n in state.slots] == ["0", "1"]
+    assert labels[state.standbys[0]]["metadata"]["labels"][names.STANDBY_LABEL] == "true"
+
+
+def _hot_swap(world: World, name: str, fail: Callable[[str, dict[str, Any]], None], cause: str) -> None:
+    """Fail the node at rank 1 with `fail(node, pod)`; its standby must take rank 1 over."""
+    before = world.running(name)
+    state = world.state(name)
+    assert state is not None
+    victim, standby = state.slots[1], state.standbys[0]
+    pods = world.pods(name)
+    victim_pod = pods[victim]
+    machine = victim_pod["spec"]["nodeName"]
+    # The scheduler spread the job's pods: a machine failure takes only the victim with it.
+    assert [p["spec"]["nodeName"] for p in pods.values()].count(machine) == 1
+    fail(victim, victim_pod)
+    job_id = names.job_id(NS, name)
+    # The operator turned the Kubernetes event into one eviction request for the controller.
+    requests = world.wait(
+        "an eviction request",
+        lambda: [
+            r
+            for r in world.store.get_prefix(keys.requests_prefix(job_id), OperatorRequest)
+            if r.node == victim and r.requested_by == "operator"
+        ],
+    )
+    assert requests[0].kind is RequestKind.EVICT and cause in requests[0].id
+    # The standby holds the failed node's slot, so its ranks, in a new generation.
+    after = world.wait(
+        "the standby in rank 1",
+        lambda: (
+            (s := world.state(name))
+            and s.phase is JobPhase.RUNNING
+            and s.generation > state.generation
+            and s.slots[1] == standby
+            and s
+        ),
+    )
+    assignment = world.store.get(keys.generation(job_id, after.generation), Assignment)
+    assert assignment is not None
+    swapped = assignment.for_node(standby)
+    assert swapped is not None and (
+        swapped.node_rank,
+        swapped.first_rank,
+        swapped.role,
+    ) == (1, 1, "trainer")
+    assert assignment.for_node(state.slots[0]).node_rank == 0  # type: ignore[union-attr]
+    assert victim in after.evicted
+    # Kubernetes shows it too: the failed pod is gone, the standby pod is labelled rank 1, the
+    # status lists it at rank 1, the machine is cordoned, and a new standby is on its way.
+    status = world.wait(
+        "status after the swap",
+        lambda: (
+            (s := world.status(name)).get("phase") == "Running"
+            and any(n["name"] == standby and n["rank"] == 1 for n in s.get("nodes", []))
+            and (s.get("restarts") or {}).get("infrastructure", 0) >= 1
+            and s
+        ),
+    )
+    assert status["lastIncident"]["node"] == victim and victim in status["evicted"]
+    assert status["restarts"]["counted"] == before["restarts"]["counted"]  # infrastructure: not counted
+    world.wait("the failed pod deleted", lambda: victim not in world.pods(name))
+    world.wait(
+        "rank label on the standby",
+        lambda: world.pods(name)[standby]["metadata"]["labels"].get(names.NODE_RANK_LABEL) == "1",
+    )
+    node = world.wait(
+        "the machine cordoned",
+        lambda: (
+            (n := raw(world.core.read_node(machine, _preload_content=False)))
+            and any(t["key"] == names.CORDON_TAINT for t in n["spec"].get("taints") or [])
+            and n
+        ),
+    )
+    assert node["metadata"]["labels"][names.CORDON_LABEL] == "true"
+    new_standby = world.wait(
+        "a new standby",
+        lambda: (s := world.state(name)) and s.standbys and s.standbys[0] not in (standby, victim) and s.standbys[0],
+    )
+    pod = world.wait(
+        "the new standby's pod scheduled",
+        lambda: (p := world.pods(name).get(new_standby)) and p["spec"].get("nodeName") and p,
+    )
+    assert pod["spec"]["nodeName"] != machine  # the scheduler keeps off the cordoned machine
+
+
+def test_a_failed_pod_is_replaced_by_the_standby_with_its_ranks(world: World) -> None:
+    def fail(node: str, pod: dict[str, Any]) -> None:
+        # What the kubelet reports when the container dies; our kubelet also kills the agent.
+        world.core.patch_namespaced_pod_status(
+            pod["metadata"]["name"],
+            NS,
+            {"status": {"phase": "Failed", "reason": "Error", "message": "machine fault injected by the test"}},
+            _preload_content=False,
+        )
+
+    with world.training("alpha"):
+        _hot_swap(world, "alpha", fail, "pod-failed")
+
+
+def test_a_node_not_ready_evicts_its_pods(world: World) -> None:
+    def fail(node: str, pod: dict[str, Any]) -> None:
+        # The Node stops being Ready (a partition): its agent keeps running, only Kubernetes knows.
+        world.core.patch_node_status(
+            pod["spec"]["nodeName"],
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "Unknown",
+                            "reason": "NodeStatusUnknown",
+                            "message": "Kubelet stopped posting node status.",
+                        }
+                    ]
+                }
+            },
+            _preload_content=False,
+        )
+
+    with world.training("gamma"):
+        _hot_swap(world, "gamma", fail, "node-not-ready")
+
+
+def test_suspend_resume_and_delete(world: World) -> None:
+    """Suspend deletes the pods and keeps the state; resume runs again; deletion (the finalizer)
+    leaves nothing behind: pods, Service, etcd keys, agents."""
+    world.submit("delta", replicas=1, standbys=0)
+    world.running("delta", standby=False)
+    [machine] = [p["spec"]["nodeName"] for p in world.pods("delta").values()]
+    world.custom.patch_namespaced_custom_object(
+        names.GROUP, names.VERSION, NS, names.PLURAL, "delta", {"spec": {"suspend": True}}, _preload_content=False
+    )
+    world.wait("its pods deleted", lambda: not world.pods("delta"))
+    status = world.wait(
+        "Suspended",
+        lambda: (s := world.status("delta")).get("phase") == "Suspended" and s,
+    )
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "True"
+    assert world.state("delta") is not None  # the state is kept
+    world.custom.patch_namespaced_custom_object(
+        names.GROUP, names.VERSION, NS, names.PLURAL, "delta", {"spec": {"suspend": False}}, _preload_content=False
+    )
+    status = world.running("delta", standby=False)
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "False"
+    # Its node came back as a new one; the machine it left is not blamed (not cordoned).
+    node = raw(world.core.read_node(machine, _preload_content=False))
+    assert not any(t["key"] == names.CORDON_TAINT for t in node["spec"].get("taints") or [])
+    pod_names = [p["metadata"]["name"] for p in world.pods("delta").values()]
+    world.custom.delete_namespaced_custom_object(
+        names.GROUP, names.VERSION, NS, names.PLURAL, "delta", _preload_content=False
+    )
+    world.wait("the job gone", lambda: world.job("delta") is None)
+    world.wait("its pods gone", lambda: not world.pods("delta"))
+    with pytest.raises(kubernetes.client.exceptions.ApiException) as gone:
+        world.core.read_namespaced_service(names.service_name("delta"), NS)
+    assert gone.value.status == 404
+    world.wait("its agents stopped", lambda: not any(world.kubelet.alive(p) for p in pod_names))
+    # The finalizer deleted the job's keys; the agents' own keys went with their leases.
+    world.wait(
+        "its etcd keys gone", lambda: world.store.get_prefix_raw(keys.job_prefix(names.job_id(NS, "delta"))) == []
+    )
+
+
+def test_a_finished_job_cleans_its_pods_and_expires(world: World) -> None:
+    """Completion: Succeeded with its condition, pods deleted (cleanPodPolicy All), and the job
+    itself deleted ttlSecondsAfterFinished later."""
+    world.submit(
+        "epsilon",
+        replicas=1,
+        standbys=0,
+        args=["--steps", "10", "--step-seconds", "0.1"],
+        ttlSecondsAfterFinished=2,
+    )
+    status = world.wait(
+        "Succeeded",
+        lambda: (s := world.status("epsilon")).get("phase") == "Succeeded" and s,
+    )
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Succeeded"]["status"] == "True" and conditions["Running"]["status"] == "False"
+    assert status["currentStep"] == 10 and status["completionTime"]
+    world.wait("the job deleted after its TTL", lambda: world.job("epsilon") is None)
+    world.wait("its pods gone", lambda: not world.pods("epsilon"))
+    world.wait(
+        "its etcd keys gone", lambda: world.store.get_prefix_raw(keys.job_prefix(names.job_id(NS, "epsilon"))) == []
+    )
+
+
+def test_a_second_operator_replica_stands_by(world: World) -> None:
+    """Two replicas: the second waits for leadership (alive, not ready) and starts no kopf."""
+    probe = free_port()
+    env = {
+        **world.env,
+        "STALWART_IDENTITY": "operator-1",
+        "STALWART_PROBE_PORT": str(probe),
+    }
+    with open(world.log.with_name("operator-1.log"), "ab") as out:
+        second = spawn([sys.executable, "-m", "stalwart_operator"], env=env, stdout=out)
+    try:
+
+        def get(port: str | int, path: str) -> int:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2).status_code
+            except httpx.HTTPError:
+                return 0
+
+        world.wait("the standby's probes", lambda: get(probe, "/healthz") == 200)
+        assert get(probe, "/readyz") == 503
+        assert get(world.env["STALWART_PROBE_PORT"], "/readyz") == 200
+        assert "standing by" in world.log.with_name("operator-1.log").read_text()
+    finally:
+        assert stop_process(second, grace=10.0) == 0
+
+
+def test_the_operator_used_only_what_its_cluster_role_grants(world: World) -> None:
+    """Every API call the operator made in this module (kopf's and its own client's) is allowed
+    by the ClusterRole in operators/manifests/rbac.yaml: the RBAC is enough, and it is tested."""
+    [role] = [
+        d
+        for d in yaml.safe_load_all((REPO / "operators" / "manifests" / "rbac.yaml").read_text())
+        if d and d["kind"] == "ClusterRole"
+    ]
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    assert world.api.emulator is not None
+    used = {
+        (group, resource, verb)
+        for agent, group, resource, verb in world.api.emulator.calls
+        if agent.startswith(("kopf/", USER_AGENT))
+    }
+    assert ("", "pods", "create") in used and (
+        "stalwart.dev",
+        "trainingjobs/status",
+        "patch",
+    ) in used
+    assert used - granted == set()

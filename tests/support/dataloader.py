@@ -1,0 +1,162 @@
+"""Helpers for the data-loader tests: the fixture corpus as shards, and trainer processes to run,
+kill and restart. A pytest plugin (the root conftest loads it): `data_config` and `trainers` are
+fixtures every test can ask for."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from stalwart.dataloader import DataConfig, Milestone, SourceSpec, build_shards
+from stalwart.net import free_port
+from stalwart.processes import spawn, stop_process, wait_for
+from support.paths import REPO
+
+CORPUS = REPO / "tests" / "data" / "dataloader" / "corpus"
+TRAINER = REPO / "tests" / "data" / "dataloader" / "trainer.py"
+SOURCES = ("prose", "code", "numbers")
+SEQ_LEN = 32
+SWITCH_AT = 400  # a curriculum milestone: the mixture changes at this global sample
+
+
+def build_corpus(root: Path, *, seed: int = 11, schedule: bool = True, block_tokens: int = 1024) -> DataConfig:
+    """Shards for the three fixture texts (one document per line) and a mixture with a milestone."""
+    for name in SOURCES:
+        if not (root / name).exists():
+            build_shards(
+                [CORPUS / f"{name}.txt"], root / name, shard_tokens=4096, doc_per="line", block_tokens=block_tokens
+            )
+    milestones = [Milestone(at_sample=SWITCH_AT, weights={"prose": 0.2, "code": 0.3, "numbers": 0.5})]
+    return DataConfig(
+        sources=[SourceSpec(name=n, shards=[str(root / n / "*.stok")]) for n in SOURCES],
+        weights={"prose": 0.5, "code": 0.3, "numbers": 0.2},
+        schedule=milestones if schedule else [],
+        seq_len=SEQ_LEN,
+        seed=seed,
+    )
+
+
+@pytest.fixture(scope="module")
+def data_config(tmp_path_factory: pytest.TempPathFactory) -> DataConfig:
+    return build_corpus(tmp_path_factory.mktemp("shards"))
+
+
+# ------------------------------------------------------------------------------------- trainers
+class Trainers:
+    """One incarnation of a data-parallel job: `world` trainer processes joined by gloo."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: DataConfig,
+        *,
+        world: int,
+        micro_batch: int,
+        steps: int,
+        ckpt_every: int = 5,
+        shm: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = run_dir / "data.json"
+        config_path.write_text(config.dumps())
+        self.run_dir = run_dir
+        port = free_port()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._logs = []
+        for rank in range(world):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            }
+            argv = [
+                sys.executable,
+                str(TRAINER),
+                "--config",
+                str(config_path),
+                "--run-dir",
+                str(run_dir),
+                "--steps",
+                str(steps),
+                "--ckpt-every",
+                str(ckpt_every),
+                "--micro-batch",
+                str(micro_batch),
+                *(["--shm", shm] if shm else []),
+                *extra,
+            ]
+            log = open(run_dir / f"rank{rank}.log", "ab")
+            self._logs.append(log)
+            self.procs.append(spawn(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.run_dir.glob("rank*.log")))
+
+    def wait_paused(self, step: int, timeout: float = 90.0) -> None:
+        def paused() -> bool:
+            assert all(p.poll() is None for p in self.procs), f"a trainer exited early:\n{self.logs()}"
+            return all((self.run_dir / f"paused-{step}-rank{r}").exists() for r in range(len(self.procs)))
+
+        assert wait_for(paused, timeout), f"trainers did not reach step {step}:\n{self.logs()}"
+
+    def kill(self) -> None:
+        """SIGKILL every rank, as a lost machine or an OOM kill would."""
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            p.wait(timeout=30)
+        self.close()
+
+    def wait(self, timeout: float = 120.0) -> list[int]:
+        try:
+            codes = [p.wait(timeout=timeout) for p in self.procs]
+        finally:
+            self.stop()
+        return codes
+
+    def stop(self) -> None:
+        for p in self.procs:
+            stop_process(p, grace=2.0)
+        self.close()
+
+    def close(self) -> None:
+        for log in self._logs:
+            log.close()
+        self._logs = []
+
+
+@pytest.fixture
+def trainers() -> Iterator[list[Trainers]]:
+    """Register each incarnation here; whatever is still running at the end is stopped."""
+    started: list[Trainers] = []
+    yield started
+    for t in started:
+        t.stop()
+
+
+def committed_steps(run_dir: Path) -> dict[int, list[int]]:
+    """step -> global sample ids, from the checkpoints: what the job's committed steps trained on."""
+    out: dict[int, list[int]] = {}
+    for path in sorted((run_dir / "ckpt").glob("ckpt-*.json")):
+        for step, ids in json.loads(path.read_text())["window"].items():
+            out[int(step)] = ids
+    return out
+
+
+def journal(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]

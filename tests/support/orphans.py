@@ -1,0 +1,35 @@
+"""Which processes this test session started: every process the suite starts inherits
+STALWART_TEST_SESSION, so a live one carrying this session's value at the end is an orphan."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import psutil
+
+SESSION_TAG = "STALWART_TEST_SESSION"
+os.environ.setdefault(SESSION_TAG, uuid.uuid4().hex)
+
+
+def cmdline(p: psutil.Process) -> str:
+    """A process's command line, or '' once it is gone (it may exit between listing and asking)."""
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
+def tagged_processes() -> list[psutil.Process]:
+    """Live processes (other than this one) started under this test session."""
+    tag = os.environ[SESSION_TAG]
+    out = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(SESSION_TAG) == tag:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out

@@ -1,0 +1,85 @@
+"""Metric outliers: the node farthest from the others, in the bad direction, persisting over windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stalwart.diagnosis import EvidenceBundle, NodeMetrics, diagnose
+from stalwart.diagnosis.metric_outliers import OutlierConfig, metric_outliers
+
+
+def fleet(n: int, samples: int, seed: int = 0, **overrides: dict[int, list[float | None]]) -> list[NodeMetrics]:
+    """n nodes with noisy but healthy step time, throughput and temperature; `overrides` replace one
+    metric's series on some nodes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        series: dict[str, list[float | None]] = {
+            "step_time_s": list(1.0 + 0.02 * rng.standard_normal(samples)),
+            "tokens_per_second": list(8000 + 150 * rng.standard_normal(samples)),
+            "gpu_temperature_c": list(60 + 1.5 * rng.standard_normal(samples)),
+        }
+        for metric, per_node in overrides.items():
+            if i in per_node:
+                series[metric] = per_node[i]
+        out.append(NodeMetrics(node=f"node-{i}", series=series))
+    return out
+
+
+def test_a_persistently_slow_node_is_named_with_the_metrics_that_point_to_it() -> None:
+    slow_steps: list[float | None] = [1.0] * 10 + [1.6] * 20
+    slow_tps: list[float | None] = [8000.0] * 10 + [5000.0] * 20
+    f = metric_outliers(fleet(32, 30, step_time_s={7: slow_steps}, tokens_per_second={7: slow_tps}))
+    assert list(f.node_scores) == ["node-7"]
+    assert {m.metric for m in f.ranking} == {"step_time_s", "tokens_per_second"}
+    assert all(m.node == "node-7" and m.windows >= 3 for m in f.ranking)
+
+
+def test_direction_matters() -> None:
+    fast: list[float | None] = [0.5] * 30  # half the step time of the others: not a fault
+    high_tps: list[float | None] = [12000.0] * 30
+    f = metric_outliers(fleet(16, 30, step_time_s={3: fast}, tokens_per_second={3: high_tps}))
+    assert f.node_scores == {}
+    hot: list[float | None] = [85.0] * 30
+    assert list(metric_outliers(fleet(16, 30, gpu_temperature_c={3: hot})).node_scores) == ["node-3"]
+
+
+def test_a_blip_does_not_name_a_node() -> None:
+    blip: list[float | None] = [1.0] * 14 + [3.0] + [1.0] * 15  # a window's median ignores one bad sample
+    burst: list[float | None] = [1.0] * 12 + [3.0] * 2 + [1.0] * 16  # ... and two
+    f = metric_outliers(fleet(16, 30, step_time_s={2: blip, 9: burst}), OutlierConfig(window=5, persist=5))
+    assert f.node_scores == {}
+    # three bad samples in a row sway three windows (the median of 5): fewer than five in a row
+    short: list[float | None] = [1.0] * 12 + [3.0] * 3 + [1.0] * 15
+    assert metric_outliers(fleet(16, 30, step_time_s={9: short}), OutlierConfig(window=5, persist=5)).node_scores == {}
+    assert list(
+        metric_outliers(fleet(16, 30, step_time_s={9: short}), OutlierConfig(window=5, persist=3)).node_scores
+    ) == ["node-9"]
+    longer: list[float | None] = [1.0] * 12 + [3.0] * 12 + [1.0] * 6
+    assert list(metric_outliers(fleet(16, 30, step_time_s={9: longer})).node_scores) == ["node-9"]
+
+
+def test_missing_values_and_short_series() -> None:
+    gaps: list[float | None] = [None if i % 3 == 0 else 1.7 for i in range(30)]
+    f = metric_outliers(fleet(8, 30, step_time_s={4: gaps, 5: [None] * 30}))
+    assert list(f.node_scores) == ["node-4"]  # a node that measures nothing is not an outlier
+    assert metric_outliers(fleet(8, 3)).node_scores == {}  # shorter than a window
+    assert metric_outliers(fleet(2, 30, step_time_s={0: [5.0] * 30})).node_scores == {}  # no "others" to compare
+
+
+def test_tiny_differences_on_a_tight_fleet_are_not_faults() -> None:
+    nodes = [NodeMetrics(node=f"n{i}", series={"step_time_s": [1.0] * 20}) for i in range(10)]
+    nodes[4] = NodeMetrics(node="n4", series={"step_time_s": [1.02] * 20})  # 2%: MAD is 0, but it is noise
+    assert metric_outliers(nodes).node_scores == {}
+
+
+@pytest.mark.parametrize("kind", ["metrics", "auto"])
+def test_the_engine_reports_a_slowdown_from_metrics(kind: str) -> None:
+    slow: list[float | None] = [1.0] * 5 + [2.5] * 25
+    bundle = EvidenceBundle(job="m", kind=kind, metrics=fleet(12, 30, step_time_s={11: slow}))  # type: ignore[arg-type]
+    v = diagnose(bundle)
+    assert v.failure_class == "slowdown" and v.flagged == ["node-11"] and v.blame == "node"
+    assert v.metric_ranking[0].metric == "step_time_s" and v.runbook == "slowdown"
+    healthy = diagnose(EvidenceBundle(job="m", kind=kind, metrics=fleet(12, 30)))  # type: ignore[arg-type]
+    assert healthy.failure_class == "none" and healthy.flagged == [] and healthy.action == "none"

@@ -1,0 +1,79 @@
+"""Collective and compute checks as real processes on loopback (gloo here, NCCL on GPUs)."""
+
+from __future__ import annotations
+
+import torch
+
+from stalwart.health.collective_records import CheckResult, RankReport
+from stalwart.health.collective_runner import judge
+from stalwart.health.collectives import neighbour_pairs, node_groups, pattern
+from stalwart.health.compute_check import compute_digest, compute_step, disagreeing_ranks
+
+# Generous limits: they bound a broken run, they are not what a passing run takes. The hang test
+# uses a short collective timeout so the hung rank's peer gives up quickly.
+TIMEOUT = 120.0
+COLLECTIVE_TIMEOUT = 15.0
+HANG_COLLECTIVE_TIMEOUT = 2.0
+
+
+def test_judge_blames_both_ends_of_a_corrupted_transfer() -> None:
+    def rank(r: int, mismatches: int) -> RankReport:
+        check = CheckResult(name="all_reduce", group=[0, 1], passed=mismatches == 0, mismatches=mismatches)
+        return RankReport(
+            rank=r, node=r, local_rank=0, phase="done", finished=True, checks=[check], compute_digest="ab"
+        )
+
+    verdicts = judge([rank(0, 0), rank(1, 7)], procs_per_node=1, timed_out=[])
+    assert [v.passed for v in verdicts] == [False, False]
+    assert "7 wrong elements" in verdicts[1].reasons[0]
+
+
+def test_judge_blames_a_rank_that_failed_on_its_own() -> None:
+    failed = CheckResult(name="all_gather", group=[0, 1], passed=False, error="RuntimeError: boom")
+    reports = [
+        RankReport(rank=0, node=0, local_rank=0, phase="done", finished=True, checks=[failed]),
+        RankReport(rank=1, node=1, local_rank=0, phase="done", finished=True),
+    ]
+    verdicts = judge(reports, procs_per_node=1, timed_out=[])
+    assert [v.passed for v in verdicts] == [False, True] and "boom" in verdicts[0].reasons[0]
+
+
+def test_judge_picks_the_laggard_when_everyone_hangs() -> None:
+    reports = [
+        RankReport(rank=0, node=0, local_rank=0, phase="all_reduce", progress=4),
+        RankReport(rank=1, node=1, local_rank=0, phase="rendezvous", progress=1),
+    ]
+    verdicts = judge(reports, procs_per_node=1, timed_out=[0, 1])
+    assert [v.passed for v in verdicts] == [True, False]
+
+
+def test_the_compute_step_is_deterministic_and_corruption_shows() -> None:
+    cpu = torch.device("cpu")
+    assert torch.equal(compute_step(cpu), compute_step(cpu))
+    clean, corrupt = compute_digest(cpu, {}), compute_digest(cpu, {"STALWART_FAULT_CORRUPT_COMPUTE": "1"})
+    assert clean != corrupt
+    assert disagreeing_ranks({0: clean, 1: clean, 2: corrupt}) == [2]
+    assert disagreeing_ranks({0: clean, 1: corrupt}) == [0, 1]  # no majority: both suspect
+    assert disagreeing_ranks({0: clean}) == []
+
+
+def test_topology_helpers() -> None:
+    assert node_groups(2, 2) == [[0, 1], [2, 3]]
+    assert neighbour_pairs(1) == [] and neighbour_pairs(2) == [(0, 1)]
+    assert neighbour_pairs(4) == [(0, 1), (1, 2), (2, 3), (0, 3)]
+    assert pattern(3, src=1).tolist() == [4.0, 5.0, 6.0] and pattern(1, src=0, dst=1).tolist() == [8.0]
+
+
+def test_judge_blames_the_hung_node_not_a_group_that_timed_out_behind_it() -> None:
+    """Node 0 hangs; node 1 waits for it in one collective and so never joins node 2's group, which
+    times out. Only node 0 is at fault (seen in pre-flight with a standby as the third node)."""
+    waiting = CheckResult(name="all_reduce", group=[0, 1], passed=False, error="RuntimeError: timed out")
+    behind = CheckResult(name="all_reduce", group=[1, 2], passed=False, error="RuntimeError: timed out")
+    reports = [
+        RankReport(rank=0, node=0, local_rank=0, phase="joined", progress=1),
+        RankReport(rank=1, node=1, local_rank=0, phase="done", finished=True, checks=[waiting]),
+        RankReport(rank=2, node=2, local_rank=0, phase="done", finished=True, checks=[behind]),
+    ]
+    verdicts = {v.node: v for v in judge(reports, 1, timed_out=[0])}
+    assert not verdicts[0].passed and verdicts[1].passed and verdicts[2].passed
+    assert "after ranks 0 hung" in verdicts[2].reasons[0]

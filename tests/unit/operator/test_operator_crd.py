@@ -1,0 +1,209 @@
+"""The TrainingJob CRD: generated from the pydantic models, committed, structural, valid for
+Kubernetes, and it accepts the example jobs and refuses broken ones with a message."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from support.paths import REPO
+
+from stalwart.spec import SpecError, parse_job
+from stalwart_operator import crd, names
+
+CRD_FILE = REPO / "operators" / "manifests" / "crd.yaml"
+EXAMPLES = sorted((REPO / "examples" / "k8s").glob("*.yaml"))
+INVALID = REPO / "tests" / "data" / "operator" / "invalid"
+K8S_VERSION = "1.30"
+
+
+def openapi() -> dict[str, Any]:
+    return crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
+
+
+def as_json_schema(node: Any) -> Any:
+    """OpenAPI 3.0 (nullable, boolean exclusive bounds, x-kubernetes-*) as JSON Schema, so that
+    jsonschema can check documents against it the way the API server's OpenAPI validation does."""
+    if isinstance(node, list):
+        return [as_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: as_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    for bound, plain in (
+        ("exclusiveMinimum", "minimum"),
+        ("exclusiveMaximum", "maximum"),
+    ):
+        if node.get(bound) is True:
+            out[bound] = out.pop(plain)
+    if node.get("nullable"):
+        out["type"] = [node["type"], "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False  # the API server prunes (or, with kubectl, refuses) unknown fields
+    return out
+
+
+def schema_errors(document: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(as_json_schema(openapi()))
+    return [
+        f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in validator.iter_errors(document)
+    ]
+
+
+def structural_problems(node: dict[str, Any], path: str = "") -> list[str]:
+    """Kubernetes' rules for a structural schema, the ones a generator could get wrong."""
+    problems = []
+    for banned in (
+        "$ref",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "not",
+        "definitions",
+        "$defs",
+        "title",
+    ):
+        if banned in node:
+            problems.append(f"{path or '(root)'}: {banned} is not allowed here")
+    if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        problems.append(f"{path or '(root)'}: no type")
+    if "properties" in node and "additionalProperties" in node:
+        problems.append(f"{path}: properties and additionalProperties together")
+    if node.get("additionalProperties") is False:
+        problems.append(f"{path}: additionalProperties: false")
+    if "default" in node and node["default"] is None and not node.get("nullable"):
+        problems.append(f"{path}: null default")
+    kind = node.get("type")
+    if kind == "array" and "maxItems" not in node:
+        problems.append(f"{path}: unbounded list")
+    if kind == "string" and not ({"maxLength", "enum"} & set(node)) and path.startswith(".spec"):
+        problems.append(f"{path}: unbounded string")
+    for name, child in (node.get("properties") or {}).items():
+        problems += structural_problems(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        problems += structural_problems(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        problems += structural_problems(node["additionalProperties"], f"{path}{{}}")
+    if node.get("x-kubernetes-list-type") == "map":
+        for key in node["x-kubernetes-list-map-keys"]:
+            if key not in node["items"].get("required", []):
+                problems.append(f"{path}: list-map key {key} must be required")
+    return problems
+
+
+def load(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())  # type: ignore[no-any-return]
+
+
+def test_the_committed_crd_is_generated_from_the_models() -> None:
+    assert CRD_FILE.read_text() == crd.render(), (
+        "operators/manifests/crd.yaml differs from the models: "
+        "run `python -m stalwart_operator.crd > operators/manifests/crd.yaml`"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "stalwart_operator.crd"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == crd.render()
+
+
+def test_the_crd_is_a_valid_kubernetes_object() -> None:
+    document = load(CRD_FILE)
+    kubernetes_validate.validate(document, K8S_VERSION, strict=True)
+    spec = document["spec"]
+    assert spec["group"] == "stalwart.dev" and spec["scope"] == "Namespaced"
+    assert spec["names"]["shortNames"] == ["tj"] and spec["names"]["plural"] == "trainingjobs"
+    [version] = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase" and columns["Step"] == ".status.currentStep"
+    assert columns["Restarts"] == ".status.restarts.total" and columns["ETTR"] == ".status.ettr"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_the_schema_is_structural_and_bounded() -> None:
+    assert structural_problems(openapi()) == []
+
+
+def test_descriptions_reach_kubectl_explain() -> None:
+    spec = openapi()["properties"]["spec"]["properties"]
+    role = spec["roles"]["items"]["properties"]
+    assert "nodes" in role["replicas"]["description"] and "Default: 1." in role["replicas"]["description"]
+    assert spec["failurePolicy"]["properties"]["maxRestarts"]["description"].startswith("Restarts the job's own")
+    status = openapi()["properties"]["status"]["properties"]
+    assert "infrastructure" in status["restarts"]["properties"]["infrastructure"]["description"]
+    assert set(status["conditions"]["items"]["properties"]["type"]["enum"]) == {
+        "Created",
+        "Running",
+        "Restarting",
+        "Succeeded",
+        "Failed",
+        "Suspended",
+    }
+
+
+def test_named_lists_and_cel_rules() -> None:
+    spec = openapi()["properties"]["spec"]
+    roles = spec["properties"]["roles"]
+    assert roles["x-kubernetes-list-type"] == "map" and roles["x-kubernetes-list-map-keys"] == ["name"]
+    rules = spec["properties"]["failurePolicy"]["properties"]["rules"]
+    assert rules["x-kubernetes-list-map-keys"] == ["event"]
+    cel = spec["properties"]["faultTolerance"]["x-kubernetes-validations"][0]
+    assert "leaseTtlSeconds" in cel["rule"] and "2.0 *" in cel["rule"] and cel["message"]
+    assert spec["x-kubernetes-validations"][0]["rule"] == "self.roles == oldSelf.roles"
+    # The enums come from the model: every failure event and action, nothing else.
+    rule = rules["items"]["properties"]
+    assert "Evict" in rule["action"]["enum"] and "LostNode" in rule["event"]["enum"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_the_example_jobs_validate(path: Path) -> None:
+    document = load(path)
+    assert schema_errors(document) == []
+    parse_job(document, str(path))  # and the controller's own model agrees
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("missing-roles.yaml", "'roles' is a required property"),
+        ("zero-replicas.yaml", "0 is less than the minimum of 1"),
+        ("unknown-action.yaml", "'Reboot' is not one of"),
+    ],
+)
+def test_invalid_jobs_are_rejected_with_a_message(name: str, expected: str) -> None:
+    document = load(INVALID / name)
+    errors = schema_errors(document)
+    assert any(expected in e for e in errors), errors
+    with pytest.raises(SpecError):  # the model refuses it too (for API servers without the CRD's checks)
+        parse_job(document, name)
+
+
+def test_unknown_fields_and_bad_values_are_refused() -> None:
+    good = load(EXAMPLES[0])
+    typo = copy.deepcopy(good)
+    typo["spec"]["roles"][0]["procsPerNode"] = 2
+    assert any("procsPerNode" in e for e in schema_errors(typo))
+    bad_scope = copy.deepcopy(good)
+    bad_scope["spec"]["roles"][0]["restartScope"] = "Node"
+    assert any("restartScope" in e for e in schema_errors(bad_scope))
+    bad_name = copy.deepcopy(good)
+    bad_name["spec"]["roles"][0]["name"] = "Trainer_1"
+    assert any("does not match" in e for e in schema_errors(bad_name))
+
+
+def test_status_model_is_the_status_schema() -> None:
+    status = openapi()["properties"]["status"]
+    assert status == crd.status_schema()
+    assert crd.crd()["spec"]["names"]["kind"] == names.KIND

@@ -1,0 +1,193 @@
+"""The operator's parts on their own: settings, Kubernetes events as eviction requests, the
+election between replicas, and KubernetesCluster's pods and cordons against the emulated API."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import kubernetes
+import pytest
+from support.kubesim import ApiServer, raw
+
+from stalwart.spec import parse_job
+from stalwart.store import Store, keys
+from stalwart.store.records import JobPhase, JobState, OperatorRequest, RequestKind
+from stalwart_operator import crd, names
+from stalwart_operator.cluster import KubernetesCluster
+from stalwart_operator.config import OperatorConfig
+from stalwart_operator.election import OperatorLeadership
+from stalwart_operator.events import node_not_ready, pod_disruption, request_eviction
+
+
+def test_config_from_the_environment() -> None:
+    config = OperatorConfig.from_env(
+        {"STALWART_ETCD": "etcd:2379", "STALWART_NAMESPACES": "a, b", "STALWART_RENDEZVOUS_PORT": "29501"}
+    )
+    assert config.etcd == "etcd:2379" and config.namespaces == ["a", "b"] and config.rendezvous_port == 29501
+    with pytest.raises(ValueError, match="STALWART_ETCD"):
+        OperatorConfig.from_env({})
+
+
+def test_pod_and_node_conditions_that_mean_a_lost_node() -> None:
+    assert pod_disruption({"status": {"phase": "Running"}}) is None
+    failed = pod_disruption(
+        {
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {"name": "agent", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+                ],
+            }
+        }
+    )
+    assert failed is not None and failed.cause == "pod-failed" and "OOMKilled (exit code 137)" in failed.reason
+    evicted = pod_disruption({"status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}})
+    assert evicted is not None and evicted.cause == "pod-evicted" and "low on memory" in evicted.reason
+    preempted = pod_disruption(
+        {
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+            }
+        }
+    )
+    assert preempted is not None and preempted.cause == "pod-disrupted"
+    ready = {
+        "metadata": {"name": "gpu-1"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert node_not_ready(ready) is None
+    gone = node_not_ready(
+        {
+            "metadata": {"name": "gpu-1"},
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]},
+        }
+    )
+    assert gone is not None and "gpu-1 is NotReady (NodeStatusUnknown)" in gone.reason
+
+
+def test_one_eviction_request_per_pod_incident(store: Store) -> None:
+    job_id = "units.evict"
+    store.delete_prefix(keys.job_prefix(job_id))
+    disruption = pod_disruption({"status": {"phase": "Failed", "reason": "Evicted"}})
+    assert disruption is not None
+    assert not request_eviction(store, job_id, "node-1", disruption, "uid-1")  # no job state yet: nothing to ask
+    now = time.time()
+    store.put(
+        keys.job_state(job_id),
+        JobState(
+            job=job_id,
+            phase=JobPhase.RUNNING,
+            slots=["node-0", "node-1"],
+            standbys=["node-2"],
+            created_at=now,
+            updated_at=now,
+        ),
+    )
+    assert request_eviction(store, job_id, "node-1", disruption, "uid-1")
+    assert not request_eviction(store, job_id, "node-1", disruption, "uid-1")  # a replayed watch event
+    assert not request_eviction(store, job_id, "node-7", disruption, "uid-7")  # not (or no longer) in the job
+    [request] = store.get_prefix(keys.requests_prefix(job_id), OperatorRequest)
+    assert request.kind is RequestKind.EVICT and request.node == "node-1" and request.requested_by == "operator"
+    assert "evicted" in request.reason
+    store.delete_prefix(keys.job_prefix(job_id))
+
+
+def test_one_operator_replica_leads(store: Store) -> None:
+    name = f"units-{time.monotonic_ns()}"
+    first = OperatorLeadership(store, name, "replica-a", ttl=2)
+    second = OperatorLeadership(store, name, "replica-b", ttl=2)
+    never = threading.Event()
+    assert first.acquire_until(never)
+    assert first.holder() == "replica-a"
+    stop = threading.Event()
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(second.acquire_until(stop, interval=0.1)))
+    waiter.start()
+    time.sleep(0.5)
+    assert not got  # still standing by
+    first.release()  # the leader goes: the standby takes over
+    waiter.join(timeout=15)
+    assert got == [True] and second.holder() == "replica-b"
+    second.release()
+    stopped = threading.Event()
+    stopped.set()
+    third = OperatorLeadership(store, name, "replica-c", ttl=2)
+    assert first.acquire_until(never)
+    assert not third.acquire_until(stopped)  # told to stop while waiting
+    first.release()
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[ApiServer]:
+    server = ApiServer(crd.crd()).start()
+    yield server
+    server.stop()
+
+
+def test_kubernetes_cluster_pods_and_cordons(api: ApiServer, store: Store) -> None:
+    job = parse_job(
+        {
+            "apiVersion": "stalwart.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "kc"},
+            "spec": {
+                "roles": [{"name": "trainer", "replicas": 2, "command": ["python", "t.py"]}],
+                "cleanPodPolicy": "None",
+            },
+        }
+    )
+    job_id = names.job_id("default", "kc")
+    store.delete_prefix(keys.job_prefix(job_id))
+    client = api.client()
+    core = kubernetes.client.CoreV1Api(client)
+    core.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-9"}, "spec": {}}, _preload_content=False
+    )
+    cluster = KubernetesCluster(
+        job=job,
+        namespace="default",
+        job_id=job_id,
+        owner_uid="uid-kc",
+        config=OperatorConfig(etcd=store.endpoint),
+        api=client,
+        store=store,
+    )
+    cluster.start_node("node-0")
+    cluster.start_node("node-0")  # idempotent
+    cluster.start_node("node-5")  # not a slot: a standby, from the standby template
+    infos = {n.name: n for n in cluster.list_nodes()}
+    assert set(infos) == {"node-0", "node-5"} and all(n.alive for n in infos.values())
+    core.patch_namespaced_pod("kc-node-0", "default", {"spec": {"nodeName": "gpu-9"}}, _preload_content=False)
+    core.patch_namespaced_pod_status(
+        "kc-node-0", "default", {"status": {"phase": "Running", "podIP": "10.1.2.3"}}, _preload_content=False
+    )
+    assert cluster.rendezvous("node-0") == ("10.1.2.3", 29500)
+    assert cluster.rendezvous("node-5")[0] == "node-5.kc.default.svc"  # no IP yet: its DNS name
+    cluster.list_pods(fresh=True)
+    # Cordon after the pod is gone (the controller stops a node, then cordons it): the machine is known.
+    cluster.stop_node("node-0")
+    assert {n.name for n in cluster.list_nodes()} == {"node-5"}
+    cluster.cordon("node-0", "Xid 79")
+    node = raw(core.read_node("gpu-9", _preload_content=False))
+    assert {"key": names.CORDON_TAINT, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+    assert node["metadata"]["labels"][names.CORDON_LABEL] == "true"
+    assert "Xid 79" in node["metadata"]["annotations"][names.CORDON_REASON_ANNOTATION]
+    cluster.uncordon("node-0")
+    node = raw(core.read_node("gpu-9", _preload_content=False))
+    assert not node["spec"].get("taints") and names.CORDON_LABEL not in node["metadata"].get("labels", {})
+    # A finished job keeps its pods when cleanPodPolicy is None.
+    now = time.time()
+    store.put(
+        keys.job_state(job_id),
+        JobState(job=job_id, phase=JobPhase.SUCCEEDED, slots=["node-5"], created_at=now, updated_at=now),
+    )
+    cluster.stop_node("node-5")
+    assert {n.name for n in cluster.list_nodes()} == {"node-5"}
+    cluster.delete_all()
+    assert cluster.list_nodes() == []
+    store.delete_prefix(keys.job_prefix(job_id))
+    assert json.loads(json.dumps(cluster.pod_manifest("node-1")))["metadata"]["labels"][names.ROLE_LABEL] == "trainer"
