@@ -112,23 +112,7 @@ def node_pod(
         _field_env("STALWART_MACHINE", "spec.nodeName"),
         _field_env("STALWART_POD_IP", "status.podIP"),
     ]
-    ports = []
-    if config.agent_metrics_port:
-        ports.append(
-            {
-                "name": METRICS_PORT_NAME,
-                "containerPort": config.agent_metrics_port,
-                "protocol": "TCP",
-            }
-        )
-    if config.rendezvous_port:
-        ports.append(
-            {
-                "name": RENDEZVOUS_PORT_NAME,
-                "containerPort": config.rendezvous_port,
-                "protocol": "TCP",
-            }
-        )
+    ports = [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _named_ports(config)]
     container: Manifest = {
         "name": names.AGENT_CONTAINER,
         "image": role.image or config.agent_image,
@@ -197,26 +181,16 @@ def node_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
+def _named_ports(config: OperatorConfig) -> list[tuple[str, int]]:
+    """The agent pod's ports, as the pods and the headless Service both name them."""
+    named = ((RENDEZVOUS_PORT_NAME, config.rendezvous_port), (METRICS_PORT_NAME, config.agent_metrics_port))
+    return [(name, port) for name, port in named if port]
+
+
 def headless_service(job: TrainingJob, *, namespace: str, owner_uid: str, config: OperatorConfig) -> Manifest:
     """Stable DNS names for the pods (node-3.<service>.<namespace>.svc), ready or not: rank 0 must
     be reachable for the rendezvous before any readiness probe could pass."""
-    ports = []
-    if config.rendezvous_port:
-        ports.append(
-            {
-                "name": RENDEZVOUS_PORT_NAME,
-                "port": config.rendezvous_port,
-                "protocol": "TCP",
-            }
-        )
-    if config.agent_metrics_port:
-        ports.append(
-            {
-                "name": METRICS_PORT_NAME,
-                "port": config.agent_metrics_port,
-                "protocol": "TCP",
-            }
-        )
+    ports = [{"name": name, "port": port, "protocol": "TCP"} for name, port in _named_ports(config)]
     spec: Manifest = {
         "clusterIP": "None",
         "publishNotReadyAddresses": True,

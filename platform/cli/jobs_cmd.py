@@ -18,10 +18,10 @@ from stalwart.cli.output import (
     num,
     out,
     percent,
-    phase_text,
     print_json,
 )
 from stalwart.store.records import JobPhase
+from stalwart.styles import phase_text
 
 
 class JobRow(BaseModel):

@@ -11,9 +11,6 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel
 from rich.console import Console
-from rich.text import Text
-
-from stalwart.store.records import JobPhase
 
 
 class OutputFormat(str, Enum):
@@ -25,14 +22,6 @@ OutputOption = Annotated[
     OutputFormat,
     typer.Option("--output", "-o", case_sensitive=False, help="table for people, json for scripts."),
 ]
-
-PHASE_STYLE = {
-    JobPhase.PENDING: "yellow",
-    JobPhase.RUNNING: "green",
-    JobPhase.RESTARTING: "bold yellow",
-    JobPhase.SUCCEEDED: "bold green",
-    JobPhase.FAILED: "bold red",
-}
 
 out = Console()
 
@@ -76,7 +65,3 @@ def num(value: float | None, spec: str = "") -> str:
 
 def percent(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio * 100:.1f}%"
-
-
-def phase_text(phase: JobPhase) -> Text:
-    return Text(phase.value, style=PHASE_STYLE[phase])

@@ -22,7 +22,6 @@ from stalwart.cli.output import (
     num,
     out,
     percent,
-    phase_text,
     print_json,
 )
 from stalwart.cli.verdict_view import rank_ranges
@@ -41,6 +40,7 @@ from stalwart.store.records import (
     WorkerState,
     WorkerStatus,
 )
+from stalwart.styles import phase_text
 
 # A rank is "stalled" on screen when it has not stepped for this many of its step times (and at
 # least STALL_FLOOR seconds). Only a hint for people: the controller's hang timeout decides.

@@ -12,14 +12,7 @@ from rich.text import Text
 
 from stalwart.runner.summary import JobSnapshot
 from stalwart.store.records import Incident, JobPhase
-
-PHASE_STYLE = {
-    JobPhase.PENDING: "yellow",
-    JobPhase.RUNNING: "green",
-    JobPhase.RESTARTING: "bold yellow",
-    JobPhase.SUCCEEDED: "bold green",
-    JobPhase.FAILED: "bold red",
-}
+from stalwart.styles import phase_text
 
 
 def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
@@ -39,7 +32,7 @@ def progress_table(s: JobSnapshot) -> Table:
     for col in ("phase", "gen", "step", "loss", "tokens/s", "nodes", "standbys", "restarts", "elapsed"):
         t.add_column(col, justify="right" if col not in ("phase",) else "left")
     t.add_row(
-        Text(s.phase.value, style=PHASE_STYLE[s.phase]),
+        phase_text(s.phase),
         str(s.generation),
         str(s.step or 0),
         _fmt(s.loss, ".4f"),
@@ -85,7 +78,7 @@ def incidents_table(incidents: list[Incident]) -> Table:
 def summary_view(s: JobSnapshot) -> Group:
     ettr = s.ettr.ettr
     lines = [
-        Text.assemble(("Job ", "bold"), (s.job, "bold cyan"), " ", (s.phase.value, PHASE_STYLE[s.phase])),
+        Text.assemble(("Job ", "bold"), (s.job, "bold cyan"), " ", phase_text(s.phase)),
         Text(f"  reason     {s.reason or '-'}: {s.message or ''}"),
         Text(f"  steps      {s.step or 0}"),
         Text(f"  final loss {_fmt(s.loss, '.4f')}"),

@@ -165,7 +165,9 @@ class World:
             )
 
     def running(self, name: str, standby: bool = True) -> dict[str, Any]:
-        """Wait until the job runs with every slot stepping (and its standby registered)."""
+        """Wait until the job runs with every slot stepping (and its standby registered), and its
+        status mirrors that: ETTR has a window to be measured over only once the first step is past
+        (the status leaves it out until then), so it is part of the state waited for."""
 
         def ready() -> dict[str, Any] | None:
             status = self.status(name)
@@ -173,6 +175,7 @@ class World:
             if (
                 status.get("phase") == "Running"
                 and (status.get("currentStep") or 0) > 0
+                and status.get("ettr") is not None
                 and nodes
                 and all(n["state"] in ("Running", "Standby") for n in nodes)
                 and (not standby or any(n["state"] == "Standby" for n in nodes))

@@ -1,0 +1,20 @@
+"""Terminal styles shared by the on-call CLI and `stalwart run`'s live table: one look per phase."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from stalwart.store.records import JobPhase
+
+PHASE_STYLE: dict[JobPhase, str] = {
+    JobPhase.PENDING: "yellow",
+    JobPhase.RUNNING: "green",
+    JobPhase.RESTARTING: "bold yellow",
+    JobPhase.SUCCEEDED: "bold green",
+    JobPhase.FAILED: "bold red",
+}
+
+
+def phase_text(phase: JobPhase) -> Text:
+    """The phase's name in its colour (a phase without a style prints plain)."""
+    return Text(phase.value, style=PHASE_STYLE.get(phase, ""))
