@@ -5,6 +5,7 @@
 #   make test-fast  the unit tests (tests/unit), under a minute
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
+#   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -16,7 +17,7 @@ SHARDS := examples/data/shards/stories-00000.stok examples/data/shards/logs-0000
 # `stalwart` (DESIGN.md), so they read it through links under build/packages.
 PACKAGES := build/packages
 
-.PHONY: install demo demo-clean test test-fast test-e2e lint typecheck format clean
+.PHONY: install demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Stalwart needs Python 3.11, found " + sys.version.split()[0]'
@@ -60,6 +61,13 @@ test-fast: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e
+
+# Run a test many times, optionally beside busy processes, to find flakes (docs/testing.md):
+#   make flakes TEST=tests/e2e/operator/test_operator_e2e.py RUNS=5 LOAD=2
+RUNS ?= 10
+LOAD ?= 0
+flakes: $(STAMP)
+	$(BIN)/python tests/support/flakes.py $(TEST) --runs $(RUNS) --load $(LOAD)
 
 test: lint typecheck
 	$(BIN)/python -m pytest
