@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # Outside Stalwart (no agent socket) these are no-ops, so the script also runs under plain torchrun.
-from stalwart.agents.worker_sdk import report_checkpoint, report_step
+from stalwart.agents.worker_sdk import report_load, report_save, report_step
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
 from stalwart.dataloader import DataConfig, SourceSpec, open_loader
 
@@ -160,12 +160,12 @@ def main() -> None:
         if rank == 0 and (step % 10 == 0 or step == start + 1):
             print(f"step {step} loss {mean_loss:.4f} step_time {step_time * 1000:.0f}ms", flush=True)
         if pending is not None and pending.done():
-            pending = report_save(pending.wait(), rank)
+            pending = on_saved(pending.wait(), rank)
         if step % interval == 0 or step == args.steps:
             pending = ckpt.save(state, step)  # returns once staged; written while training goes on
 
     if pending is not None:
-        report_save(pending.wait(), rank)
+        on_saved(pending.wait(), rank)
     ckpt.close()
     loader.close()
     dist.barrier()
@@ -181,17 +181,19 @@ def resume(ckpt: Checkpointer, state: dict) -> int:  # type: ignore[type-arg]
         steps = [s for s in steps if s <= int(limit)]
     if not steps:
         return 0
+    t0 = time.perf_counter()
     try:
-        return ckpt.load(state, steps[0], fallback=True)
+        step = ckpt.load(state, steps[0], fallback=True)
     except NoCheckpoint:
         return 0
+    report_load(step, time.perf_counter() - t0, ckpt.last_load_tier)
+    return step
 
 
-def report_save(result, rank: int) -> None:  # type: ignore[no-untyped-def]
+def on_saved(result, rank: int) -> None:  # type: ignore[no-untyped-def]
     """A failed save is reported and training goes on: the previous checkpoint still stands."""
-    if result.committed:
-        report_checkpoint(result.step)
-    elif rank == 0:
+    report_save(result)  # the engine's timings and bytes, for the agent's metrics
+    if not result.committed and rank == 0:
         print(f"checkpoint at step {result.step} failed: {result.error}", flush=True)
     return None
 

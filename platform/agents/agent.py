@@ -317,6 +317,7 @@ class NodeAgent:
         if self.group is not None:
             for report in self.inbox.drain():
                 self.group.record(report)
+                self.metrics.record_report(report)
             exited, exit_matches = self.group.poll()
             matches = self.group.scan() + exit_matches
             for match in matches:
@@ -524,6 +525,11 @@ class NodeAgent:
             )
             self.metrics.update_workers(workers)
             self.metrics.record_heartbeat(generation, now)
+            self.metrics.record_node_vector(vector)
+            if self.shadow_loader is not None:
+                self.metrics.record_loader_lanes(
+                    [self.shadow_loader.ready_batches(lane) for lane in range(self.shadow_loader.lanes)]
+                )
             try:
                 self.lease.refresh()
                 self.store.put(keys.node_heartbeat(self.job_name, self.node), beat, lease=self.lease)

@@ -1,8 +1,11 @@
-"""The node agent's Prometheus exporter: per-rank progress, probe results, restarts, heartbeats.
+"""The node agent's Prometheus exporter: per-rank progress, tokens, checkpoints, probes, heartbeats.
 
 It has its own CollectorRegistry (no process-global state, so several agents or tests can live in
 one process) and serves /metrics over HTTP. Every metric is documented in docs/metrics.md; a test
-scrapes the endpoint and checks each documented name is there.
+scrapes the endpoint and checks each documented name is there, and `promtool check metrics` lints it.
+
+The job's name is the label `training_job`, never `job`: Prometheus reserves `job` for the scrape
+target, so a scraped `job` label would be renamed `exported_job` and queries by it would find nothing.
 """
 
 from __future__ import annotations
@@ -12,16 +15,22 @@ import time
 from collections.abc import Sequence
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from stalwart.health.node_vector import NodeMetricVector
 from stalwart.health.records import ProbeResult, ProbeStatus, Severity
 from stalwart.signatures.scanner import SignatureMatch
-from stalwart.store.records import WorkerState, WorkerStatus
+from stalwart.store.records import ProgressReport, WorkerState, WorkerStatus
 
-WORKER_LABELS = ("job", "node", "rank")
-NODE_LABELS = ("job", "node")
-PROBE_LABELS = ("job", "node", "probe")
+JOB_LABEL = "training_job"
+WORKER_LABELS = (JOB_LABEL, "node", "rank")
+NODE_LABELS = (JOB_LABEL, "node")
+PROBE_LABELS = (JOB_LABEL, "node", "probe")
+TIER_LABELS = (JOB_LABEL, "node", "tier")
+
+# Checkpoint timings span milliseconds (a staged copy) to minutes (a large upload).
+STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SAVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
 class MetricsExporter:
@@ -34,6 +43,7 @@ class MetricsExporter:
         self._lock = threading.Lock()
         self._pids: dict[int, int] = {}
         self._ranks: set[int] = set()
+        self._last_checkpoint: int | None = None
         r = self.registry
 
         self.worker_step = Gauge(
@@ -42,8 +52,11 @@ class MetricsExporter:
         self.worker_step_time = Gauge(
             "stalwart_worker_step_time_seconds", "Duration of the rank's last step.", WORKER_LABELS, registry=r
         )
-        self.worker_tokens = Gauge(
-            "stalwart_worker_tokens_per_second", "Tokens per second in the rank's last step.", WORKER_LABELS, registry=r
+        self.worker_tokens = Counter(
+            "stalwart_worker_tokens",
+            "Tokens the rank trained on, as it reported them step by step (rate() is its throughput).",
+            WORKER_LABELS,
+            registry=r,
         )
         self.worker_loss = Gauge("stalwart_worker_loss", "Last loss the rank reported.", WORKER_LABELS, registry=r)
         self.worker_progress = Gauge(
@@ -60,6 +73,58 @@ class MetricsExporter:
         )
         self.worker_restarts = Counter(
             "stalwart_worker_restarts", "Times the rank's process was replaced.", WORKER_LABELS, registry=r
+        )
+
+        self.checkpoint_saves = Counter(
+            "stalwart_checkpoint_saves",
+            "Checkpoint saves the node's ranks finished, by outcome (committed or failed).",
+            (*NODE_LABELS, "outcome"),
+            registry=r,
+        )
+        self.checkpoint_stall = Histogram(
+            "stalwart_checkpoint_save_stall_seconds",
+            "Time training waited for each rank's checkpoint save (the blocking part).",
+            NODE_LABELS,
+            buckets=STALL_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_save = Histogram(
+            "stalwart_checkpoint_save_duration_seconds",
+            "Each rank's checkpoint save, from the call to the commit.",
+            NODE_LABELS,
+            buckets=SAVE_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_saved_bytes = Counter(
+            "stalwart_checkpoint_saved_bytes",
+            "Bytes the node's ranks wrote into committed checkpoints, by storage tier.",
+            TIER_LABELS,
+            registry=r,
+        )
+        self.checkpoint_load = Histogram(
+            "stalwart_checkpoint_load_duration_seconds",
+            "Each rank's checkpoint load, by the tier it was read from.",
+            TIER_LABELS,
+            buckets=SAVE_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_last_step = Gauge(
+            "stalwart_checkpoint_last_committed_step",
+            "Newest checkpoint step the node's ranks committed (or loaded).",
+            NODE_LABELS,
+            registry=r,
+        )
+        self.checkpoint_last_time = Gauge(
+            "stalwart_checkpoint_last_committed_timestamp_seconds",
+            "Unix time the node's ranks last reported a committed checkpoint.",
+            NODE_LABELS,
+            registry=r,
+        )
+        self.loader_ready = Gauge(
+            "stalwart_dataloader_ready_batches",
+            "Batches the node's shadow data loader holds ready for the trainer of each lane (0: it waits on data).",
+            (*NODE_LABELS, "lane"),
+            registry=r,
         )
 
         self.probe_status = Gauge(
@@ -120,6 +185,8 @@ class MetricsExporter:
             NODE_LABELS,
             registry=r,
         )
+        for counter in (self.heartbeats, self.node_network_errors):
+            counter.labels(job, node)  # present at 0 from the start: rate() and increase() need a first sample
 
     # -- serving ----------------------------------------------------------------------------
     def start(self, port: int = 0, host: str = "127.0.0.1") -> int:
@@ -160,6 +227,7 @@ class MetricsExporter:
                     self._forget(str(s.rank), keep_running=True)  # the new process has reported nothing yet
                 else:
                     self.worker_restarts.labels(*labels)  # create the series at 0
+                self.worker_tokens.labels(*labels)
                 self._pids[s.rank] = s.pid
                 self.worker_running.labels(*labels).set(1 if s.state is WorkerState.RUNNING else 0)
                 if s.exit_code is not None:
@@ -167,7 +235,6 @@ class MetricsExporter:
                 for gauge, value in (
                     (self.worker_step, s.step),
                     (self.worker_step_time, s.step_time),
-                    (self.worker_tokens, s.tokens_per_second),
                     (self.worker_loss, s.loss),
                     (self.worker_progress, s.last_progress_at),
                 ):
@@ -178,7 +245,6 @@ class MetricsExporter:
         gauges = [
             self.worker_step,
             self.worker_step_time,
-            self.worker_tokens,
             self.worker_loss,
             self.worker_progress,
             self.worker_exit_code,
@@ -190,6 +256,49 @@ class MetricsExporter:
                 g.remove(self.job, self.node, rank)
             except KeyError:
                 pass
+
+    def record_report(self, report: ProgressReport) -> None:
+        """One report of the worker SDK, as it arrives: tokens count every step (a heartbeat only
+        carries the last one), and checkpoint saves and loads carry the engine's timings."""
+        if report.kind == "step":
+            if report.tokens:
+                self.worker_tokens.labels(self.job, self.node, str(report.rank)).inc(report.tokens)
+            return
+        timing = report.checkpoint
+        node = (self.job, self.node)
+        if timing is None:  # a bare "committed" report (an SDK call without the engine's result)
+            self._committed(report.step, report.sent_at)
+            return
+        if timing.operation == "load":
+            tier = timing.tiers[0] if timing.tiers else "unknown"
+            if timing.seconds is not None:
+                self.checkpoint_load.labels(*node, tier).observe(timing.seconds)
+            self._committed(report.step, report.sent_at)
+            return
+        self.checkpoint_saves.labels(*node, "committed" if timing.committed else "failed").inc()
+        if timing.stall_seconds is not None:
+            self.checkpoint_stall.labels(*node).observe(timing.stall_seconds)
+        if not timing.committed:
+            return
+        if timing.seconds is not None:
+            self.checkpoint_save.labels(*node).observe(timing.seconds)
+        if timing.bytes_written and timing.tiers:
+            share = timing.bytes_written / len(timing.tiers)  # every tier receives the same file
+            for tier in timing.tiers:
+                self.checkpoint_saved_bytes.labels(*node, tier).inc(share)
+        self._committed(report.step, report.sent_at)
+
+    def _committed(self, step: int, at: float) -> None:
+        labels = (self.job, self.node)
+        if self._last_checkpoint is None or step >= self._last_checkpoint:
+            self._last_checkpoint = step
+            self.checkpoint_last_step.labels(*labels).set(step)
+        self.checkpoint_last_time.labels(*labels).set(at or time.time())
+
+    def record_loader_lanes(self, ready: Sequence[int]) -> None:
+        """Batches the shadow loader holds ready, per lane (the agent reads them off the segment)."""
+        for lane, count in enumerate(ready):
+            self.loader_ready.labels(self.job, self.node, str(lane)).set(count)
 
     def record_probe(self, result: ProbeResult) -> None:
         labels = (self.job, self.node, result.probe)
@@ -213,6 +322,7 @@ class MetricsExporter:
         self.signature_matches.labels(self.job, self.node, rank, match.failure_class, match.scope.value).inc()
 
     def record_node_vector(self, vector: NodeMetricVector) -> None:
+        """The node's utilization, from the vector each heartbeat carries."""
         labels = (self.job, self.node)
         if vector.gpu_utilization_pct is not None:
             self.node_gpu_utilization.labels(*labels).set(vector.gpu_utilization_pct / 100.0)
@@ -222,4 +332,7 @@ class MetricsExporter:
             self.node_cpu_utilization.labels(*labels).set(vector.cpu_percent / 100.0)
         if vector.memory_percent is not None:
             self.node_memory_utilization.labels(*labels).set(vector.memory_percent / 100.0)
-        self.node_network_errors.labels(*labels).inc(max(0, vector.nic_error_delta or 0))
+
+    def record_network_errors(self, increments: int) -> None:
+        """Error counter growth between two probe readings (counted once per reading, not per beat)."""
+        self.node_network_errors.labels(self.job, self.node).inc(max(0, increments))

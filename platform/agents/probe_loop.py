@@ -11,7 +11,7 @@ import threading
 
 from stalwart.agents.metrics import MetricsExporter
 from stalwart.health.host import HostReadings, read_host
-from stalwart.health.network import NetReadings, read_net_sysfs
+from stalwart.health.network import NetReadings, error_deltas, read_net_sysfs
 from stalwart.health.probes import default_probes, run_probes
 from stalwart.health.records import ProbeResult
 
@@ -45,6 +45,8 @@ class ProbeLoop:
                 host, net = None, None
             self.results, self.host = results, host
             self.net_previous, self.net_now = self.net_now, net
+            if net is not None and self.net_previous is not None:
+                self.metrics.record_network_errors(sum(error_deltas(net, self.net_previous).values()))
             self._stop.wait(self.interval)
 
     def machine_faults(self) -> list[str]:

@@ -12,8 +12,9 @@ import signal
 import socket
 import sys
 import time
+from typing import Protocol
 
-from stalwart.store.records import ProgressReport
+from stalwart.store.records import CheckpointTiming, ProgressReport
 
 PROGRESS_SOCKET_ENV = "STALWART_PROGRESS_SOCKET"
 STACK_DUMP_SIGNAL = signal.SIGUSR1
@@ -141,8 +142,18 @@ def _end_replay_if_done() -> None:
         os._exit(0)  # every rank of the group stops after the same step's collectives: none is left waiting
 
 
-def report_checkpoint(step: int) -> None:
-    """Report that the checkpoint for `step` is committed."""
+class SaveOutcome(Protocol):
+    """What stalwart.checkpoint's SaveResult carries (the SDK does not import the engine: it is torch)."""
+
+    step: int
+    committed: bool
+    stall_seconds: float
+    total_seconds: float
+    bytes_written: int
+    tiers: list[str]
+
+
+def _send_checkpoint(step: int, timing: CheckpointTiming | None) -> None:
     rank, local_rank = _ranks()
     _send(
         ProgressReport(
@@ -152,7 +163,35 @@ def report_checkpoint(step: int) -> None:
             step=step,
             sent_at=time.time(),
             generation=_generation(),
+            checkpoint=timing,
         )
+    )
+
+
+def report_checkpoint(step: int) -> None:
+    """Report that the checkpoint for `step` is committed (without timings: prefer report_save)."""
+    _send_checkpoint(step, None)
+
+
+def report_save(result: SaveOutcome) -> None:
+    """Report a finished save, committed or not, with the engine's timings (`SaveHandle.wait()`)."""
+    _send_checkpoint(
+        result.step,
+        CheckpointTiming(
+            operation="save",
+            committed=result.committed,
+            stall_seconds=result.stall_seconds,
+            seconds=result.total_seconds,
+            bytes_written=result.bytes_written,
+            tiers=list(result.tiers),
+        ),
+    )
+
+
+def report_load(step: int, seconds: float, tier: str | None) -> None:
+    """Report a checkpoint load: the step, how long it took and the tier it came from."""
+    _send_checkpoint(
+        step, CheckpointTiming(operation="load", seconds=seconds, tiers=[tier] if tier else [], committed=True)
     )
 
 

@@ -176,7 +176,9 @@ class WorkerGroup:
             return  # sent by the previous generation's worker before it stopped
         s = self.workers[report.local_rank].status
         if report.kind == "checkpoint":
-            s.last_checkpoint_step = report.step
+            timing = report.checkpoint
+            if timing is None or (timing.operation == "save" and timing.committed):
+                s.last_checkpoint_step = report.step
             return
         now = report.sent_at or time.time()
         if s.first_step is None:

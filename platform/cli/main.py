@@ -59,6 +59,9 @@ def run(
     etcd: Annotated[str | None, typer.Option(help="Use this etcd (HOST:PORT) instead of starting one.")] = None,
     summary_json: Annotated[Path | None, typer.Option(help="Also write the final summary here, as JSON.")] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
+    metrics_port: Annotated[
+        int, typer.Option(help="Port of the job-metrics exporter (/metrics on 127.0.0.1); 0: any free port.")
+    ] = 0,
 ) -> None:
     """Run a TrainingJob on this machine: etcd, a controller and node agents as local processes.
 
@@ -75,7 +78,9 @@ def run(
         raise _fail(str(exc)) from None
     workdir = workdir or Path(".stalwart/runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        result = LocalRun(job, job_file, workdir, etcd_endpoint=etcd, faults=faults, timeout=timeout).run()
+        result = LocalRun(
+            job, job_file, workdir, etcd_endpoint=etcd, faults=faults, timeout=timeout, metrics_port=metrics_port
+        ).run()
     except JobAlreadyExists as exc:
         raise _fail(str(exc)) from None
     if summary_json is not None:

@@ -21,7 +21,7 @@ from stalwart.dataloader.dataset import TokenDataset
 from stalwart.dataloader.dp_slice import check_dp
 from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.liveness import alive
-from stalwart.dataloader.shm_layout import A, C, H, Segment, segment_name
+from stalwart.dataloader.shm_layout import COUNT_MASK, A, C, H, S, Segment, segment_name
 from stalwart.dataloader.state import LoaderState, check_state
 from stalwart.logs import get_logger
 from stalwart.processes import spawn, stop_process
@@ -147,6 +147,24 @@ class ShadowLoaderSupervisor:
         """Batches the loader has written into the lane (all generations): for metrics and tests."""
         assert self.segment is not None
         return int(self.segment.lanes[lane].ctrl[A.PRODUCED])
+
+    def ready_batches(self, lane: int) -> int:
+        """Batches of the lane's active request written and not yet taken by its trainer: how far the
+        loader is ahead (0 while the trainer waits on it, or before any request). For metrics."""
+        if self.segment is None:
+            return 0
+        view = self.segment.lanes[lane]
+        gen = int(view.ctrl[A.GEN])
+        if gen == 0:
+            return 0
+        taken = int(view.ctrl[C.CONSUMED]) & COUNT_MASK
+        return sum(
+            1
+            for slot in view.slots
+            if int(slot.header[S.STATUS]) == S.READY
+            and int(slot.header[S.GEN]) == gen
+            and int(slot.header[S.K]) >= taken
+        )
 
     # ---------------------------------------------------------------------------------- prewarm
     def prewarm(

@@ -24,6 +24,7 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.routing import Match
 
 from stalwart.diagnosis.engine import diagnose, resolve_kind
 from stalwart.diagnosis.models import EvidenceBundle, Verdict
@@ -125,6 +126,34 @@ class BodyLimit:
         await self.app({**scope, "headers": new_headers}, replay, send)
 
 
+class RequestTimer:
+    """ASGI middleware, outermost: every request's duration by method, route template and status
+    (refusals by the body limit included). Unknown paths share one route label: no cardinality blow-up."""
+
+    def __init__(self, app: ASGIApp, routes: Callable[[Scope], str], observe: Callable[[str, str, str, float], None]):
+        self.app = app
+        self.routes = routes
+        self.observe = observe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = "500"
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.observe(scope["method"], self.routes(scope), status, time.perf_counter() - t0)
+
+
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     parts = [str(p) for p in loc if p != "body"]
     return ".".join(parts) or "body"
@@ -153,6 +182,13 @@ def create_app(
     )
     incidents_served = Counter(
         "stalwart_diagnosis_incident_reads", "Incident reads, by outcome.", ("outcome",), registry=registry
+    )
+    requests = Histogram(
+        "stalwart_diagnosis_http_request_duration_seconds",
+        "HTTP requests answered, from arrival to the response, by method, route and status.",
+        ("method", "route", "status"),
+        registry=registry,
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     )
 
     app = FastAPI(
@@ -248,6 +284,18 @@ def create_app(
         max_bytes=max_body_bytes,
         max_decoded=max_decoded_bytes,
         on_reject=lambda status: rejected.labels(str(status)).inc(),
+    )
+
+    def route_of(scope: Scope) -> str:
+        for route in app.router.routes:
+            if route.matches(scope)[0] is Match.FULL:
+                return str(getattr(route, "path", "other"))
+        return "other"
+
+    app.add_middleware(
+        RequestTimer,
+        routes=route_of,
+        observe=lambda method, route, status, seconds: requests.labels(method, route, status).observe(seconds),
     )
     return app
 

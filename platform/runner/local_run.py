@@ -37,8 +37,12 @@ from stalwart.store.client import Store
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import JobPhase, JobState, ServiceEndpoint
+from stalwart.telemetry.job_exporter import JobExporter
+from stalwart.telemetry.scrape_targets import FILE_NAME as TARGETS_FILE
+from stalwart.telemetry.scrape_targets import target_groups, write_targets
 
 POLL_SECONDS = 0.25
+TARGETS_SECONDS = 2.0
 MAX_CONTROLLER_STARTS = 20
 
 
@@ -69,6 +73,7 @@ class LocalRun:
         faults: list[FaultSpec] | None = None,
         console: Console | None = None,
         timeout: float = 3600.0,
+        metrics_port: int = 0,
     ) -> None:
         self.job = job
         self.job_dir = job_file.resolve().parent
@@ -82,6 +87,9 @@ class LocalRun:
         self.etcd: EtcdServer | None = None
         self.controller: subprocess.Popen[bytes] | None = None
         self.diagnosis: subprocess.Popen[bytes] | None = None
+        self.diagnosis_port: int | None = None
+        self.metrics_port = metrics_port
+        self.job_metrics: JobExporter | None = None
         self.controller_starts = 0
         self.agents_by_generation: dict[int, dict[str, int]] = {}
         self._interrupted: int | None = None
@@ -115,7 +123,7 @@ class LocalRun:
 
     def _start_diagnosis(self, store: Store, endpoint: str) -> None:
         """Host the diagnosis service, as a cluster would run it, and publish its URL in etcd."""
-        port = free_port()
+        port = self.diagnosis_port = free_port()
         argv = [
             sys.executable,
             "-m",
@@ -133,6 +141,20 @@ class LocalRun:
             keys.service("diagnosis"),
             ServiceEndpoint(name="diagnosis", url=f"http://127.0.0.1:{port}", registered_at=time.time()),
         )
+
+    def _start_job_metrics(self, endpoint: str, store: Store) -> str:
+        """Host the job-metrics exporter in this process (its own etcd client) and publish its URL."""
+        self.job_metrics = JobExporter(Store(endpoint), [self.job.name])
+        port = self.job_metrics.start(self.metrics_port, "127.0.0.1")
+        url = f"http://127.0.0.1:{port}/metrics"
+        store.put(keys.service("job-metrics"), ServiceEndpoint(name="job-metrics", url=url, registered_at=time.time()))
+        return url
+
+    def _write_scrape_targets(self, store: Store) -> None:
+        services = {"diagnosis": f"127.0.0.1:{self.diagnosis_port}"} if self.diagnosis_port else {}
+        if self.job_metrics is not None and self.job_metrics.port is not None:
+            services["job-metrics"] = f"127.0.0.1:{self.job_metrics.port}"
+        write_targets(self.workdir / TARGETS_FILE, target_groups(read_nodes(store, self.job.name), services))
 
     def _kill_controller(self) -> int | None:
         if self.controller is None or self.controller.poll() is not None:
@@ -171,6 +193,8 @@ class LocalRun:
             store = Store(endpoint)
             self._submit(store)
             self._start_diagnosis(store, endpoint)
+            metrics_url = self._start_job_metrics(endpoint, store)
+            self._write_scrape_targets(store)
             cluster = LocalCluster(self.job.name, endpoint, self.workdir, self.job_dir)
             injector = FaultInjector(self.faults, cluster, self._kill_controller)
             self._start_controller(endpoint)
@@ -178,6 +202,10 @@ class LocalRun:
                 f"[bold]stalwart run[/] {self.job.name}: {self.job.spec.node_count} nodes × "
                 f"{self.job.spec.world_size // max(1, self.job.spec.node_count)} workers, "
                 f"etcd {endpoint}, logs in {self.workdir}",
+                highlight=False,
+            )
+            self.console.print(
+                f"metrics: {metrics_url} (job), every exporter for Prometheus in {self.workdir / TARGETS_FILE}",
                 highlight=False,
             )
             snap = self._supervise(store, endpoint, injector)
@@ -197,6 +225,14 @@ class LocalRun:
         finally:
             if self.controller is not None:
                 stop_process(self.controller, grace=10.0)
+            if self.job_metrics is not None:
+                self.job_metrics.stop()
+                self.job_metrics.collector.store.close()
+                if store is not None:
+                    try:
+                        store.delete(keys.service("job-metrics"))
+                    except Exception:
+                        pass
             if self.diagnosis is not None:
                 stop_process(self.diagnosis, grace=5.0)
                 if store is not None:
@@ -216,6 +252,7 @@ class LocalRun:
 
     def _supervise(self, store: Store, endpoint: str, injector: FaultInjector) -> JobSnapshot | None:
         deadline = time.monotonic() + self.timeout
+        targets_due = 0.0
         snap: JobSnapshot | None = None
         with ProgressView(self.console) as view:
             while time.monotonic() < deadline:
@@ -229,6 +266,9 @@ class LocalRun:
                     )
                     view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
                 snap = snapshot(store, self.job.name)
+                if time.monotonic() >= targets_due:  # nodes come and go: keep Prometheus's list current
+                    self._write_scrape_targets(store)
+                    targets_due = time.monotonic() + TARGETS_SECONDS
                 if snap is not None:
                     view.update(snap)
                     if snap.phase is JobPhase.RUNNING:

@@ -97,6 +97,12 @@ class Store:
             items = list(self._client.get_prefix(prefix))
         return [(meta.key.decode(), value) for value, meta in items]
 
+    def list_keys(self, prefix: str) -> list[str]:
+        """The keys under a prefix, without their values (cheap on prefixes holding big records)."""
+        with _translate_errors(self.endpoint):
+            items = list(self._client.get_prefix(prefix, keys_only=True))
+        return [meta.key.decode() for _, meta in items]
+
     def get_prefix(self, prefix: str, cls: type[R]) -> list[R]:
         return [cls.loads(v) for _, v in self.get_prefix_raw(prefix)]
 

@@ -286,6 +286,18 @@ class Incident(Record):
         return redone * self.mean_step_time  # type: ignore[operator]
 
 
+class CheckpointTiming(BaseModel):
+    """What the checkpoint engine said about one save or load (its SaveResult, its load time), as a
+    worker reports it: the agent exports it; the engine itself knows nothing of the control plane."""
+
+    operation: Literal["save", "load"] = "save"
+    committed: bool = True
+    stall_seconds: float | None = None  # save: how long training waited
+    seconds: float | None = None  # save: from the call to the commit; load: the whole load
+    bytes_written: int | None = None  # save: this rank's bytes, over every tier
+    tiers: list[str] = []  # save: the tiers written; load: the tier read
+
+
 class ProgressReport(Record):
     """Sent by the worker SDK to its agent over the local socket, once per step or event."""
 
@@ -300,6 +312,7 @@ class ProgressReport(Record):
     # The sender's generation: a report the old workers sent just before they were stopped must
     # not count as the new generation's progress (same ranks, same socket).
     generation: int | None = None
+    checkpoint: CheckpointTiming | None = None  # kind "checkpoint": the engine's timings, when given
 
 
 class LogRequest(Record):

@@ -1,47 +1,19 @@
-"""The Prometheus exporter, scraped over HTTP on loopback; its metrics match docs/metrics.md."""
+"""The agent's Prometheus exporter, scraped over HTTP on loopback; its metrics match docs/metrics.md."""
 
 from __future__ import annotations
 
-import re
 import time
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from support.paths import REPO
+from support.metrics_doc import documented, sample, scrape_families
 
 from stalwart.agents.metrics import MetricsExporter
 from stalwart.health.node_vector import NodeMetricVector
 from stalwart.health.records import Finding, ProbeResult, ProbeStatus, Severity
 from stalwart.signatures import LogScanner
-from stalwart.store.records import WorkerState, WorkerStatus
-
-DOC = REPO / "docs" / "metrics.md"
-ROW = re.compile(r"^\|\s*`(stalwart_[a-z0-9_]+)`\s*\|\s*(gauge|counter)\s*\|\s*([^|]*)\|")
-
-
-def documented() -> dict[str, tuple[str, set[str]]]:
-    out = {}
-    for line in DOC.read_text().splitlines():
-        m = ROW.match(line)
-        if m:
-            out[m.group(1)] = (m.group(2), set(re.findall(r"`([a-z_]+)`", m.group(3))))
-    return out
-
-
-def scrape(port: int) -> dict[str, tuple[str, list[dict[str, str]]]]:
-    """Sample name -> (family type, label sets), from a real HTTP scrape."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        assert resp.status == 200
-        text = resp.read().decode()
-    out: dict[str, tuple[str, list[dict[str, str]]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.endswith("_created"):
-                continue
-            out.setdefault(s.name, (family.type, []))[1].append(dict(s.labels))
-    return out
+from stalwart.store.records import CheckpointTiming, ProgressReport, WorkerState, WorkerStatus
 
 
 def status(rank: int, pid: int, **kw: object) -> WorkerStatus:
@@ -91,12 +63,41 @@ def feed(m: MetricsExporter) -> None:
     m.record_signature_match(match)
     m.record_node_vector(
         NodeMetricVector(
-            node="node-0",
-            gpu_utilization_pct=50.0,
-            gpu_temperature_c=61.0,
-            cpu_percent=25.0,
-            memory_percent=40.0,
-            nic_error_delta=3,
+            node="node-0", gpu_utilization_pct=50.0, gpu_temperature_c=61.0, cpu_percent=25.0, memory_percent=40.0
+        )
+    )
+    m.record_network_errors(3)
+    m.record_loader_lanes([2, 0])
+    for tokens in (512, 512):
+        m.record_report(ProgressReport(rank=0, local_rank=0, step=13, tokens=tokens, step_time=0.4))
+    m.record_report(
+        ProgressReport(
+            kind="checkpoint",
+            rank=0,
+            local_rank=0,
+            step=10,
+            sent_at=now,
+            checkpoint=CheckpointTiming(
+                stall_seconds=0.02, seconds=1.5, bytes_written=2000, tiers=["memory", "filesystem"]
+            ),
+        )
+    )
+    m.record_report(
+        ProgressReport(
+            kind="checkpoint",
+            rank=1,
+            local_rank=1,
+            step=20,
+            checkpoint=CheckpointTiming(committed=False, stall_seconds=0.01),
+        )
+    )
+    m.record_report(
+        ProgressReport(
+            kind="checkpoint",
+            rank=1,
+            local_rank=1,
+            step=10,
+            checkpoint=CheckpointTiming(operation="load", seconds=0.3, tiers=["memory"]),
         )
     )
 
@@ -104,9 +105,9 @@ def feed(m: MetricsExporter) -> None:
 def test_every_documented_metric_is_served_with_its_type_and_labels(exporter: MetricsExporter) -> None:
     feed(exporter)
     assert exporter.port is not None
-    served = scrape(exporter.port)
-    doc = documented()
-    assert len(doc) >= 20
+    served = scrape_families(f"http://127.0.0.1:{exporter.port}/metrics")
+    doc = documented("Node agent")
+    assert len(doc) >= 28
     for name, (kind, labels) in doc.items():
         assert name in served, f"{name} is documented but not served"
         served_kind, label_sets = served[name]
@@ -118,26 +119,37 @@ def test_every_documented_metric_is_served_with_its_type_and_labels(exporter: Me
 
 def test_values_follow_the_updates(exporter: MetricsExporter) -> None:
     feed(exporter)
-    assert exporter.port is not None
-    served = scrape(exporter.port)
     text = exporter.render().decode()
-    assert 'stalwart_worker_step{job="pretrain",node="node-0",rank="0"} 13.0' in text
-    assert 'stalwart_worker_restarts_total{job="pretrain",node="node-0",rank="1"} 1.0' in text
-    assert 'stalwart_worker_restarts_total{job="pretrain",node="node-0",rank="0"} 0.0' in text
-    assert 'stalwart_worker_exit_code{job="pretrain",node="node-0",rank="1"}' not in text  # the new process runs
-    assert 'stalwart_probe_status{job="pretrain",node="node-0",probe="gpu",status="not_available"} 1.0' in text
-    assert 'stalwart_probe_status{job="pretrain",node="node-0",probe="gpu",status="ok"} 0.0' in text
-    assert 'stalwart_probe_machine_fault{job="pretrain",node="node-0",probe="network"} 1.0' in text
-    assert served["stalwart_log_signature_matches_total"][1] == [
-        {"job": "pretrain", "node": "node-0", "rank": "0", "failure_class": "ecc_error", "scope": "node"}
-    ]
-    assert 'stalwart_worker_exit_code{job="pretrain",node="node-0",rank="2"} 1.0' in text
-    assert 'stalwart_node_gpu_utilization_ratio{job="pretrain",node="node-0"} 0.5' in text
-    assert 'stalwart_node_network_errors_total{job="pretrain",node="node-0"} 3.0' in text
+    at = {"training_job": "pretrain", "node": "node-0"}
+
+    def value(name: str, **labels: str) -> float | None:
+        return sample(text, name, **at, **labels)
+
+    assert value("stalwart_worker_step", rank="0") == 13
+    assert value("stalwart_worker_restarts_total", rank="1") == 1
+    assert value("stalwart_worker_restarts_total", rank="0") == 0
+    assert value("stalwart_worker_exit_code", rank="1") is None  # the new process runs
+    assert value("stalwart_probe_status", probe="gpu", status="not_available") == 1
+    assert value("stalwart_probe_status", probe="gpu", status="ok") == 0
+    assert value("stalwart_probe_machine_fault", probe="network") == 1
+    assert value("stalwart_log_signature_matches_total", rank="0", failure_class="ecc_error", scope="node") == 1
+    assert value("stalwart_worker_exit_code", rank="2") == 1
+    assert value("stalwart_node_gpu_utilization_ratio") == 0.5
+    assert value("stalwart_node_network_errors_total") == 3
+    # Tokens are a counter over every step's report; checkpoints carry the engine's numbers.
+    assert value("stalwart_worker_tokens_total", rank="0") == 1024
+    assert value("stalwart_checkpoint_saves_total", outcome="committed") == 1
+    assert value("stalwart_checkpoint_saves_total", outcome="failed") == 1
+    assert value("stalwart_checkpoint_save_stall_seconds_count") == 2
+    assert value("stalwart_checkpoint_save_duration_seconds_count") == 1  # only the committed one
+    assert value("stalwart_checkpoint_saved_bytes_total", tier="memory") == 1000
+    assert value("stalwart_checkpoint_load_duration_seconds_count", tier="memory") == 1
+    assert value("stalwart_checkpoint_last_committed_step") == 10  # the failed step 20 is not
+    assert value("stalwart_dataloader_ready_batches", lane="1") == 0
     exporter.update_workers([status(0, 100)])  # ranks 1 and 2 are gone from this node
     after = exporter.render().decode()
-    assert 'stalwart_worker_running{job="pretrain",node="node-0",rank="2"}' not in after
-    assert 'stalwart_worker_exit_code{job="pretrain",node="node-0",rank="2"}' not in after
+    assert sample(after, "stalwart_worker_running", **at, rank="2") is None
+    assert sample(after, "stalwart_worker_exit_code", **at, rank="2") is None
 
 
 def test_stop_frees_the_port() -> None:
