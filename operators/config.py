@@ -68,6 +68,18 @@ class OperatorConfig(BaseModel):
             description="How often each TrainingJob's status is refreshed from etcd.",
         ),
     ] = 5.0
+    job_metrics_port: Annotated[
+        int,
+        Field(ge=0, le=65535, description="The job-metrics exporter's /metrics (every job, on the leader); 0: none."),
+    ] = 9401
+    job_metrics_host: str = "0.0.0.0"
+    diagnosis_url: Annotated[
+        str,
+        Field(
+            description="The diagnosis service's URL (the chart's Service); the leader publishes it in etcd, "
+            "where controllers and the CLI find it. Empty: publish nothing."
+        ),
+    ] = ""
     probe_port: Annotated[int, Field(ge=0, le=65535, description="/healthz and /readyz; 0: none.")] = 8080
     probe_host: str = "0.0.0.0"
     election_ttl_seconds: Annotated[

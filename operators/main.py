@@ -14,12 +14,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kopf
 
 from stalwart.logs import configure, get_logger
+from stalwart.store import keys
 from stalwart.store.client import Store
+from stalwart.store.records import ServiceEndpoint
+from stalwart.telemetry.job_exporter import JobExporter
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.election import OperatorLeadership
 from stalwart_operator.handlers import build_registry
@@ -94,6 +98,10 @@ def main() -> int:
         signal.signal(signum, on_signal)
     probes = serve_probes(config.probe_port, config.probe_host, leading)
     store = Store(config.etcd)
+    # Every replica answers /metrics (so a scrape of the standby succeeds); only the leader exports jobs.
+    job_metrics = JobExporter(store, leading=leading.is_set) if config.job_metrics_port else None
+    if job_metrics is not None:
+        job_metrics.start(config.job_metrics_port, config.job_metrics_host)
     leadership = OperatorLeadership(store, config.operator_name, config.identity, config.election_ttl_seconds)
     runtime: Runtime | None = None
     try:
@@ -102,6 +110,11 @@ def main() -> int:
         leading.set()
         if stop.is_set():
             return 0
+        if config.diagnosis_url:
+            store.put(
+                keys.service("diagnosis"),
+                ServiceEndpoint(name="diagnosis", url=config.diagnosis_url.rstrip("/"), registered_at=time.time()),
+            )
         runtime = Runtime(config, store, api_client())
         asyncio.run(_run_kopf(config, runtime, leadership, lost))
         return 1 if lost.is_set() else 0
@@ -110,6 +123,8 @@ def main() -> int:
         if runtime is not None:
             runtime.close()
         leadership.release()
+        if job_metrics is not None:
+            job_metrics.stop()
         store.close()
         if probes is not None:
             probes.shutdown()

@@ -209,6 +209,8 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "STALWART_STATUS_INTERVAL_SECONDS": "0.5",
             "STALWART_PROBE_PORT": str(free_port()),
             "STALWART_PROBE_HOST": "127.0.0.1",
+            "STALWART_JOB_METRICS_PORT": str(free_port()),
+            "STALWART_JOB_METRICS_HOST": "127.0.0.1",
             "STALWART_ELECTION_TTL_SECONDS": "3",
         }
         log = tmp / "operator.log"
@@ -458,6 +460,7 @@ def test_a_second_operator_replica_stands_by(world: World) -> None:
         **world.env,
         "STALWART_IDENTITY": "operator-1",
         "STALWART_PROBE_PORT": str(probe),
+        "STALWART_JOB_METRICS_PORT": str(free_port()),
     }
     with open(world.log.with_name("operator-1.log"), "ab") as out:
         second = spawn([sys.executable, "-m", "stalwart_operator"], env=env, stdout=out)
@@ -473,6 +476,11 @@ def test_a_second_operator_replica_stands_by(world: World) -> None:
         assert get(probe, "/readyz") == 503
         assert get(world.env["STALWART_PROBE_PORT"], "/readyz") == 200
         assert "standing by" in world.log.with_name("operator-1.log").read_text()
+        # The job metrics come from the leader only; the standby answers with its own liveness.
+        standby = httpx.get(f"http://127.0.0.1:{env['STALWART_JOB_METRICS_PORT']}/metrics", timeout=5).text
+        assert "stalwart_job_exporter_leader 0.0" in standby and "stalwart_job_phase" not in standby
+        leader = httpx.get(f"http://127.0.0.1:{world.env['STALWART_JOB_METRICS_PORT']}/metrics", timeout=5).text
+        assert "stalwart_job_exporter_leader 1.0" in leader and 'training_job="default.' in leader
     finally:
         assert stop_process(second, grace=10.0) == 0
 
