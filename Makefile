@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: pip takes the local CPU wheel instead of fetching CUDA builds.
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	# promtool and prometheus (Debian's package) for the alert-rule and dashboard tests: only when
+	# missing, and only as root (apt-get needs it); otherwise those tests say what to install.
+	@if ! command -v promtool >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; fi
 	@touch $(STAMP)
 
 install: $(STAMP)

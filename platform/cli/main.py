@@ -26,11 +26,13 @@ err = Console(stderr=True)
 
 def _register_groups() -> None:
     from stalwart.cli.checkpoint_cmd import app as checkpoint_app
+    from stalwart.cli.dashboards_cmd import app as dashboards_app
     from stalwart.cli.data_cmd import app as data_app
     from stalwart.cli.on_call import register
 
     app.add_typer(checkpoint_app, name="checkpoint")
     app.add_typer(data_app, name="data")
+    app.add_typer(dashboards_app, name="dashboards")
     register(app)
 
 
