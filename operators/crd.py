@@ -7,7 +7,7 @@ bounds turned into OpenAPI 3.0 booleans, defaults moved into descriptions (the p
 applies them, so a later release can change a default without rewriting stored objects), every
 string, list and map bounded, and CEL rules for what a schema alone cannot say.
 
-Regenerate the committed YAML with:  python -m stalwart_operator.crd > operators/manifests/crd.yaml
+Regenerate the committed YAML with:  python -m stalwart_operator.crd > charts/stalwart/crds/trainingjobs.yaml
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ def crd() -> Schema:
 
 HEADER = (
     "# Generated from the pydantic models (stalwart.spec.model, stalwart_operator.status); do not edit.\n"
-    "# Regenerate: python -m stalwart_operator.crd > operators/manifests/crd.yaml\n"
+    "# Regenerate: python -m stalwart_operator.crd > charts/stalwart/crds/trainingjobs.yaml\n"
 )
 
 

@@ -258,7 +258,12 @@ def build() -> dict[str, Any]:
     from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh, VariableSort
 
     datasource = DataSourceRef(type_val="prometheus", uid="${datasource}")
-    builders = {"timeseries": timeseries.Panel, "stat": stat.Panel, "statetimeline": statetimeline.Panel}
+
+    def new_panel(kind: Kind) -> timeseries.Panel | stat.Panel | statetimeline.Panel:
+        if kind == "stat":
+            return stat.Panel()
+        return statetimeline.Panel() if kind == "statetimeline" else timeseries.Panel()
+
     board = (
         dashboard.Dashboard(TITLE)
         .uid(UID)
@@ -281,7 +286,7 @@ def build() -> dict[str, Any]:
     for title, panels in ROWS:
         board = board.with_row(dashboard.Row(title))
         for spec in panels:
-            panel = builders[spec.kind]().title(spec.title).description(spec.description).datasource(datasource)
+            panel = new_panel(spec.kind).title(spec.title).description(spec.description).datasource(datasource)
             panel = panel.unit(spec.unit).height(8).span(spec.width)
             for i, query in enumerate(spec.queries):
                 target = prometheus.Dataquery().expr(query.expr).ref_id(chr(ord("A") + i)).range()

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import kubernetes
 import pytest
-import yaml
+from support.chart import render as render_chart
 from support.kubesim import ApiServer, Kubelet, raw
 from support.paths import REPO
 
@@ -487,12 +487,8 @@ def test_a_second_operator_replica_stands_by(world: World) -> None:
 
 def test_the_operator_used_only_what_its_cluster_role_grants(world: World) -> None:
     """Every API call the operator made in this module (kopf's and its own client's) is allowed
-    by the ClusterRole in operators/manifests/rbac.yaml: the RBAC is enough, and it is tested."""
-    [role] = [
-        d
-        for d in yaml.safe_load_all((REPO / "operators" / "manifests" / "rbac.yaml").read_text())
-        if d and d["kind"] == "ClusterRole"
-    ]
+    by the ClusterRole the Helm chart installs (charts/stalwart): the RBAC is enough, and it is tested."""
+    [role] = [d for d in render_chart() if d["kind"] == "ClusterRole"]
     granted = {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }

@@ -18,7 +18,7 @@ from support.paths import REPO
 from stalwart.spec import SpecError, parse_job
 from stalwart_operator import crd, names
 
-CRD_FILE = REPO / "operators" / "manifests" / "crd.yaml"
+CRD_FILE = REPO / "charts" / "stalwart" / "crds" / "trainingjobs.yaml"
 EXAMPLES = sorted((REPO / "examples" / "k8s").glob("*.yaml"))
 INVALID = REPO / "tests" / "data" / "operator" / "invalid"
 K8S_VERSION = "1.30"
@@ -105,8 +105,8 @@ def load(path: Path) -> dict[str, Any]:
 
 def test_the_committed_crd_is_generated_from_the_models() -> None:
     assert CRD_FILE.read_text() == crd.render(), (
-        "operators/manifests/crd.yaml differs from the models: "
-        "run `python -m stalwart_operator.crd > operators/manifests/crd.yaml`"
+        "charts/stalwart/crds/trainingjobs.yaml differs from the models: "
+        "run `python -m stalwart_operator.crd > charts/stalwart/crds/trainingjobs.yaml`"
     )
     out = subprocess.run(
         [sys.executable, "-m", "stalwart_operator.crd"],

@@ -1,54 +1,39 @@
-"""Every manifest the operator ships or makes validates against the Kubernetes schemas
-(kubernetes-validate, no cluster), and the pods carry what the agent and the scheduler need."""
+"""Every manifest the chart installs or the operator makes validates against the Kubernetes schemas
+(kubernetes-validate, no cluster), and the pods carry what the agent and the scheduler need.
+(The chart's own value sets and schema: tests/unit/chart/test_chart.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
-import pytest
-import yaml
-from support.paths import REPO
+from support.chart import render
 
 from stalwart.spec import parse_job
 from stalwart_operator import names, pods
 from stalwart_operator.config import OperatorConfig
 
 K8S_VERSION = "1.30"
-MANIFESTS = sorted((REPO / "operators" / "manifests").glob("*.yaml"))
 CONFIG = OperatorConfig(etcd="etcd.stalwart-system.svc:2379")
-
-
-def documents(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 def validate(document: dict[str, Any]) -> None:
     kubernetes_validate.validate(document, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
-def test_shipped_manifests_validate(path: Path) -> None:
-    docs = documents(path)
-    assert docs
-    for document in docs:
-        validate(document)
-
-
 def test_the_install_set_is_complete() -> None:
-    kinds = {(d["kind"], d["metadata"]["name"]) for p in MANIFESTS for d in documents(p)}
+    installed = render()
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in installed}
     assert {
-        ("Namespace", "stalwart-system"),
         ("CustomResourceDefinition", names.CRD_NAME),
         ("ServiceAccount", "stalwart-operator"),
         ("ClusterRole", "stalwart-operator"),
         ("ClusterRoleBinding", "stalwart-operator"),
         ("Deployment", "stalwart-operator"),
-        ("StatefulSet", "etcd"),
-        ("Service", "etcd"),
+        ("StatefulSet", "stalwart-etcd"),
+        ("Service", "stalwart-etcd"),
     } <= kinds
-    [deployment] = [d for p in MANIFESTS for d in documents(p) if d["kind"] == "Deployment"]
+    [deployment] = [d for d in installed if d["kind"] == "Deployment" and d["metadata"]["name"] == "stalwart-operator"]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "stalwart-operator" and deployment["spec"]["replicas"] == 2
     env = {e["name"] for e in pod["containers"][0]["env"]}
@@ -57,7 +42,7 @@ def test_the_install_set_is_complete() -> None:
 
 
 def test_the_cluster_role_grants_no_more_than_needed() -> None:
-    [role] = [d for d in documents(REPO / "operators" / "manifests" / "rbac.yaml") if d["kind"] == "ClusterRole"]
+    [role] = [d for d in render() if d["kind"] == "ClusterRole"]
     granted = {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
