@@ -144,7 +144,7 @@ def test_job_metrics_come_from_the_records_and_match_the_docs(job_in_etcd: Store
     assert value("stalwart_job_last_checkpoint_step") == 40 and value("stalwart_job_checkpoint_interval_steps") == 10
     assert value("stalwart_job_controller_up") == 0  # no controller holds the job's leader key
     ettr = value("stalwart_job_ettr_ratio")
-    assert ettr is not None and 0.5 < ettr < 1
+    assert ettr is not None and 0 < ettr < 1  # the unrecovered crash keeps costing until now
     assert sample(text, "stalwart_etcd_up") == 1
 
 
