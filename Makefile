@@ -13,11 +13,15 @@ STAMP  := $(VENV)/.installed
 
 SHARDS := examples/data/shards/stories-00000.stok examples/data/shards/logs-00000.stok
 
+# The console serves htmx itself (no CDN): npm installs the version platform/console/package-lock.json pins.
+CONSOLE := platform/console
+HTMX    := $(CONSOLE)/static/vendor/htmx.min.js
+
 # mypy and import-linter look packages up by import name; the platform's folder is not named
 # `stalwart` (DESIGN.md), so they read it through links under build/packages.
 PACKAGES := build/packages
 
-.PHONY: install demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
+.PHONY: install browser demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Stalwart needs Python 3.11, found " + sys.version.split()[0]'
@@ -31,7 +35,22 @@ $(STAMP): pyproject.toml
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; fi
 	@touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) $(HTMX) browser
+
+$(HTMX): $(CONSOLE)/package.json $(CONSOLE)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is needed to install htmx for the console (apt-get install npm)"; exit 1; }
+	npm ci --prefix $(CONSOLE) --no-audit --no-fund --silent
+	mkdir -p $(dir $@)
+	cp $(CONSOLE)/node_modules/htmx.org/dist/htmx.min.js $@
+
+# The console's browser test drives Debian's Chromium: installed here when missing and we are root
+# (apt waits for another apt to finish instead of failing on its lock).
+browser:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium for the console's browser test"; \
+		apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium; \
+	fi
 
 # The example's data: two text sources tokenized into shards (built, never committed).
 examples/data/shards/%-00000.stok: examples/data/%.txt $(STAMP)
@@ -63,7 +82,7 @@ format: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q
 
-test-e2e: $(STAMP)
+test-e2e: install
 	$(BIN)/python -m pytest tests/e2e
 
 # Run a test many times, optionally beside busy processes, to find flakes (docs/testing.md):
@@ -73,7 +92,7 @@ LOAD ?= 0
 flakes: $(STAMP)
 	$(BIN)/python tests/support/flakes.py $(TEST) --runs $(RUNS) --load $(LOAD)
 
-test: lint typecheck
+test: lint typecheck install
 	$(BIN)/python -m pytest
 
 clean:

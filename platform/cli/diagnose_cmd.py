@@ -9,6 +9,8 @@ from the same engine run in this process; the output says which.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -102,7 +104,9 @@ def service_url(store: Store, flag: str | None) -> tuple[str | None, str]:
     return None, "none configured or published"
 
 
-def run_diagnosis(bundle, url: str | None, source: str, local: bool):  # type: ignore[no-untyped-def]
+def run_diagnosis(  # type: ignore[no-untyped-def]
+    bundle, url: str | None, source: str, local: bool, on_note: Callable[[str], None] = print_note
+):
     """(verdict, who diagnosed): the service when there is one and it answers, else the local engine."""
     from stalwart.diagnosis.engine import diagnose as local_diagnose
 
@@ -116,10 +120,35 @@ def run_diagnosis(bundle, url: str | None, source: str, local: bool):  # type: i
         try:
             return DiagnosisClient(url).diagnose(bundle), f"the diagnosis service at {url} ({source})"
         except (DiagnosisUnavailable, DiagnosisRejected) as exc:
-            print_note(f"diagnosis service at {url} ({source}): {exc}; diagnosing here instead")
+            on_note(f"diagnosis service at {url} ({source}): {exc}; diagnosing here instead")
     elif not local:
-        print_note(f"no diagnosis service ({source}); diagnosing here with the local engine")
+        on_note(f"no diagnosis service ({source}); diagnosing here with the local engine")
     return local_diagnose(bundle), "the local engine"
+
+
+@dataclass
+class Capture:
+    """Every rank's stack captured now, with the evidence around it: what a diagnosis reads."""
+
+    state: JobState
+    assignment: Assignment
+    bundle: EvidenceBundle
+    silent: list[str]  # nodes that sent no stacks in time
+    seconds: float
+
+
+def capture(
+    store: Store, state: JobState, assignment: Assignment, kind: str, sizes: tuple[int, int, int], timeout: float
+) -> Capture:
+    """Ask every agent for its workers' stacks (as the controller does) and build the evidence bundle."""
+    from stalwart.controller.stack_collection import collect_stacks, request_stacks
+
+    nodes = [n.node for n in assignment.nodes]
+    started = time.monotonic()
+    reports = collect_stacks(store, state.job, request_stacks(store, state.job), nodes, timeout=timeout)
+    silent = sorted(set(nodes) - {r.node for r in reports})
+    bundle = build_bundle(store, state, assignment, reports, kind, sizes)
+    return Capture(state, assignment, bundle, silent, time.monotonic() - started)
 
 
 @cli_errors
@@ -157,22 +186,21 @@ def diagnose(
     except ImportError as exc:
         raise CliError(f"the diagnosis package is not available here ({exc})") from None
     from stalwart.cli.verdict_view import verdict_view
-    from stalwart.controller.stack_collection import collect_stacks, request_stacks
 
     with open_store(etcd) as store:
         state = require_state(store, job)
         assignment = current_assignment(store, state)
         sizes = topology_sizes(assignment.world_size, tp, pp, dp)
-        nodes = [n.node for n in assignment.nodes]
-        started = time.monotonic()
         with err.status(
-            f"capturing the stacks of {assignment.world_size} ranks on {len(nodes)} nodes (up to {timeout:.0f}s)"
+            f"capturing the stacks of {assignment.world_size} ranks on {len(assignment.nodes)} nodes "
+            f"(up to {timeout:.0f}s)"
         ):
-            reports = collect_stacks(store, job, request_stacks(store, job), nodes, timeout=timeout)
-        silent = sorted(set(nodes) - {r.node for r in reports})
-        if silent:
-            print_note(f"no stacks from {', '.join(silent)} within {timeout:.0f}s: diagnosing without them")
-        bundle = build_bundle(store, state, assignment, reports, kind.value, sizes)
+            captured_now = capture(store, state, assignment, kind.value, sizes, timeout)
+        if captured_now.silent:
+            print_note(
+                f"no stacks from {', '.join(captured_now.silent)} within {timeout:.0f}s: diagnosing without them"
+            )
+        bundle = captured_now.bundle
         url, source = service_url(store, diagnosis_url)
     if save_bundle is not None:
         save_bundle.write_text(bundle.model_dump_json(indent=2))
@@ -190,6 +218,6 @@ def diagnose(
     )
     out.print(
         f"[dim]diagnosed by {by} from {captured} of {assignment.world_size} stacks, captured in "
-        f"{time.monotonic() - started:.1f}s[/]",
+        f"{captured_now.seconds:.1f}s[/]",
         highlight=False,
     )

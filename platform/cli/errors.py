@@ -42,6 +42,12 @@ class CliError(Exception):
         self.code = code
 
 
+class NotFound(CliError):
+    """The job, node, rank or incident named does not exist; the message lists what does.
+
+    The console turns it into a 404 page, the CLI into exit 1 like any other failure."""
+
+
 def print_error(message: str) -> None:
     # soft_wrap: the one line stays one line however narrow the terminal.
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import cli_errors
-from stalwart.cli.lookup import job_states
+from stalwart.cli.lookup import job_namespace, job_states, spec_document
 from stalwart.cli.output import (
     OutputFormat,
     OutputOption,
@@ -26,10 +26,13 @@ from stalwart.styles import phase_text
 
 class JobRow(BaseModel):
     job: str
+    namespace: str
     phase: JobPhase
     generation: int
     step: int | None
-    restarts: int
+    restarts: int  # counted against maxRestarts
+    infra_restarts: int  # caused by the infrastructure: not counted
+    tokens_per_second: float | None
     ettr: float | None
     nodes_up: int
     nodes_total: int
@@ -51,10 +54,13 @@ def read_jobs(store) -> list[JobRow]:  # type: ignore[no-untyped-def]
         rows.append(
             JobRow(
                 job=name,
+                namespace=job_namespace(spec_document(store, name)),
                 phase=snap.phase,
                 generation=snap.generation,
                 step=snap.step,
                 restarts=snap.restarts,
+                infra_restarts=snap.infra_restarts,
+                tokens_per_second=snap.tokens_per_second,
                 ettr=snap.ettr.ettr,
                 nodes_up=snap.nodes_up,
                 nodes_total=snap.nodes_total,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -17,14 +18,14 @@ from rich.rule import Rule
 from rich.text import Text
 
 from stalwart.cli.connection import EtcdOption, open_store
-from stalwart.cli.errors import CliError, cli_errors, err, print_note
+from stalwart.cli.errors import CliError, NotFound, cli_errors, err, print_note
 from stalwart.cli.lookup import JobArg, current_assignment, require_state
 from stalwart.cli.output import OutputFormat, OutputOption, num, out, print_json
 from stalwart.processes import wait_for
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
-from stalwart.store.records import LogReport, LogRequest
+from stalwart.store.records import JobState, LogReport, LogRequest
 
 
 class RankOutput(BaseModel):
@@ -42,25 +43,42 @@ def request_logs(store: Store, job: str, rank: int | None, lines: int) -> str:
 
 
 def collect_logs(store: Store, job: str, request_id: str, nodes: list[str], timeout: float) -> list[LogReport]:
-    """Reports from `nodes`, waiting up to `timeout` seconds; a node that does not answer is missing."""
+    """Reports from `nodes`, waiting up to `timeout` seconds; a node that does not answer is missing.
+
+    The reports are deleted once read: the asker owns its request, and a console that follows a log
+    live asks every few seconds."""
 
     def reports() -> list[LogReport]:
         return store.get_prefix(keys.logs_prefix(job, request_id), LogReport)
 
     wait_for(lambda: {r.node for r in reports()} >= set(nodes), timeout, interval=0.2)
-    return sorted(reports(), key=lambda r: r.node)
+    found = sorted(reports(), key=lambda r: r.node)
+    store.delete_prefix(keys.logs_prefix(job, request_id))
+    return found
 
 
-def read_logs(store: Store, job: str, rank: int | None, lines: int, timeout: float) -> list[RankOutput]:
+def log_nodes(store: Store, job: str, rank: int | None) -> tuple[JobState, list[str]]:
+    """The running generation's nodes to ask (the rank's one when given); NotFound for a rank the job lacks."""
     state = require_state(store, job)
     assignment = current_assignment(store, state)
     owners = assignment.rank_nodes()
     if rank is not None and rank not in owners:
-        raise CliError(f"job {job!r} has no rank {rank} (ranks 0-{assignment.world_size - 1})")
-    nodes = [owners[rank]] if rank is not None else [n.node for n in assignment.nodes]
+        raise NotFound(f"job {job!r} has no rank {rank} (ranks 0-{assignment.world_size - 1})")
+    return state, [owners[rank]] if rank is not None else [n.node for n in assignment.nodes]
+
+
+def read_logs(
+    store: Store,
+    job: str,
+    rank: int | None,
+    lines: int,
+    timeout: float,
+    on_note: Callable[[str], None] = print_note,
+) -> list[RankOutput]:
+    """Ask the nodes for their workers' tails now; `on_note` hears about nodes that did not answer."""
+    state, nodes = log_nodes(store, job, rank)
     request_id = request_logs(store, job, rank, lines)
-    with err.status(f"asking {len(nodes)} node(s) for their workers' output (up to {timeout:.0f}s)"):
-        reports = collect_logs(store, job, request_id, nodes, timeout)
+    reports = collect_logs(store, job, request_id, nodes, timeout)
     found: dict[int, RankOutput] = {}
     for report in reports:
         for w in report.workers:
@@ -79,7 +97,7 @@ def read_logs(store: Store, job: str, rank: int | None, lines: int, timeout: flo
                     rank=ws.rank, node=node, source="heartbeat", exit_code=ws.exit_code, lines=ws.log_tail[-lines:]
                 )
     if silent:
-        print_note(
+        on_note(
             f"no answer from {', '.join(silent)} within {timeout:.0f}s"
             + ("; showing the tails their heartbeats kept for exited workers" if found else "")
         )
@@ -114,7 +132,10 @@ def logs(
 
         stalwart logs pretrain-tiny -o json | jq -r '.[] | select(.rank == 0) | .lines[]'
     """
-    with open_store(etcd) as store:
+    with (
+        open_store(etcd) as store,
+        err.status(f"asking the job's nodes for their workers' output (up to {timeout:.0f}s)"),
+    ):
         found = read_logs(store, job, rank, lines, timeout)
     if output is OutputFormat.JSON:
         print_json(found)

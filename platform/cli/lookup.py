@@ -6,11 +6,12 @@ one-line error lists the right ones instead of a bare "not found".
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 
-from stalwart.cli.errors import CliError
+from stalwart.cli.errors import CliError, NotFound
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import Assignment, Incident, JobState
@@ -39,13 +40,33 @@ def require_state(store: Store, job: str) -> JobState:
     try:
         key = keys.job_state(job)
     except ValueError:
-        raise CliError(f"{job!r} is not a valid job name") from None
+        raise NotFound(f"{job!r} is not a valid job name") from None
     state = store.get(key, JobState)
     if state is None:
         known = job_names(store)
         hint = f"jobs there: {', '.join(known)}" if known else "there are no jobs"
-        raise CliError(f"no job {job!r} in etcd at {store.endpoint} ({hint})")
+        raise NotFound(f"no job {job!r} in etcd at {store.endpoint} ({hint})")
     return state
+
+
+def spec_document(store: Store, job: str) -> dict[str, Any] | None:
+    """The job's TrainingJob document as submitted (JSON), or None; not validated, so an older or
+    newer spec still shows its metadata."""
+    raw = store.get_raw(keys.job_spec(job))
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def job_namespace(doc: dict[str, Any] | None) -> str:
+    """The namespace in the job's metadata (`stalwart run` jobs are in `default`, as kubectl's are)."""
+    meta = (doc or {}).get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
 
 
 def current_assignment(store: Store, state: JobState) -> Assignment:
@@ -69,7 +90,7 @@ def job_for_node(store: Store, node: str, job: str | None) -> str | None:
         state = require_state(store, job)
         if node not in state.slots and node not in state.standbys and node not in state.evicted:
             members = ", ".join(state.slots + state.standbys) or "none"
-            raise CliError(f"node {node!r} is not in job {job!r} (its nodes: {members})")
+            raise NotFound(f"node {node!r} is not in job {job!r} (its nodes: {members})")
         return job
     holders = jobs_with_node(store, node)
     if len(holders) > 1:
@@ -92,7 +113,7 @@ def find_incident(store: Store, incident_id: str, job: str | None) -> Incident:
         return (exact or matches)[0]
     if not matches:
         where = f"job {job!r}" if job else f"any job in etcd at {store.endpoint}"
-        raise CliError(f"no incident {incident_id!r} in {where} (stalwart incidents lists them)")
+        raise NotFound(f"no incident {incident_id!r} in {where} (stalwart incidents lists them)")
     ids = ", ".join(f"{i.job}/{i.id}" for i in matches[:6])
     raise CliError(f"incident id {incident_id!r} is ambiguous: {ids}; give more of it or pass --job")
 

@@ -35,6 +35,14 @@ def register(app: typer.Typer) -> None:
     app.command("logs", rich_help_panel=PANEL)(logs_cmd.logs)
     app.add_typer(node_cmd.app, name="node", rich_help_panel=PANEL)
     app.add_typer(runbook_cmd.app, name="runbook", rich_help_panel=PANEL)
+    _register_console(app)
+
+
+def _register_console(app: typer.Typer) -> None:
+    """`stalwart console`: the web console, which reads etcd through these same commands' readers."""
+    from stalwart.console.command import console
+
+    app.command("console", rich_help_panel=PANEL)(console)
 
 
 def run_app(app: typer.Typer, prog_name: str) -> int:

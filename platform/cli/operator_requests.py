@@ -23,7 +23,7 @@ from stalwart.store.client import Store
 from stalwart.store.records import OperatorRequest, RequestKind, RequestStatus
 
 POLL_SECONDS = 0.25
-WITHDRAWN = "withdrawn by the CLI: the controller did not take it up in time"
+WITHDRAWN = "withdrawn by its requester: the controller did not take it up in time"
 
 
 def requester() -> str:
@@ -34,15 +34,21 @@ def requester() -> str:
     return f"{user}@{socket.gethostname()} (stalwart CLI)"
 
 
-def submit(store: Store, job: str, kind: RequestKind, node: str | None, reason: str) -> OperatorRequest:
-    request = OperatorRequest(
+def new_request(kind: RequestKind, node: str | None, reason: str, requested_by: str | None = None) -> OperatorRequest:
+    """A pending request with a fresh id; `requested_by` defaults to this user and host."""
+    return OperatorRequest(
         id=f"req-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
         kind=kind,
         node=node,
         reason=reason,
-        requested_by=requester(),
+        requested_by=requested_by or requester(),
         requested_at=time.time(),
     )
+
+
+def submit(store: Store, job: str, kind: RequestKind, node: str | None, reason: str) -> OperatorRequest:
+    """Write the request for the job's controller."""
+    request = new_request(kind, node, reason)
     if not store.create(keys.request(job, request.id), request):
         raise CliError(f"request id {request.id} already exists in job {job!r}; try again")
     return request
@@ -63,27 +69,35 @@ def withdraw(store: Store, job: str, request_id: str) -> OperatorRequest | None:
     return store.get(key, OperatorRequest)
 
 
-def wait(store: Store, job: str, request: OperatorRequest, timeout: float) -> OperatorRequest:
-    """Poll until the controller answers or `timeout` passes (then withdraw it); a spinner on stderr meanwhile."""
+def await_answer(store: Store, job: str, request: OperatorRequest, timeout: float) -> OperatorRequest | None:
+    """Poll until the controller answers; after `timeout`, withdraw the request and return None (unless it
+    answered just then). The CLI waits in the foreground, the console on a thread."""
     key = keys.request(job, request.id)
     deadline = time.monotonic() + timeout
-    what = f"{request.kind.value} {request.node or 'every node'} in {job}"
-    current: OperatorRequest | None = request
     try:
-        with err.status(f"waiting for the controller to {what} (request {request.id}, up to {timeout:.0f}s)"):
-            while time.monotonic() < deadline:
-                current = store.get(key, OperatorRequest)
-                if current is None:
-                    raise CliError(f"request {request.id} disappeared from etcd (was the job deleted?)")
-                if current.status is not RequestStatus.PENDING:
-                    return current
-                time.sleep(POLL_SECONDS)
+        while time.monotonic() < deadline:
+            current = store.get(key, OperatorRequest)
+            if current is None:
+                raise CliError(f"request {request.id} disappeared from etcd (was the job deleted?)")
+            if current.status is not RequestStatus.PENDING:
+                return current
+            time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
         withdraw(store, job, request.id)
         raise
     final = withdraw(store, job, request.id)
     if final is not None and final.status is not RequestStatus.PENDING and final.message != WITHDRAWN:
         return final  # it answered just as we gave up
+    return None
+
+
+def wait(store: Store, job: str, request: OperatorRequest, timeout: float) -> OperatorRequest:
+    """await_answer with a spinner on stderr; a timeout is an error naming what to check."""
+    what = f"{request.kind.value} {request.node or 'every node'} in {job}"
+    with err.status(f"waiting for the controller to {what} (request {request.id}, up to {timeout:.0f}s)"):
+        final = await_answer(store, job, request, timeout)
+    if final is not None:
+        return final
     raise CliError(
         f"the controller of {job!r} did not answer request {request.id} ({what}) within {timeout:.0f}s, so it was "
         "withdrawn; is the controller running? (stalwart status JOB; --timeout waits longer)",

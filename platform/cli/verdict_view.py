@@ -34,7 +34,7 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ",".join(parts) or "-"
 
 
-def _nodes_of(ranks: Iterable[int], rank_nodes: Mapping[int, str] | None) -> str:
+def nodes_of(ranks: Iterable[int], rank_nodes: Mapping[int, str] | None) -> str:
     if not rank_nodes:
         return ""
     nodes = sorted({rank_nodes[r] for r in ranks if r in rank_nodes})
@@ -61,7 +61,7 @@ def stack_tree(groups: list[dict[str, Any]], rank_nodes: Mapping[int, str] | Non
         if g.get("outlier"):
             label.append("outlier ", style="bold red")
         label.append(f"{count} rank{'s' if count != 1 else ''}: {rank_ranges(ranks)}", style="bold")
-        label.append(_nodes_of(ranks, rank_nodes), style="cyan")
+        label.append(nodes_of(ranks, rank_nodes), style="cyan")
         if g.get("state") and g["state"] != "unknown":
             label.append(f"  {g['state']}", style="magenta")
         if g.get("signature"):

@@ -18,6 +18,8 @@ Agents and the controller talk to each other only through these keys:
                                                        or the operator; the controller carries it out and
                                                        writes the outcome into the same record
     /stalwart/v1/jobs/{job}/checkpoints/{step:012d}    CheckpointEntry: the job's checkpoint catalog
+    /stalwart/v1/jobs/{job}/audit/{id}                 AuditEntry: an action taken from the web console (who,
+                                                       when, why; the OperatorRequest that carried it out)
     /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
     /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
     /stalwart/v1/operators/{name}/leader               Kubernetes operator election, under the leader's lease
@@ -143,6 +145,14 @@ def checkpoints_prefix(job: str) -> str:
 
 def checkpoint_entry(job: str, step: int) -> str:
     return f"{checkpoints_prefix(job)}{step:012d}"
+
+
+def audit_prefix(job: str) -> str:
+    return job_prefix(job) + "audit/"
+
+
+def audit_entry(job: str, entry_id: str) -> str:
+    return audit_prefix(job) + _seg(entry_id)
 
 
 def cordons_prefix() -> str:

@@ -365,6 +365,23 @@ class OperatorRequest(Record):
     result: dict | None = None
 
 
+class AuditEntry(Record):
+    """An action a person took from the web console: kept with the job, shown on its page.
+
+    Node actions are carried out by the controller through `request_id` (an OperatorRequest, whose
+    record holds the outcome); suspend and resume change the job's spec and are done when written."""
+
+    id: str
+    job: str
+    action: str  # evict, cordon, uncordon, check, suspend, resume
+    node: str | None = None
+    reason: str
+    actor: str  # the person, as the proxy or the token named them
+    via: str  # how they were identified: proxy, token, session or anonymous
+    at: float
+    request_id: str | None = None
+
+
 class Cordon(Record):
     node: str
     reason: str

@@ -1,0 +1,294 @@
+"""What each page shows, read from etcd through the CLI's readers (one reader per idea: the console
+adds only what a page needs beyond the terminal: the timeline, the rank grid, the audit trail)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from pydantic import BaseModel
+
+from stalwart.cli.jobs_cmd import JobRow, read_jobs
+from stalwart.diagnosis.models import GroupKind
+from stalwart.cli.lookup import job_namespace, require_state, spec_document
+from stalwart.cli.status_cmd import NodeRow, RankRow, StatusReport, read_status
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.records import (
+    Assignment,
+    AuditEntry,
+    CheckpointEntry,
+    Incident,
+    JobPhase,
+    JobState,
+    OperatorRequest,
+)
+
+# A rank is a straggler on screen when it is behind the front and has not stepped for this many of
+# the job's median step times: a hint for people (the controller's slowdown rounds decide).
+STRAGGLER_STEP_TIMES = 3.0
+STRAGGLER_FLOOR_SECONDS = 2.0
+GROUP_KINDS: tuple[GroupKind, ...] = ("tp", "pp", "dp")
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+class JobsView(BaseModel):
+    rows: list[JobRow]
+    phases: list[str]
+    namespaces: list[str]
+    phase: str | None
+    namespace: str | None
+    live: bool
+
+
+def jobs_view(store: Store, phase: str | None, namespace: str | None) -> JobsView:
+    rows = read_jobs(store)
+    namespaces = sorted({r.namespace for r in rows})
+    shown = [r for r in rows if (not phase or r.phase.value == phase) and (not namespace or r.namespace == namespace)]
+    return JobsView(
+        rows=shown,
+        phases=[p.value for p in JobPhase],
+        namespaces=namespaces,
+        phase=phase,
+        namespace=namespace,
+        live=any(not r.phase.terminal for r in rows),
+    )
+
+
+# -- one job --------------------------------------------------------------------------------------
+class RankCell(BaseModel):
+    rank: int
+    health: str
+    step: int | None
+    loss: float | None
+    step_time: float | None
+    progress_age: float | None
+    straggler: bool
+    groups: dict[str, int]  # tp/pp/dp -> the index of the rank's group of that kind
+
+
+class NodeCard(BaseModel):
+    row: NodeRow
+    cells: list[RankCell]
+
+
+class Segment(BaseModel):
+    """A stretch of the job's life on the timeline: training in a generation, or down after a failure."""
+
+    kind: str  # pending, running, down, finished
+    start: float
+    end: float
+    generation: int | None
+    label: str
+
+
+class TimelineMark(BaseModel):
+    at: float
+    kind: str  # generation, incident, finished
+    label: str
+    incident: str | None = None
+
+
+class AuditRow(BaseModel):
+    at: float
+    actor: str
+    via: str
+    action: str
+    node: str | None
+    reason: str
+    status: str  # Pending, Done, Failed (the controller's answer), or Done for a spec change
+    message: str | None
+    request_id: str | None
+
+
+class Layout(BaseModel):
+    tp: int
+    pp: int
+    dp: int
+    source: str  # where the sizes came from
+
+
+class JobView(BaseModel):
+    status: StatusReport
+    namespace: str
+    suspend_requested: bool
+    live: bool
+    layout: Layout | None
+    nodes: list[NodeCard]
+    standbys: list[NodeRow]
+    others: list[NodeRow]  # evicted, idle
+    segments: list[Segment]
+    marks: list[TimelineMark]
+    timeline_start: float
+    timeline_end: float
+    checkpoints: list[CheckpointEntry]
+    audit: list[AuditRow]
+    now: float
+
+
+def layout_sizes(world: int, tp: int, pp: int) -> Layout | None:
+    """The parallel layout to draw: tp × pp must divide the world; dp is what is left."""
+    if world <= 0 or tp < 1 or pp < 1 or world % (tp * pp):
+        return None
+    return Layout(tp=tp, pp=pp, dp=world // (tp * pp), source="page")
+
+
+def rank_groups(layout: Layout, world: int) -> dict[int, dict[str, int]]:
+    """rank -> {tp, pp, dp: the index of its group of that kind}, from the diagnosis' own layout code."""
+    from stalwart.diagnosis.models import Topology
+    from stalwart.diagnosis.parallel_groups import build_layout
+
+    built = build_layout(Topology(world_size=world, tp=layout.tp, pp=layout.pp, dp=layout.dp))
+    return {r: {k: int(built.group_ids[k][r]) for k in GROUP_KINDS} for r in range(world)}
+
+
+def stragglers(ranks: list[RankRow]) -> set[int]:
+    running = [r for r in ranks if r.health in ("ok", "stalled") and r.step is not None]
+    if len(running) < 2:
+        return set()
+    front = max(r.step for r in running if r.step is not None)
+    times = [r.step_time for r in running if r.step_time]
+    typical = statistics.median(times) if times else 0.0
+    quiet = max(STRAGGLER_FLOOR_SECONDS, STRAGGLER_STEP_TIMES * typical)
+    out = set()
+    for r in running:
+        behind = r.step is not None and r.step < front and (r.progress_age or 0.0) > quiet
+        slow = bool(typical and r.step_time and r.step_time > 1.5 * typical)
+        if behind or slow:
+            out.add(r.rank)
+    return out
+
+
+def node_cards(report: StatusReport, layout: Layout | None, world: int) -> list[NodeCard]:
+    by_rank = {r.rank: r for r in report.ranks}
+    groups = rank_groups(layout, world) if layout else {}
+    slow = stragglers(report.ranks)
+    cards = []
+    for row in report.nodes:
+        if row.state not in ("up", "lost"):
+            continue
+        cells = []
+        for rank in row.ranks:
+            r = by_rank.get(rank)
+            cells.append(
+                RankCell(
+                    rank=rank,
+                    health=r.health if r else "missing",
+                    step=r.step if r else None,
+                    loss=r.loss if r else None,
+                    step_time=r.step_time if r else None,
+                    progress_age=r.progress_age if r else None,
+                    straggler=rank in slow,
+                    groups=groups.get(rank, {}),
+                )
+            )
+        cards.append(NodeCard(row=row, cells=cells))
+    return sorted(cards, key=lambda c: (c.row.node_rank is None, c.row.node_rank or 0, c.row.node))
+
+
+def timeline(
+    state: JobState, generations: list[Assignment], incidents: list[Incident], now: float
+) -> tuple[list[Segment], list[TimelineMark]]:
+    """From the records alone: a generation trains from its assignment until the next failure; the
+    job is down from a failure until the first step after it (or the next generation, if none came)."""
+    end = state.finished_at or now
+    segments: list[Segment] = []
+    marks: list[TimelineMark] = []
+    gens = sorted(generations, key=lambda g: g.generation)
+    first = gens[0].created_at if gens else end
+    if first > state.created_at:
+        segments.append(Segment(kind="pending", start=state.created_at, end=first, generation=None, label="pending"))
+    for i, g in enumerate(gens):
+        g_end = gens[i + 1].created_at if i + 1 < len(gens) else end
+        marks.append(TimelineMark(at=g.created_at, kind="generation", label=f"generation {g.generation}"))
+        segments.append(
+            Segment(
+                kind="running",
+                start=g.created_at,
+                end=max(g.created_at, g_end),
+                generation=g.generation,
+                label=f"generation {g.generation}",
+            )
+        )
+    for inc in incidents:
+        down_end = inc.first_step_at or end
+        segments.append(
+            Segment(
+                kind="down",
+                start=inc.failed_at,
+                end=max(inc.failed_at, min(down_end, end)),
+                generation=inc.generation,
+                label=f"{inc.failure_class.value} ({inc.id})",
+            )
+        )
+        marks.append(TimelineMark(at=inc.failed_at, kind="incident", label=inc.failure_class.value, incident=inc.id))
+    if state.phase.terminal:
+        marks.append(TimelineMark(at=end, kind="finished", label=state.phase.value))
+    return segments, sorted(marks, key=lambda m: m.at)
+
+
+def audit_rows(store: Store, job: str) -> list[AuditRow]:
+    """The console's own entries, with the controller's answer, and the requests other tools made."""
+    requests = {r.id: r for r in store.get_prefix(keys.requests_prefix(job), OperatorRequest)}
+    rows = []
+    for e in store.get_prefix(keys.audit_prefix(job), AuditEntry):
+        req = requests.pop(e.request_id, None) if e.request_id else None
+        rows.append(
+            AuditRow(
+                at=e.at,
+                actor=e.actor,
+                via=e.via,
+                action=e.action,
+                node=e.node,
+                reason=e.reason,
+                status=req.status.value if req else ("Done" if e.request_id is None else "Unknown"),
+                message=req.message if req else ("spec changed" if e.request_id is None else None),
+                request_id=e.request_id,
+            )
+        )
+    for r in requests.values():  # from the CLI or the Kubernetes operator
+        rows.append(
+            AuditRow(
+                at=r.requested_at,
+                actor=r.requested_by or "unknown",
+                via="request",
+                action=r.kind.value,
+                node=r.node,
+                reason=r.reason,
+                status=r.status.value,
+                message=r.message,
+                request_id=r.id,
+            )
+        )
+    return sorted(rows, key=lambda r: r.at, reverse=True)
+
+
+def job_view(store: Store, job: str, tp: int = 1, pp: int = 1) -> JobView:
+    now = time.time()
+    report = read_status(store, job)
+    state = require_state(store, job)
+    doc = spec_document(store, job)
+    spec = (doc or {}).get("spec")
+    generations = store.get_prefix(keys.generations_prefix(job), Assignment)
+    incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)
+    current = next((g for g in generations if g.generation == state.generation), None)
+    layout = layout_sizes(current.world_size, tp, pp) if current else None
+    segments, marks = timeline(state, generations, incidents, now)
+    checkpoints = sorted(store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry), key=lambda c: -c.step)
+    return JobView(
+        status=report,
+        namespace=job_namespace(doc),
+        suspend_requested=bool(isinstance(spec, dict) and spec.get("suspend")),
+        live=not report.phase.terminal,
+        layout=layout,
+        nodes=node_cards(report, layout, current.world_size if current else 0),
+        standbys=[n for n in report.nodes if n.state.startswith("standby")],
+        others=[n for n in report.nodes if n.state in ("evicted", "idle")],
+        segments=segments,
+        marks=marks,
+        timeline_start=state.created_at,
+        timeline_end=max(state.finished_at or now, state.created_at + 1),
+        checkpoints=checkpoints,
+        audit=audit_rows(store, job),
+        now=now,
+    )
