@@ -28,7 +28,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from stalwart.cli.errors import CliError, NotFound
 from stalwart.cli.incidents_cmd import incident_row, read_incidents
-from stalwart.cli.lookup import find_incident, require_state
+from stalwart.cli.lookup import find_incident, job_states, require_state
 from stalwart.cli.output import duration, num, percent
 from stalwart.cli.verdict_view import nodes_of, rank_ranges
 from stalwart.console import charts
@@ -318,14 +318,14 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> HTMLResponse:
         found = read_incidents(store, job or None)[-limit:][::-1]
-        states = {j: require_state(store, j) for j in {i.job for i in found}}
+        states = [require_state(store, job)] if job else job_states(store)
         return page(
             request,
             "incidents.html",
             {
                 "incidents": found,
                 "job": job,
-                "live": any(not s.phase.terminal for s in states.values()),
+                "live": any(not s.phase.terminal for s in states),  # a new incident may come
                 "runbook_of": runbook_for_incident,
                 "row_of": incident_row,
                 "bounds": _bounds(found),
@@ -348,7 +348,7 @@ def create_app(
 
     @app.get("/runbooks/{name}")
     def runbook(request: Request, who: Who, name: str) -> HTMLResponse:
-        found = runbook_html(name)
+        found = runbook_html(name, request.scope.get("root_path", ""))
         if found is None:
             raise NotFound(f"no runbook {name!r}")
         return page(request, "runbook.html", {"book": found[0], "html": found[1]})

@@ -447,3 +447,23 @@ def test_history_samples_unfinished_jobs_and_stays_bounded(records: Store) -> No
     live = history.series(LIVE)
     assert len(live) == 3 and all(s.step == 50 and s.phase == "Running" for s in live)
     assert len(history.series(DONE)) == 1  # a finished job: one sample of its end
+
+
+def test_an_open_incidents_page_of_a_live_job_keeps_asking(app, records: Store) -> None:  # type: ignore[no-untyped-def]
+    c = client(app)
+    live = c.get(f"/incidents?job={LIVE}", headers=VIEWER).text
+    assert 'hx-trigger="every' in live  # a new incident would appear
+    assert 'hx-trigger="every' not in c.get(f"/incidents?job={DONE}", headers=VIEWER).text
+    runbook = c.get("/runbooks/hang", headers=VIEWER).text
+    assert 'href="/runbooks/' in runbook and '.md"' not in runbook  # links between runbooks stay in the console
+
+
+def test_the_console_refuses_to_listen_beyond_loopback_with_no_sign_in() -> None:
+    from stalwart.cli.errors import CliError
+    from stalwart.console.command import access_settings
+
+    assert access_settings("127.0.0.1", [], [], [], None, None).anonymous is Role.VIEWER
+    with pytest.raises(CliError, match="no way to tell who is asking"):
+        access_settings("0.0.0.0", [], [], [], None, None)
+    with pytest.raises(CliError, match="--trust-proxy"):
+        access_settings("0.0.0.0", ["not-a-network"], [], [], None, None)

@@ -1,0 +1,335 @@
+"""The console in a real browser (Debian's Chromium, headless, driven by Playwright) against a real job.
+
+One job run and one browser serve the whole module, in order: `stalwart run` with a hang injected
+(rank 1 at step 30) and a warm standby; `stalwart console` in front of the same etcd, identifying
+people from the headers a trusted authenticating proxy would add. The tests follow the job:
+
+  1. the hang's incident appears on an open incidents page, without a reload, with its verdict and runbook;
+  2. every page renders for the live job: the rank grid, the logs following live, stacks now with a verdict;
+  3. a viewer cannot act (no buttons, the confirmation page and a POST are refused);
+  4. an operator evicts a node through the confirmation page: it moves out of the job, a standby takes
+     its ranks, and the audit trail shows who, when, why and the controller's answer;
+  5. a worker is killed (maxRestarts 0: the job fails): every page renders for the finished job;
+  6. no request of the browser's went to any host but the console.
+
+STALWART_SCREENSHOTS=DIR writes a screenshot of each page there (docs/console is the one the docs use).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.paths import REPO
+
+from stalwart.net import free_port
+from stalwart.processes import spawn, stop_process, wait_for
+from stalwart.store import Store, keys
+from stalwart.store.etcd_server import EtcdServer
+from stalwart.store.nodes import read_nodes
+from stalwart.store.records import AuditEntry, Incident, JobState, OperatorRequest, RequestStatus
+
+playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+JOB_FILE = REPO / "tests" / "data" / "console" / "console-job.yaml"
+JOB = "console-e2e"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+OPERATOR = {"X-Forwarded-User": "olga", "X-Forwarded-Groups": "ml-team,sre"}
+VIEWER = {"X-Forwarded-User": "vera", "X-Forwarded-Groups": "ml-team"}
+SLOW = 180_000  # ms: what a loaded 2-core machine may need for a recovery; the waits end on the state
+SHOTS = os.environ.get("STALWART_SCREENSHOTS")
+
+if not CHROMIUM.exists():
+    pytest.skip("Debian's chromium is not installed (make install installs it as root)", allow_module_level=True)
+
+
+@dataclass
+class World:
+    store: Store
+    base: str
+    run_log: Path
+    requests: list[str] = field(default_factory=list)
+
+
+def state(store: Store) -> JobState | None:
+    return store.get(keys.job_state(JOB), JobState)
+
+
+def incidents(store: Store) -> list[Incident]:
+    return sorted(store.get_prefix(keys.incidents_prefix(JOB), Incident), key=lambda i: i.failed_at)
+
+
+def training(store: Store, after: float = 0.0) -> bool:
+    """Running, every rank of the current generation stepping, and (when `after`) a step since then."""
+    s = state(store)
+    if s is None or s.phase.value != "Running":
+        return False
+    workers = [w for b in read_nodes(store, JOB).heartbeats.values() if b.generation == s.generation for w in b.workers]
+    return len(workers) == 4 and all(w.step is not None and (w.last_progress_at or 0) > after for w in workers)
+
+
+def shot(page: Any, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    store = Store(etcd.endpoint)
+    store.delete_prefix(keys.job_prefix(JOB))
+    workdir = tmp_path_factory.mktemp("console-e2e")
+    port = free_port()
+    console_argv = [
+        sys.executable, "-m", "stalwart.cli.main", "console", "--etcd", etcd.endpoint, "--port", str(port),
+        "--trust-proxy", "127.0.0.1/32", "--operator-group", "sre", "--refresh", "1", "--sample-seconds", "1",
+    ]  # fmt: skip
+    run_argv = [
+        sys.executable, "-m", "stalwart.cli.main", "run", str(JOB_FILE), "--etcd", etcd.endpoint,
+        "--workdir", str(workdir / "run"), "--inject", "hang-worker:rank=1,step=30", "--timeout", "900",
+    ]  # fmt: skip
+    with open(workdir / "console.log", "wb") as console_out:
+        console = spawn(console_argv, stdout=console_out)
+    run = None
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def serving() -> bool:
+            try:
+                return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return console.poll() is not None
+
+        assert wait_for(serving, 60, interval=0.2) and console.poll() is None, (workdir / "console.log").read_text()
+        with open(workdir / "run.out", "wb") as run_out:
+            run = spawn(run_argv, stdout=run_out)
+        yield World(store, base, workdir / "run.out")
+    finally:
+        if run is not None:
+            stop_process(run, grace=60)
+        stop_process(console, grace=10)
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def browser(world: World) -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def context(browser: Any, world: World, headers: dict[str, str], **options: Any) -> Any:
+    ctx = browser.new_context(extra_http_headers=headers, timezone_id="Asia/Tokyo", **options)
+    ctx.on("request", lambda r: world.requests.append(r.url))
+    ctx.set_default_timeout(SLOW)
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def operator(browser: Any, world: World) -> Iterator[Any]:
+    ctx = context(browser, world, OPERATOR, viewport={"width": 1400, "height": 1000})
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def viewer(browser: Any, world: World) -> Iterator[Any]:
+    ctx = context(browser, world, VIEWER, viewport={"width": 390, "height": 844})  # a phone
+    yield ctx
+    ctx.close()
+
+
+def unchanged(page: Any) -> bool:
+    """The page was not reloaded since mark(page): what changed came in through htmx."""
+    return bool(page.evaluate("window.__stalwartMark === 1"))
+
+
+def mark(page: Any) -> None:
+    page.evaluate("window.__stalwartMark = 1")
+
+
+# -- 1. the incident appears live --------------------------------------------------------------------
+def test_the_incident_appears_live_with_its_verdict_and_runbook(world: World, operator: Any) -> None:
+    assert wait_for(lambda: state(world.store) is not None, 60, interval=0.2), "the job was never submitted"
+    page = operator.new_page()
+    page.goto(f"{world.base}/incidents?job={JOB}")
+    if incidents(world.store):
+        pytest.fail("the hang struck before the page was open: nothing left to see arrive")
+    assert "no incidents in job" in page.inner_text("main")
+    mark(page)
+    card = page.locator("article.incident").first
+    card.locator(".verdict").wait_for()  # the controller records the incident with its diagnosis
+    text = card.inner_text()
+    assert "Hang" in text and "node-0" in text, text
+    assert "outlier" in text and "stack groups" in text, text  # the verdict's stack groups
+    assert "detected" in text and "restarted" in text and "first step" in text
+    runbook = card.locator("details.runbook .markdown")
+    assert runbook.is_visible() and "hang" in runbook.inner_text().lower()
+    assert unchanged(page)
+    # Times in the viewer's zone (the context is in Tokyo), not UTC.
+    first_time = page.locator("time").first.inner_text()
+    assert "UTC" not in first_time and ("GMT+9" in first_time or "JST" in first_time), first_time
+    shot(page, "incidents")
+    page.close()
+
+
+# -- 2. every page of the live job ---------------------------------------------------------------------
+def test_every_page_renders_for_the_live_job(world: World, operator: Any) -> None:
+    hang = incidents(world.store)[0]
+    assert wait_for(lambda: training(world.store, after=hang.failed_at + 1), 240, interval=0.5), "never recovered"
+    page = operator.new_page()
+    page.goto(f"{world.base}/jobs")
+    row = page.locator(f"tr:has(a[href='/jobs/{JOB}'])")
+    assert "Running" in row.inner_text() and "research" in row.inner_text() and "0 + 1 infra" in row.inner_text()
+    shot(page, "jobs")
+
+    page.goto(f"{world.base}/jobs/{JOB}")
+    assert page.locator(".node").count() == 2 and page.locator("li.rank").count() == 4
+    assert page.locator("li.rank.health-ok").count() >= 1
+    assert "node-0" not in page.locator(".grid").inner_text()  # the hung rank's node was evicted
+    page.locator("rect.seg-down").first.wait_for(state="attached")  # the hang's downtime on the timeline
+    assert "Sampled by this console" in page.inner_text("main")
+    page.locator("table td:has-text('memory'), table td:has-text('storage')").first.wait_for()  # a checkpoint
+    page.locator("svg.chart polyline").first.wait_for(state="attached")  # enough samples for a line
+    shot(page, "job")
+
+    page.goto(f"{world.base}/jobs/{JOB}/incidents/{hang.id}")
+    assert "Runbook" in page.inner_text("main") and "Hang" in page.inner_text("main")
+    shot(page, "incident")
+
+    page.goto(f"{world.base}/jobs/{JOB}/logs?rank=0")
+    log = page.locator("pre.log")
+    log.wait_for()
+    page.wait_for_function("document.querySelector('pre.log').textContent.includes('step ')")
+    mark(page)
+    before = log.inner_text()
+    page.wait_for_function(
+        "([before]) => document.querySelector('pre.log') && document.querySelector('pre.log').textContent !== before",
+        arg=[before],
+    )
+    assert unchanged(page)  # the tail followed the job without a reload
+    shot(page, "logs")
+
+    page.goto(f"{world.base}/jobs/{JOB}/stacks")
+    page.get_by_role("button", name="Capture stacks now").click()
+    page.locator("#stacks .verdict").wait_for()
+    assert "stack groups" in page.locator("#stacks").inner_text()
+    assert "diagnosed by" in page.locator("#stacks").inner_text()
+    shot(page, "stacks")
+    page.close()
+
+
+# -- 3. a viewer --------------------------------------------------------------------------------------
+def test_a_viewer_sees_everything_and_cannot_act(world: World, viewer: Any) -> None:
+    page = viewer.new_page()
+    page.goto(f"{world.base}/jobs/{JOB}")
+    page.locator("li.rank").first.wait_for()
+    assert page.locator("a:has-text('Evict')").count() == 0 and page.locator("a:has-text('Suspend')").count() == 0
+    # A phone-sized screen: nothing wider than the screen but the tables' own scrollers.
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    shot(page, "job-phone")
+    node = state(world.store).slots[1]  # type: ignore[union-attr]
+    refused = page.goto(f"{world.base}/jobs/{JOB}/actions/evict?node={node}")
+    assert refused is not None and refused.status == 403 and "may view but not act" in page.inner_text("main")
+    posted = viewer.request.post(f"{world.base}/jobs/{JOB}/actions/evict", form={"node": node, "reason": "x"})
+    assert posted.status == 403
+    assert not world.store.get_prefix(keys.requests_prefix(JOB), OperatorRequest)
+    page.close()
+
+
+# -- 4. evict from the console ----------------------------------------------------------------------------
+def test_evict_with_confirmation_moves_the_node_out_and_is_audited(world: World, operator: Any) -> None:
+    def ready() -> bool:
+        s = state(world.store)
+        registered = read_nodes(world.store, JOB).registrations
+        return s is not None and training(world.store) and any(n in registered for n in s.standbys)
+
+    assert wait_for(ready, 240, interval=0.5), "no registered standby to take the node's ranks"
+    s = state(world.store)
+    assert s is not None
+    target, standby = s.slots[1], s.standbys[0]
+    page = operator.new_page()
+    page.goto(f"{world.base}/jobs/{JOB}")
+    page.locator(f".node:has(strong:text-is('{target}')) a:has-text('Evict')").click()
+    assert page.url.endswith(f"/jobs/{JOB}/actions/evict?node={target}")
+    assert f"Evict {target} in {JOB}?" in page.inner_text("h1")
+    shot(page, "confirm")
+    page.fill("#reason", "ECC errors rising on this machine")
+    page.get_by_role("button", name=f"Evict {target}").click()
+    page.wait_for_url(f"**/jobs/{JOB}?done=*")
+    mark(page)
+    audit = page.locator("#audit")
+    assert "olga" in audit.inner_text() and "ECC errors rising on this machine" in audit.inner_text()
+    audit.locator(".status-done").wait_for()  # the controller's answer, arriving live
+    page.locator(f".grid .node:has(strong:text-is('{standby}'))").wait_for()  # the standby holds the ranks now
+    assert page.locator(f".grid .node:has(strong:text-is('{target}'))").count() == 0
+    assert unchanged(page)
+    after = state(world.store)
+    assert after is not None and target in after.evicted and standby in after.slots
+    [entry] = world.store.get_prefix(keys.audit_prefix(JOB), AuditEntry)
+    assert (entry.action, entry.node, entry.actor, entry.via) == ("evict", target, "olga", "proxy")
+    request = world.store.get(keys.request(JOB, entry.request_id or "-"), OperatorRequest)
+    assert request is not None and request.status is RequestStatus.DONE, request
+    shot(page, "job-after-evict")
+    page.close()
+
+
+# -- 5. the finished job ----------------------------------------------------------------------------------
+def test_every_page_renders_for_the_finished_job(world: World, operator: Any) -> None:
+    evicted_at = max(i.failed_at for i in incidents(world.store))
+    assert wait_for(lambda: training(world.store, after=evicted_at + 1), 240, interval=0.5)
+    watching = operator.new_page()
+    watching.goto(f"{world.base}/jobs/{JOB}")
+    mark(watching)
+    s = state(world.store)
+    assert s is not None
+    [victim] = [w for b in read_nodes(world.store, JOB).heartbeats.values() if b.generation == s.generation
+                for w in b.workers if w.rank == 0]  # fmt: skip
+    os.kill(victim.pid, signal.SIGKILL)  # a counted failure with maxRestarts 0: the job fails
+    assert wait_for(lambda: (st := state(world.store)) is not None and st.phase.terminal, 240, interval=0.5)
+    watching.locator(".summary .phase-failed").wait_for()  # the open page saw the end without a reload
+    assert unchanged(watching) and watching.locator("a:has-text('Evict')").count() == 0
+    shot(watching, "job-finished")
+    pages = {
+        "/jobs": "Failed",
+        f"/jobs/{JOB}": "Failed",
+        f"/incidents?job={JOB}": "WorkerCrash",
+        f"/jobs/{JOB}/incidents/{incidents(world.store)[0].id}": "Hang",
+        f"/jobs/{JOB}/logs?rank=0": "its agents have exited",
+        f"/jobs/{JOB}/stacks": "no workers whose stacks could be captured",
+        "/runbooks/hang": "Hang",
+    }
+    for path, says in pages.items():
+        response = watching.goto(f"{world.base}{path}")
+        assert response is not None and response.status == 200, path
+        assert says in watching.inner_text("main"), (path, watching.inner_text("main")[:500])
+    watching.close()
+
+
+# -- 6. nothing but the console -------------------------------------------------------------------------
+def test_no_request_went_to_any_host_but_the_console(world: World) -> None:
+    assert world.requests, "the browser made no request at all"
+    others = sorted({u for u in world.requests if not u.startswith(world.base + "/")})
+    assert not others, others
+    assert any(u.endswith("/static/vendor/htmx.min.js") for u in world.requests)  # served by the console itself
