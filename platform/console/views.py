@@ -9,9 +9,9 @@ import time
 from pydantic import BaseModel
 
 from stalwart.cli.jobs_cmd import JobRow, read_jobs
-from stalwart.diagnosis.models import GroupKind
 from stalwart.cli.lookup import job_namespace, require_state, spec_document
 from stalwart.cli.status_cmd import NodeRow, RankRow, StatusReport, read_status
+from stalwart.diagnosis.models import GroupKind
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import (
