@@ -122,6 +122,8 @@ class JobView(BaseModel):
     timeline_start: float
     timeline_end: float
     checkpoints: list[CheckpointEntry]
+    # What the running ranks report (heartbeats): the newest step every rank saved, and the newest any did.
+    reported_checkpoint: tuple[int, int] | None
     audit: list[AuditRow]
     now: float
 
@@ -227,6 +229,15 @@ def timeline(
     return segments, sorted(marks, key=lambda m: m.at)
 
 
+def reported_checkpoint(ranks: list[RankRow]) -> tuple[int, int] | None:
+    """(newest step every rank has saved, newest step any rank has), from the ranks' progress reports."""
+    steps = [r.last_checkpoint_step for r in ranks if r.health not in ("missing", "crashed")]
+    if not steps or any(s is None for s in steps):
+        return None
+    known = [s for s in steps if s is not None]
+    return min(known), max(known)
+
+
 def audit_rows(store: Store, job: str) -> list[AuditRow]:
     """The console's own entries, with the controller's answer, and the requests other tools made."""
     requests = {r.id: r for r in store.get_prefix(keys.requests_prefix(job), OperatorRequest)}
@@ -289,6 +300,7 @@ def job_view(store: Store, job: str, tp: int = 1, pp: int = 1) -> JobView:
         timeline_start=state.created_at,
         timeline_end=max(state.finished_at or now, state.created_at + 1),
         checkpoints=checkpoints,
+        reported_checkpoint=reported_checkpoint(report.ranks),
         audit=audit_rows(store, job),
         now=now,
     )

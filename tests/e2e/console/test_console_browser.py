@@ -209,7 +209,7 @@ def test_every_page_renders_for_the_live_job(world: World, operator: Any) -> Non
     assert "node-0" not in page.locator(".grid").inner_text()  # the hung rank's node was evicted
     page.locator("rect.seg-down").first.wait_for(state="attached")  # the hang's downtime on the timeline
     assert "Sampled by this console" in page.inner_text("main")
-    page.locator("table td:has-text('memory'), table td:has-text('storage')").first.wait_for()  # a checkpoint
+    page.locator("p.reported:has-text('newest checkpoint: step')").wait_for()  # what the ranks saved
     page.locator("svg.chart polyline").first.wait_for(state="attached")  # enough samples for a line
     shot(page, "job")
 

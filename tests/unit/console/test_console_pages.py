@@ -82,6 +82,7 @@ def worker(rank: int, step: int, progress_age: float = 0.2, exit_code: int | Non
         tokens_per_second=1000.0,
         step_time=0.1,
         last_progress_at=NOW - progress_age,
+        last_checkpoint_step=40,
     )
 
 
@@ -231,7 +232,8 @@ def test_job_page_shows_grid_standbys_timeline_checkpoints_and_charts(app) -> No
     assert "tp1 pp2 dp0" in html  # rank 2 with TP=2: the second TP group, the first DP group
     assert "node-c" in html and "standby" in html
     assert "generation 2" in html and 'class="timeline"' in html and "seg-down" in html
-    assert "3.0 MiB" in html and "memory" in html  # the checkpoint
+    assert "3.0 MiB" in html and "memory" in html  # the checkpoint in the catalog
+    assert "newest checkpoint: step 40 saved by every rank" in html  # and what the ranks report
     assert "Sampled by this console" in html
     assert "<time datetime=" in html
     # A viewer sees no action.
