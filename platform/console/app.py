@@ -217,21 +217,20 @@ def create_app(
         title = "Sign in" if exc.status == 401 else "Not allowed"
         return error_page(request, exc.status, title, str(exc))
 
-    @app.exception_handler(NotFound)
-    async def on_not_found(request: Request, exc: NotFound) -> Response:
-        return error_page(request, 404, "Not found", str(exc))
+    def plain(status: int, title: str) -> Callable[[Request, Exception], Any]:
+        async def handler(request: Request, exc: Exception) -> Response:
+            return error_page(request, status, title, str(exc))
 
-    @app.exception_handler(Conflict)
-    async def on_conflict(request: Request, exc: Conflict) -> Response:
-        return error_page(request, 409, "Cannot do that now", str(exc))
+        return handler
 
-    @app.exception_handler(BadForm)
-    async def on_bad_form(request: Request, exc: BadForm) -> Response:
-        return error_page(request, 400, "Bad request", str(exc))
-
-    @app.exception_handler(CliError)
-    async def on_cli_error(request: Request, exc: CliError) -> Response:
-        return error_page(request, 400, "Bad request", str(exc))
+    # NotFound before CliError: the handler of the closest class in the exception's MRO answers.
+    for error, status, title in (
+        (NotFound, 404, "Not found"),
+        (Conflict, 409, "Cannot do that now"),
+        (BadForm, 400, "Bad request"),
+        (CliError, 400, "Bad request"),
+    ):
+        app.add_exception_handler(error, plain(status, title))
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> Response:
