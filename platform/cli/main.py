@@ -64,10 +64,22 @@ def run(
     metrics_port: Annotated[
         int, typer.Option(help="Port of the job-metrics exporter (/metrics on 127.0.0.1); 0: any free port.")
     ] = 0,
+    console: Annotated[
+        int | None,
+        typer.Option(
+            "--console",
+            metavar="PORT",
+            min=1,
+            max=65535,
+            help="Also serve the web console on 127.0.0.1:PORT while the job runs (you may act in it).",
+        ),
+    ] = None,
 ) -> None:
     """Run a TrainingJob on this machine: etcd, a controller and node agents as local processes.
 
     Example: stalwart run examples/pretrain-tiny.yaml --inject kill-worker:rank=1,step=20
+
+    With the web console: stalwart run examples/pretrain-tiny.yaml --console 8090
     """
     from stalwart.faults import parse_fault
     from stalwart.runner import JobAlreadyExists, LocalRun
@@ -81,7 +93,14 @@ def run(
     workdir = workdir or Path(".stalwart/runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         result = LocalRun(
-            job, job_file, workdir, etcd_endpoint=etcd, faults=faults, timeout=timeout, metrics_port=metrics_port
+            job,
+            job_file,
+            workdir,
+            etcd_endpoint=etcd,
+            faults=faults,
+            timeout=timeout,
+            metrics_port=metrics_port,
+            console_port=console,
         ).run()
     except JobAlreadyExists as exc:
         raise _fail(str(exc)) from None

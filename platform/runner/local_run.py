@@ -74,6 +74,7 @@ class LocalRun:
         console: Console | None = None,
         timeout: float = 3600.0,
         metrics_port: int = 0,
+        console_port: int | None = None,
     ) -> None:
         self.job = job
         self.job_dir = job_file.resolve().parent
@@ -90,6 +91,8 @@ class LocalRun:
         self.diagnosis_port: int | None = None
         self.metrics_port = metrics_port
         self.job_metrics: JobExporter | None = None
+        self.console_port = console_port
+        self.web_console: subprocess.Popen[bytes] | None = None
         self.controller_starts = 0
         self.agents_by_generation: dict[int, dict[str, int]] = {}
         self._interrupted: int | None = None
@@ -156,6 +159,12 @@ class LocalRun:
             services["job-metrics"] = f"127.0.0.1:{self.job_metrics.port}"
         write_targets(self.workdir / TARGETS_FILE, target_groups(read_nodes(store, self.job.name), services))
 
+    def _start_web_console(self, endpoint: str, port: int) -> None:
+        """Serve the web console for this run on loopback; the person running the job may act in it."""
+        argv = [sys.executable, "-m", "stalwart.cli.main", "console", "--etcd", endpoint, "--port", str(port)]
+        with open(self.workdir / "console.log", "ab") as log:
+            self.web_console = spawn([*argv, "--anonymous", "operator"], stdout=log, stderr=subprocess.STDOUT)
+
     def _kill_controller(self) -> int | None:
         if self.controller is None or self.controller.poll() is not None:
             return None
@@ -195,13 +204,16 @@ class LocalRun:
             self._start_diagnosis(store, endpoint)
             metrics_url = self._start_job_metrics(endpoint, store)
             self._write_scrape_targets(store)
+            if self.console_port:
+                self._start_web_console(endpoint, self.console_port)
             cluster = LocalCluster(self.job.name, endpoint, self.workdir, self.job_dir)
             injector = FaultInjector(self.faults, cluster, self._kill_controller)
             self._start_controller(endpoint)
             self.console.print(
                 f"[bold]stalwart run[/] {self.job.name}: {self.job.spec.node_count} nodes × "
                 f"{self.job.spec.world_size // max(1, self.job.spec.node_count)} workers, "
-                f"etcd {endpoint}, logs in {self.workdir}",
+                f"etcd {endpoint}, logs in {self.workdir}"
+                + (f", console http://127.0.0.1:{self.console_port}" if self.console_port else ""),
                 highlight=False,
             )
             self.console.print(
@@ -233,6 +245,8 @@ class LocalRun:
                         store.delete(keys.service("job-metrics"))
                     except Exception:
                         pass
+            if self.web_console is not None:
+                stop_process(self.web_console, grace=5.0)
             if self.diagnosis is not None:
                 stop_process(self.diagnosis, grace=5.0)
                 if store is not None:
