@@ -22,9 +22,12 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse,
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.routing import Match
+from starlette.types import Scope
 
 from stalwart.cli.errors import CliError, NotFound
 from stalwart.cli.incidents_cmd import incident_row, read_incidents
@@ -37,6 +40,7 @@ from stalwart.console.actions import CONSEQUENCES, Action, BadForm, Conflict, pe
 from stalwart.console.history import History
 from stalwart.console.runbook_html import runbook_html
 from stalwart.console.views import JobView, job_view, jobs_view
+from stalwart.diagnosis.service import RequestTimer
 from stalwart.logs import get_logger
 from stalwart.runbooks import runbook_for_incident
 from stalwart.store import keys
@@ -163,6 +167,20 @@ def create_app(
         consequences=CONSEQUENCES,
     )
     cache = _Cache()
+    registry = CollectorRegistry(auto_describe=True)
+    http_seconds = Histogram(
+        "stalwart_console_http_request_duration_seconds",
+        "HTTP requests answered, from arrival to the response, by method, route and status.",
+        ("method", "route", "status"),
+        registry=registry,
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    )
+    actions_taken = Counter(
+        "stalwart_console_actions",
+        "Actions taken from the console (each audited), by action.",
+        ("action",),
+        registry=registry,
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -260,6 +278,11 @@ def create_app(
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> PlainTextResponse:
         return PlainTextResponse("ok")
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """For Prometheus, without sign-in (as /healthz): counts only, no job's data."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/")
     def root(request: Request) -> RedirectResponse:
@@ -437,6 +460,7 @@ def create_app(
         node: Annotated[str | None, Form(max_length=253)] = None,
     ) -> RedirectResponse:
         entry = perform(store, job, action, node or None, reason, who)
+        actions_taken.labels(action.value).inc()
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}/jobs/{job}?done={entry.id}#audit", status_code=303)
 
@@ -471,6 +495,17 @@ def create_app(
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
 
+    def route_of(scope: Scope) -> str:
+        for route in app.router.routes:
+            if route.matches(scope)[0] is Match.FULL:
+                return str(getattr(route, "path", "other"))
+        return "other"  # unknown paths share one label
+
+    app.add_middleware(
+        RequestTimer,
+        routes=route_of,
+        observe=lambda method, route, status, seconds: http_seconds.labels(method, route, status).observe(seconds),
+    )
     return app
 
 

@@ -469,3 +469,17 @@ def test_the_console_refuses_to_listen_beyond_loopback_with_no_sign_in() -> None
         access_settings("0.0.0.0", [], [], [], None, None)
     with pytest.raises(CliError, match="--trust-proxy"):
         access_settings("0.0.0.0", ["not-a-network"], [], [], None, None)
+
+
+def test_metrics_for_prometheus_need_no_sign_in_and_count_actions(app) -> None:  # type: ignore[no-untyped-def]
+    from support.metrics_doc import documented, families
+
+    c = client(app, STRANGER)
+    c.post(f"/jobs/{DONE}/actions/check", data={"reason": "x"}, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
+    scrape = c.get("/metrics")
+    assert scrape.status_code == 200
+    found = families(scrape.text)
+    doc = documented("Web console")
+    assert set(doc) <= set(found), (sorted(doc), sorted(found))
+    routes = {s["route"] for s in found["stalwart_console_http_request_duration_seconds"][1]}
+    assert "/jobs/{job}/actions/{action}" in routes and not any("console-done" in r for r in routes)
