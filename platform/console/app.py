@@ -386,14 +386,21 @@ def create_app(
         from stalwart.cli.logs_cmd import log_nodes, read_logs
 
         state = require_state(store, job)
-        output, notes, problem = None, [], None
+        output: Any = None
+        notes: list[str] = []
+        problem: str | None = None
         if state.phase.terminal:
             problem = (
                 f"job {job} finished ({state.phase.value}): its agents have exited, so no node can send its "
                 "workers' output any more; it is in the run's folder (stalwart run) or the pods' logs"
             )
         else:
-            log_nodes(store, job, rank)  # an unknown rank is a 404 before anything is asked
+            try:
+                log_nodes(store, job, rank)  # an unknown rank is a 404 before anything is asked
+            except NotFound:
+                raise
+            except CliError as exc:  # between generations: no node to ask now, the page says so
+                problem = str(exc)
 
             def fetch() -> tuple[Any, list[str], str | None]:
                 said: list[str] = []
@@ -404,7 +411,8 @@ def create_app(
                 except CliError as exc:
                     return None, said, str(exc)
 
-            output, notes, problem = cache.get(("logs", job, rank, lines), LOG_CACHE_SECONDS, fetch)
+            if problem is None:
+                output, notes, problem = cache.get(("logs", job, rank, lines), LOG_CACHE_SECONDS, fetch)
         assignment = store.get(keys.generation(job, state.generation), Assignment) if state.generation else None
         world = sorted(assignment.rank_nodes()) if assignment else []
         return page(

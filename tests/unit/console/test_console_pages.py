@@ -483,3 +483,13 @@ def test_metrics_for_prometheus_need_no_sign_in_and_count_actions(app) -> None: 
     assert set(doc) <= set(found), (sorted(doc), sorted(found))
     routes = {s["route"] for s in found["stalwart_console_http_request_duration_seconds"][1]}
     assert "/jobs/{job}/actions/{action}" in routes and not any("console-done" in r for r in routes)
+
+
+def test_logs_of_a_job_between_generations_say_so(app, records: Store) -> None:  # type: ignore[no-untyped-def]
+    pending = "console-pending"
+    records.put(keys.job_state(pending), JobState(job=pending, created_at=NOW, updated_at=NOW))
+    try:
+        page = client(app).get(f"/jobs/{pending}/logs", headers=VIEWER)
+        assert page.status_code == 200 and "has no running generation" in unescape(page.text), page.text[:800]
+    finally:
+        records.delete_prefix(keys.job_prefix(pending))
