@@ -3,9 +3,11 @@
 The spec model (stalwart.spec.model) and the status model (stalwart_operator.status) are the one
 source; this module turns their JSON Schema into the structural OpenAPI v3 schema that Kubernetes
 wants: references inlined, `anyOf [X, null]` turned into `nullable`, JSON-Schema-2020 exclusive
-bounds turned into OpenAPI 3.0 booleans, defaults moved into descriptions (the pydantic model
-applies them, so a later release can change a default without rewriting stored objects), every
-string, list and map bounded, and CEL rules for what a schema alone cannot say.
+bounds turned into OpenAPI 3.0 booleans, every default as a `default:` (so `kubectl get -o yaml`
+shows it; objects default to `{}` when something inside them has a default) and in the description
+(for `kubectl explain`), every string, list and map bounded, the fields of a role's pod `template`
+in Kubernetes' own schemas (stalwart_operator.kube_structural), and CEL rules for what a schema
+alone cannot say.
 
 Regenerate the committed YAML with:  python -m stalwart_operator.crd > charts/stalwart/crds/trainingjobs.yaml
 """
@@ -20,8 +22,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from stalwart.spec.model import FaultTolerance, TrainingJobSpec
+from stalwart.spec.kubernetes import SHAPE_KEY
+from stalwart.spec.model import AGENT_CONTAINER, RESERVED_PREFIX, FaultTolerance, Role, TrainingJobSpec
 from stalwart_operator import names
+from stalwart_operator.kube_structural import field_schema
+from stalwart_operator.pods import OPERATOR_ENV, OPERATOR_VOLUMES
 from stalwart_operator.status import TrainingJobStatus
 
 Schema = dict[str, Any]
@@ -62,10 +67,37 @@ def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
     return {**target, **own}
 
 
+def _kubernetes_field(node: Schema) -> Schema:
+    """A field the model declares as Kubernetes' own: Kubernetes' schema, the model's bounds."""
+    out = field_schema(node[SHAPE_KEY])
+    for key in ("maxItems", "maxProperties"):
+        if key in node:
+            out[key] = node[key]
+    if node.get("description"):
+        out["description"] = node["description"]
+    if "anyOf" in node and any(o.get("type") == "null" for o in node["anyOf"]):
+        out["nullable"] = True
+    return out
+
+
+def _schema_default(default: Any, out: Schema) -> Any:
+    """The `default:` for a node, or None: scalars as they are; an object whose fields have
+    defaults as {} (the API server then fills those in); no empty lists, maps or nulls."""
+    if default is None or isinstance(default, list):
+        return None
+    if isinstance(default, dict):
+        props = out.get("properties") or {}
+        return {} if any("default" in p for p in props.values()) else None
+    return default
+
+
 def convert(node: Schema, defs: dict[str, Schema], path: str = "") -> Schema:
     """One JSON Schema node (pydantic's output) as a structural OpenAPI v3 schema node."""
     node = _resolve(node, defs)
     default = node.get("default")
+    shape = node.get(SHAPE_KEY) or next((o.get(SHAPE_KEY) for o in node.get("anyOf", []) if SHAPE_KEY in o), None)
+    if shape is not None:
+        return _kubernetes_field({**node, SHAPE_KEY: shape})
     nullable = False
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
@@ -145,6 +177,9 @@ def convert(node: Schema, defs: dict[str, Schema], path: str = "") -> Schema:
     )
     if leftover:
         raise SchemaError(f"{path or '(root)'}: unhandled JSON Schema keys {sorted(leftover)}")
+    schema_default = _schema_default(default, out)
+    if schema_default is not None:
+        out["default"] = schema_default
     return out
 
 
@@ -156,6 +191,37 @@ def model_schema(model: type[BaseModel]) -> Schema:
 def _ft_defaults() -> tuple[float, int]:
     fields = FaultTolerance.model_fields
     return float(fields["heartbeat_interval_seconds"].default), int(fields["lease_ttl_seconds"].default)
+
+
+_replicas = f"(has(self.replicas) ? self.replicas : {Role.model_fields['replicas'].default})"
+
+
+def _names_rule(what: str, reserved: list[str]) -> dict[str, str]:
+    return {
+        "rule": f"self.all(x, !(x.name in {json.dumps(reserved)}))",
+        "message": f"{what} {', '.join(reserved)} are the operator's: use other names",
+    }
+
+
+def _template_rules(template: Schema) -> None:
+    """What the operator keeps for itself in a role's pod template: its labels and annotations,
+    its environment variables and its volumes."""
+    metadata = template["properties"]["metadata"]["properties"]
+    for key in ("labels", "annotations"):
+        metadata[key]["x-kubernetes-validations"] = [
+            {
+                "rule": f"self.all(k, !k.startsWith('{RESERVED_PREFIX}'))",
+                "message": f"{key} under {RESERVED_PREFIX} are the operator's",
+            }
+        ]
+    pod = template["properties"]["spec"]["properties"]
+    pod["volumes"]["x-kubernetes-validations"] = [_names_rule("volumes", sorted(OPERATOR_VOLUMES))]
+    containers = pod["containers"]
+    containers["x-kubernetes-list-type"] = "map"
+    containers["x-kubernetes-list-map-keys"] = ["name"]
+    container = containers["items"]["properties"]
+    container["env"]["x-kubernetes-validations"] = [_names_rule("environment variables", sorted(OPERATOR_ENV))]
+    assert container["name"]["enum"] == [AGENT_CONTAINER]
 
 
 def spec_schema() -> Schema:
@@ -178,6 +244,17 @@ def spec_schema() -> Schema:
             "rule": "self.all(k, k.matches('^[A-Za-z_][A-Za-z0-9_]*$'))",
             "message": "env names must be valid environment variable names ([A-Za-z_][A-Za-z0-9_]*)",
         }
+    ]
+    roles["items"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"(has(self.minReplicas) ? self.minReplicas : 1) <= {_replicas} && "
+            f"{_replicas} <= (has(self.maxReplicas) ? self.maxReplicas : {_replicas})",
+            "message": "elastic bounds: minReplicas <= replicas <= maxReplicas",
+        }
+    ]
+    _template_rules(role["template"])
+    props["managedBy"]["x-kubernetes-validations"] = [
+        {"rule": "self == oldSelf", "message": "managedBy cannot change while the job exists"}
     ]
     rules = props["failurePolicy"]["properties"]["rules"]
     rules["x-kubernetes-list-type"] = "map"
@@ -222,7 +299,7 @@ def openapi_schema() -> Schema:
         },
         "x-kubernetes-validations": [
             {
-                "rule": f"self.metadata.name.matches('{DNS_LABEL}')",
+                "rule": f"self.metadata.name.size() <= 63 && self.metadata.name.matches('{DNS_LABEL}')",
                 "message": "a TrainingJob's name must be a DNS-1123 label (lowercase letters, digits and '-', "
                 "at most 63 characters): it names pods, a Service and etcd keys",
             }
@@ -233,6 +310,12 @@ def openapi_schema() -> Schema:
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "The job's phase."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.currentStep", "description": "Newest training step."},
+    {
+        "name": "Nodes",
+        "type": "string",
+        "jsonPath": ".status.nodesReady",
+        "description": "Running slots / slots.",
+    },
     {
         "name": "Restarts",
         "type": "integer",
@@ -249,6 +332,13 @@ PRINTER_COLUMNS = [
         "description": "Restarts counted against failurePolicy.maxRestarts.",
     },
     {"name": "Generation", "type": "integer", "jsonPath": ".status.currentGeneration", "priority": 1},
+    {
+        "name": "Standbys",
+        "type": "integer",
+        "jsonPath": ".status.standbyCounts.ready",
+        "priority": 1,
+        "description": "Warm standbys ready to take a slot.",
+    },
     {"name": "Incident", "type": "string", "jsonPath": ".status.lastIncident.class", "priority": 1},
     {
         "name": "Job-ID",

@@ -6,9 +6,11 @@ the Kubernetes schemas) without a cluster.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from stalwart.spec import Role, TrainingJob
+from stalwart.spec.model import PodTemplateOverride
 from stalwart_operator import names
 from stalwart_operator.config import OperatorConfig
 
@@ -16,6 +18,26 @@ Manifest = dict[str, Any]
 
 RENDEZVOUS_PORT_NAME = "rendezvous"
 METRICS_PORT_NAME = "metrics"
+# What the operator puts in every node pod; a role's template may add to these, never replace them.
+OPERATOR_ENV = frozenset(
+    {
+        "STALWART_JOB",
+        "STALWART_NODE",
+        "STALWART_ETCD",
+        "STALWART_WORKDIR",
+        "STALWART_JOB_DIR",
+        "STALWART_METRICS_PORT",
+        "STALWART_METRICS_HOST",
+        "STALWART_POD_NAME",
+        "STALWART_POD_NAMESPACE",
+        "STALWART_MACHINE",
+        "STALWART_POD_IP",
+    }
+)
+WORKDIR_VOLUME = "workdir"
+SHM_VOLUME = "dshm"
+OPERATOR_VOLUMES = frozenset({WORKDIR_VOLUME, SHM_VOLUME})
+SHM_PATH = "/dev/shm"
 
 
 def owner_reference(name: str, uid: str) -> Manifest:
@@ -136,8 +158,8 @@ def node_pod(
         "ports": ports,
         "resources": _resources(role),
         "volumeMounts": [
-            {"name": "workdir", "mountPath": config.pod_workdir},
-            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": WORKDIR_VOLUME, "mountPath": config.pod_workdir},
+            {"name": SHM_VOLUME, "mountPath": SHM_PATH},
         ],
     }
     spec: Manifest = {
@@ -160,7 +182,7 @@ def node_pod(
             }
         },
         "containers": [container],
-        "volumes": [{"name": "workdir", "emptyDir": {}}, {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": WORKDIR_VOLUME, "emptyDir": {}}, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
     }
     if scheduling.node_selector:
         spec["nodeSelector"] = dict(scheduling.node_selector)
@@ -178,7 +200,103 @@ def node_pod(
     }
     if gang_annotations:
         metadata["annotations"] = gang_annotations
+    if role.template is not None:
+        apply_template(metadata, spec, role.template)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def template_problems(job: TrainingJob, config: OperatorConfig) -> list[str]:
+    """What a role's template may not do to the operator's pod (the CRD's CEL rules say the same,
+    for an API server that runs them); each problem names its field."""
+    problems: list[str] = []
+    ours = {config.pod_workdir, SHM_PATH}
+    for i, role in enumerate(job.spec.roles):
+        if role.template is None:
+            continue
+        where = f"spec.roles[{i}].template.spec"
+        volumes = {v.get("name") for v in role.template.spec.volumes}
+        for name in sorted(volumes & OPERATOR_VOLUMES):
+            problems.append(f"{where}.volumes: {name!r} is the operator's volume name; use another")
+        for container in role.template.spec.containers:
+            for e in container.env:
+                if e.get("name") in OPERATOR_ENV:
+                    problems.append(f"{where}.containers[agent].env: {e['name']} is set by the operator")
+            for m in container.volume_mounts:
+                if m.get("mountPath") in ours:
+                    problems.append(f"{where}.containers[agent].volumeMounts: {m['mountPath']} is the operator's")
+                if m.get("name") not in volumes | OPERATOR_VOLUMES:
+                    problems.append(f"{where}.containers[agent].volumeMounts: no volume named {m.get('name')!r}")
+    return problems
+
+
+def _affinity(ours: Manifest, theirs: dict[str, Any] | None) -> Manifest:
+    """The user's affinity, with the operator's required node term (keep off cordoned machines)
+    added to each of the user's required node selector terms (terms are ORed, expressions ANDed)."""
+    if not theirs:
+        return ours
+    merged = copy.deepcopy(theirs)
+    [our_term] = ours["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    node = merged.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), *our_term["matchExpressions"]]
+    required["nodeSelectorTerms"] = terms
+    return merged
+
+
+def _merge_resources(ours: Manifest, theirs: dict[str, Any] | None) -> Manifest:
+    """Per resource name, the template's request or limit wins (rdma/*, EFA, hugepages...)."""
+    if not theirs:
+        return ours
+    out = {k: dict(v) for k, v in ours.items()}
+    for key in ("requests", "limits"):
+        if theirs.get(key):
+            out[key] = {**out.get(key, {}), **theirs[key]}
+    if theirs.get("claims"):
+        out["claims"] = list(theirs["claims"])
+    return out
+
+
+def apply_template(metadata: Manifest, spec: Manifest, template: PodTemplateOverride) -> None:
+    """Merge a role's template over the operator's pod: labels and annotations are added (the
+    operator's win), lists are appended to the operator's, the rest replaces what the operator set."""
+    meta, pod = template.metadata, template.spec
+    if meta.labels:
+        metadata["labels"] = {**meta.labels, **metadata["labels"]}
+    if meta.annotations:
+        metadata["annotations"] = {**meta.annotations, **metadata.get("annotations", {})}
+    for field, value in (
+        ("serviceAccountName", pod.service_account_name),
+        ("automountServiceAccountToken", pod.automount_service_account_token),
+        ("hostNetwork", pod.host_network),
+        ("dnsPolicy", pod.dns_policy),
+        ("securityContext", pod.security_context),
+    ):
+        if value is not None:
+            spec[field] = copy.deepcopy(value)
+    if pod.host_network and pod.dns_policy is None:
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # keep cluster DNS (the headless Service) on the host network
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = copy.deepcopy(pod.image_pull_secrets)
+    if pod.topology_spread_constraints:
+        spec["topologySpreadConstraints"] = copy.deepcopy(pod.topology_spread_constraints)
+    if pod.tolerations:
+        spec["tolerations"] = [*spec.get("tolerations", []), *copy.deepcopy(pod.tolerations)]
+    if pod.volumes:
+        spec["volumes"] = [*spec["volumes"], *copy.deepcopy(pod.volumes)]
+    spec["affinity"] = _affinity(spec["affinity"], pod.affinity)
+    [container] = spec["containers"]
+    for override in pod.containers:
+        if override.env:
+            container["env"] = [*container["env"], *copy.deepcopy(override.env)]
+        if override.env_from:
+            container["envFrom"] = copy.deepcopy(override.env_from)
+        if override.volume_mounts:
+            container["volumeMounts"] = [*container["volumeMounts"], *copy.deepcopy(override.volume_mounts)]
+        if override.security_context is not None:
+            container["securityContext"] = copy.deepcopy(override.security_context)
+        container["resources"] = _merge_resources(container["resources"], override.resources)
 
 
 def _named_ports(config: OperatorConfig) -> list[tuple[str, int]]:

@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 
 from stalwart.controller.ranks import slot_roles
 from stalwart.logs import get_logger
-from stalwart.spec import TrainingJob, parse_job
+from stalwart.spec import SpecError, TrainingJob, parse_job
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
@@ -59,7 +59,12 @@ class Runtime:
     # -- jobs ------------------------------------------------------------------------------------
     def parse(self, body: dict[str, Any]) -> TrainingJob:
         meta = body.get("metadata") or {}
-        return parse_job(document(body), f"TrainingJob {meta.get('namespace')}/{meta.get('name')}")
+        source = f"TrainingJob {meta.get('namespace')}/{meta.get('name')}"
+        job = parse_job(document(body), source)
+        problems = pods.template_problems(job, self.config)
+        if problems:
+            raise SpecError(source, problems)
+        return job
 
     def cluster(self, job: TrainingJob, namespace: str, uid: str) -> KubernetesCluster:
         """One KubernetesCluster per job (per uid: a re-created job of the same name gets a new one)."""

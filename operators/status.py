@@ -8,15 +8,17 @@ status True/False, a CamelCase reason, a message, and the time the status last f
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from stalwart.controller.ettr import compute_ettr
-from stalwart.store.records import Incident, JobState
+from stalwart.runbooks import runbook_for_incident
+from stalwart.store.records import Incident, JobState, OperatorRequest
 
 
 class StatusModel(BaseModel):
@@ -42,6 +44,18 @@ class ConditionType(str, Enum):
     SUSPENDED = "Suspended"
 
 
+# Times in the status are RFC 3339 strings, declared as such so clients can parse them.
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+
+# At 10,000 nodes the status must stay far from etcd's object limit and cheap to rewrite: the nodes
+# are counted per role and state, and only the ones not healthy are listed, up to these bounds.
+# The full picture is in etcd (`stalwart status JOB`, the console).
+MAX_LISTED_NODES = 50
+MAX_LISTED_EVICTED = 50
+MAX_LISTED_REQUESTS = 16
+RESULT_LIMIT = 8192
+
+
 class Condition(StatusModel):
     type: Annotated[
         ConditionType,
@@ -53,7 +67,11 @@ class Condition(StatusModel):
     ]
     reason: Annotated[str, Field(max_length=128, description="Why, in one CamelCase word.")]
     message: Annotated[str, Field(max_length=1024, description="Why, for people.")] = ""
-    last_transition_time: Annotated[str, Field(description="When the status last changed (RFC 3339).")]
+    last_transition_time: Annotated[Timestamp, Field(description="When the status last changed.")]
+    observed_generation: Annotated[
+        int | None,
+        Field(ge=0, description="The metadata.generation of the TrainingJob the condition was set for."),
+    ] = None
 
 
 class Restarts(StatusModel):
@@ -80,6 +98,9 @@ class NodeState(str, Enum):
     FINISHED = "Finished"
 
 
+HEALTHY = frozenset({NodeState.RUNNING, NodeState.STANDBY, NodeState.FINISHED})
+
+
 class NodeStatus(StatusModel):
     name: Annotated[str, Field(max_length=63, description="Stalwart node name, e.g. node-3.")]
     rank: Annotated[int | None, Field(description="Node rank (slot) it holds; none for a standby.")] = None
@@ -90,6 +111,23 @@ class NodeStatus(StatusModel):
         str | None,
         Field(max_length=253, description="The Kubernetes Node the pod runs on."),
     ] = None
+
+
+class RoleNodeCounts(StatusModel):
+    """How many of a role's slots are in each state."""
+
+    role: Annotated[str, Field(max_length=63, description="The role.")]
+    slots: Annotated[int, Field(ge=0, description="Slots (node ranks) of the role: its replicas.")] = 0
+    running: Annotated[int, Field(ge=0, description="Slots whose node is registered and running.")] = 0
+    starting: Annotated[int, Field(ge=0, description="Slots whose pod or agent is starting.")] = 0
+    lost: Annotated[int, Field(ge=0, description="Slots whose pod or agent is gone (being replaced).")] = 0
+    finished: Annotated[int, Field(ge=0, description="Slots of a finished job.")] = 0
+
+
+class StandbyCounts(StatusModel):
+    ready: Annotated[int, Field(ge=0, description="Standbys registered and waiting for a slot.")] = 0
+    starting: Annotated[int, Field(ge=0, description="Standbys whose pod or agent is starting.")] = 0
+    lost: Annotated[int, Field(ge=0, description="Standbys whose pod or agent is gone.")] = 0
 
 
 class IncidentSummary(StatusModel):
@@ -103,12 +141,33 @@ class IncidentSummary(StatusModel):
         ),
     ]
     action: Annotated[str, Field(max_length=1024, description="What the controller did about it.")]
-    at: Annotated[str, Field(description="When it failed (RFC 3339).")]
+    at: Annotated[Timestamp, Field(description="When it failed.")]
     node: Annotated[str | None, Field(max_length=63, description="The node it happened on, if one.")] = None
+    runbook: Annotated[str | None, Field(max_length=128, description="Its runbook: stalwart runbook show NAME.")] = (
+        None
+    )
+
+
+class RequestState(StatusModel):
+    """A request made through the Kubernetes API (`stalwart node evict`, `stalwart check`... with a
+    kubeconfig), as the job's controller answered it."""
+
+    id: Annotated[str, Field(max_length=63, description="The request's id (its annotation's name).")]
+    kind: Annotated[str, Field(max_length=32, description="evict, cordon, uncordon or check.")]
+    node: Annotated[str | None, Field(max_length=63, description="The node; none: every node (check).")] = None
+    phase: Annotated[str, Field(max_length=32, description="Pending, Done or Failed.")]
+    message: Annotated[str | None, Field(max_length=1024, description="The controller's answer.")] = None
+    requested_by: Annotated[str, Field(max_length=256, description="Who the CLI said asked.")] = ""
+    finished_at: Annotated[Timestamp | None, Field(description="When the controller answered.")] = None
+    result: Annotated[
+        str | None,
+        Field(max_length=RESULT_LIMIT, description="The controller's result as JSON (per-node check results)."),
+    ] = None
 
 
 class TrainingJobStatus(StatusModel):
-    """What `kubectl get tj` and `kubectl describe tj` show; mirrored from etcd by the operator."""
+    """What `kubectl get tj` and `kubectl describe tj` show; mirrored from etcd by the operator.
+    It stays small at any size: nodes are counted, and only those not healthy are listed."""
 
     phase: Annotated[
         TrainingJobPhase,
@@ -116,7 +175,7 @@ class TrainingJobStatus(StatusModel):
     ] = TrainingJobPhase.CREATED
     conditions: Annotated[
         list[Condition],
-        Field(max_length=8, description="The job's conditions, one per type."),
+        Field(max_length=8, description="The job's conditions, one per type (kubectl wait --for=condition=TYPE)."),
     ] = []
     job_id: Annotated[
         str | None,
@@ -144,18 +203,49 @@ class TrainingJobStatus(StatusModel):
         ),
     ] = None
     restarts: Annotated[Restarts, Field(description="Restarts, split by cause.")] = Restarts()
-    nodes: Annotated[
+    nodes_ready: Annotated[
+        str | None,
+        Field(max_length=32, description="Running slots / slots, e.g. 1022/1024 (the Nodes column)."),
+    ] = None
+    node_counts: Annotated[
+        list[RoleNodeCounts],
+        Field(max_length=16, description="The slots of each role, counted by state."),
+    ] = []
+    standby_counts: Annotated[StandbyCounts, Field(description="The warm standbys, counted by state.")] = (
+        StandbyCounts()
+    )
+    unhealthy_nodes: Annotated[
         list[NodeStatus],
         Field(
-            max_length=10_000,
-            description="The job's nodes in rank order, then its standbys.",
+            max_length=MAX_LISTED_NODES,
+            description=f"Nodes starting or lost, slots in rank order then standbys, at most "
+            f"{MAX_LISTED_NODES} (the rest are counted in unhealthyNodesOmitted; every node: "
+            "`stalwart status JOB`).",
         ),
     ] = []
+    unhealthy_nodes_omitted: Annotated[
+        int, Field(ge=0, description="Nodes not healthy beyond those listed in unhealthyNodes.")
+    ] = 0
     standbys: Annotated[list[str], Field(max_length=1024, description="Warm standby nodes.")] = []
-    evicted: Annotated[list[str], Field(max_length=10_000, description="Nodes evicted for a fault.")] = []
+    evicted: Annotated[
+        list[str],
+        Field(
+            max_length=MAX_LISTED_EVICTED,
+            description=f"The newest nodes evicted for a fault, at most {MAX_LISTED_EVICTED} (all: evictedCount).",
+        ),
+    ] = []
+    evicted_count: Annotated[int, Field(ge=0, description="Nodes evicted for a fault, in all.")] = 0
     last_incident: Annotated[IncidentSummary | None, Field(description="The newest incident.")] = None
-    start_time: Annotated[str | None, Field(description="When the first generation started (RFC 3339).")] = None
-    completion_time: Annotated[str | None, Field(description="When the job finished (RFC 3339).")] = None
+    start_time: Annotated[Timestamp | None, Field(description="When the first generation started.")] = None
+    completion_time: Annotated[Timestamp | None, Field(description="When the job finished.")] = None
+    requests: Annotated[
+        list[RequestState],
+        Field(
+            max_length=MAX_LISTED_REQUESTS,
+            description="Requests made through the Kubernetes API (stalwart node evict|cordon|uncordon, "
+            "stalwart check), newest last, and the controller's answers.",
+        ),
+    ] = []
 
     def to_patch(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
@@ -262,6 +352,7 @@ def merge_conditions(
     wanted: dict[ConditionType, tuple[bool, str, str]],
     previous: list[Condition],
     now: float,
+    generation: int | None = None,
 ) -> list[Condition]:
     """Keep lastTransitionTime while a condition's status stays the same. A False condition of a
     type never True before is left out (no 'Suspended: False' on a job never suspended)."""
@@ -285,6 +376,7 @@ def merge_conditions(
                 reason=reason[:128],
                 message=message[:1024],
                 last_transition_time=rfc3339(now) if changed or old is None else old.last_transition_time,
+                observed_generation=generation,
             )
         )
     return out
@@ -297,7 +389,31 @@ def summarize_incident(incident: Incident) -> IncidentSummary:
         action=incident.action[:1024],
         at=rfc3339(incident.failed_at) or "",
         node=incident.node,
+        runbook=runbook_for_incident(incident),
     )
+
+
+def request_states(requests: list[OperatorRequest]) -> list[RequestState]:
+    """The newest requests (made through the Kubernetes API) and the controller's answers."""
+    newest = sorted(requests, key=lambda r: (r.requested_at, r.id))[-MAX_LISTED_REQUESTS:]
+    out = []
+    for r in newest:
+        result = json.dumps(r.result, separators=(",", ":"), sort_keys=True) if r.result is not None else None
+        if result is not None and len(result) > RESULT_LIMIT:
+            result = json.dumps({"truncated": f"{len(result)} bytes: stalwart status with etcd shows it all"})
+        out.append(
+            RequestState(
+                id=r.id,
+                kind=r.kind.value,
+                node=r.node,
+                phase=r.status.value,
+                message=(r.message or "")[:1024] or None,
+                requested_by=r.requested_by[:256],
+                finished_at=rfc3339(r.finished_at),
+                result=result,
+            )
+        )
+    return out
 
 
 def build_status(
@@ -312,42 +428,73 @@ def build_status(
     suspended: bool,
     observed_generation: int | None,
     now: float,
+    requests: list[OperatorRequest] | None = None,
 ) -> TrainingJobStatus:
-    """The status for a job as etcd and the pods show it now. Pure: every input is passed in."""
+    """The status for a job as etcd and the pods show it now. Pure: every input is passed in.
+    `requests`: the ones made through the Kubernetes API, to show the controller's answers."""
     phase = _phase(state, suspended)
     newest = max(incidents, key=lambda i: (i.detected_at, i.id), default=None)
     last = summarize_incident(newest) if newest else None
     conditions = merge_conditions(
-        _wanted_conditions(phase, state, job_id, last), previous.conditions if previous else [], now
+        _wanted_conditions(phase, state, job_id, last),
+        previous.conditions if previous else [],
+        now,
+        observed_generation,
     )
     status = TrainingJobStatus(
-        phase=phase, conditions=conditions, job_id=job_id, last_incident=last, observed_generation=observed_generation
+        phase=phase,
+        conditions=conditions,
+        job_id=job_id,
+        last_incident=last,
+        observed_generation=observed_generation,
+        requests=request_states(requests or []),
     )
     if state is None:
         return status
-    nodes: list[NodeStatus] = []
+    counts = {role: RoleNodeCounts(role=role) for role in dict.fromkeys(slot_roles)}
+    standby_counts = StandbyCounts()
+    unhealthy: list[NodeStatus] = []
+    omitted = 0
+
+    def note(node: NodeStatus) -> None:
+        nonlocal omitted
+        if node.state in HEALTHY:
+            return
+        if len(unhealthy) < MAX_LISTED_NODES:
+            unhealthy.append(node)
+        else:
+            omitted += 1
+
     for rank, name in enumerate(state.slots):
         pod = pods.get(name)
-        nodes.append(
-            NodeStatus(
-                name=name,
-                rank=rank,
-                role=slot_roles[rank] if rank < len(slot_roles) else None,
-                state=_node_state(name, pod, name in registered, state),
-                pod=pod.name if pod else None,
-                machine=pod.machine if pod else None,
-            )
+        role = slot_roles[rank] if rank < len(slot_roles) else None
+        node = NodeStatus(
+            name=name,
+            rank=rank,
+            role=role,
+            state=_node_state(name, pod, name in registered, state),
+            pod=pod.name if pod else None,
+            machine=pod.machine if pod else None,
         )
+        if role is not None:
+            entry = counts[role]
+            field = "running" if node.state is NodeState.STANDBY else node.state.value.lower()
+            counts[role] = entry.model_copy(update={"slots": entry.slots + 1, field: getattr(entry, field) + 1})
+        note(node)
     for name in state.standbys:
         pod = pods.get(name)
-        nodes.append(
-            NodeStatus(
-                name=name,
-                state=_node_state(name, pod, name in registered, state),
-                pod=pod.name if pod else None,
-                machine=pod.machine if pod else None,
-            )
+        node = NodeStatus(
+            name=name,
+            state=_node_state(name, pod, name in registered, state),
+            pod=pod.name if pod else None,
+            machine=pod.machine if pod else None,
         )
+        field = {NodeState.STANDBY: "ready", NodeState.RUNNING: "ready", NodeState.LOST: "lost"}.get(
+            node.state, "starting"
+        )
+        standby_counts = standby_counts.model_copy(update={field: getattr(standby_counts, field) + 1})
+        note(node)
+    running = sum(c.running for c in counts.values())
     ettr = compute_ettr(state, incidents, now).ettr
     return status.model_copy(
         update={
@@ -358,9 +505,14 @@ def build_status(
             "restarts": Restarts(
                 total=state.restarts + state.infra_restarts, infrastructure=state.infra_restarts, counted=state.restarts
             ),
-            "nodes": nodes,
+            "nodes_ready": f"{running}/{len(state.slots)}",
+            "node_counts": list(counts.values()),
+            "standby_counts": standby_counts,
+            "unhealthy_nodes": unhealthy,
+            "unhealthy_nodes_omitted": omitted,
             "standbys": list(state.standbys),
-            "evicted": list(state.evicted),
+            "evicted": list(state.evicted[-MAX_LISTED_EVICTED:]),
+            "evicted_count": len(state.evicted),
             "start_time": rfc3339(state.started_at),
             "completion_time": rfc3339(state.finished_at),
         }

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from stalwart.spec.kubernetes import KubernetesShape
 
 API_VERSION = "stalwart.dev/v1alpha1"
 KIND = "TrainingJob"
@@ -55,11 +57,115 @@ class Resources(SpecModel):
     memory: Annotated[str | None, Field(description="Memory request, e.g. '512Gi'.")] = None
 
 
+# The operator's own pod labels, annotations and volumes: a template may not override them.
+RESERVED_PREFIX = "stalwart.dev/"
+AGENT_CONTAINER = "agent"
+MANAGED_BY_STALWART = "stalwart.dev/operator"
+_K8S_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def _check_meta_keys(what: str, keys: dict[str, str]) -> dict[str, str]:
+    for key in keys:
+        if key.startswith(RESERVED_PREFIX):
+            raise ValueError(f"{what} {key!r}: keys under {RESERVED_PREFIX} are the operator's")
+        if len(key) > 316 or not _K8S_KEY.match(key):
+            raise ValueError(f"{what} {key!r} is not a Kubernetes label or annotation key ([prefix/]name)")
+    return keys
+
+
+class PodMetadataOverride(SpecModel):
+    """Labels and annotations added to the role's pods (Kubernetes only)."""
+
+    labels: Annotated[dict[str, str], Field(max_length=64, description="Labels added to the role's pods.")] = {}
+    annotations: Annotated[
+        dict[str, str], Field(max_length=64, description="Annotations added to the role's pods.")
+    ] = {}
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        return _check_meta_keys("label", labels)
+
+    @field_validator("annotations")
+    @classmethod
+    def _check_annotations(cls, annotations: dict[str, str]) -> dict[str, str]:
+        return _check_meta_keys("annotation", annotations)
+
+
+class ContainerOverride(SpecModel):
+    """Fields of the pod's one container (the node agent, whose environment the workers inherit)."""
+
+    name: Annotated[
+        Literal["agent"], Field(description="The container to override: `agent`, the pod's one container.")
+    ]
+    env: Annotated[list[dict[str, Any]], KubernetesShape("Container.env"), Field(max_length=256)] = []
+    env_from: Annotated[list[dict[str, Any]], KubernetesShape("Container.envFrom"), Field(max_length=64)] = []
+    volume_mounts: Annotated[
+        list[dict[str, Any]], KubernetesShape("Container.volumeMounts"), Field(max_length=64)
+    ] = []
+    resources: Annotated[dict[str, Any] | None, KubernetesShape("Container.resources")] = None
+    security_context: Annotated[dict[str, Any] | None, KubernetesShape("Container.securityContext")] = None
+
+
+class PodSpecOverride(SpecModel):
+    """Fields of the pod's spec, in Kubernetes' own shapes, merged over what the operator sets."""
+
+    service_account_name: Annotated[str | None, KubernetesShape("PodSpec.serviceAccountName")] = None
+    automount_service_account_token: Annotated[
+        bool | None, KubernetesShape("PodSpec.automountServiceAccountToken")
+    ] = None
+    image_pull_secrets: Annotated[
+        list[dict[str, Any]], KubernetesShape("PodSpec.imagePullSecrets"), Field(max_length=64)
+    ] = []
+    host_network: Annotated[bool | None, KubernetesShape("PodSpec.hostNetwork")] = None
+    dns_policy: Annotated[str | None, KubernetesShape("PodSpec.dnsPolicy")] = None
+    affinity: Annotated[dict[str, Any] | None, KubernetesShape("PodSpec.affinity")] = None
+    tolerations: Annotated[list[dict[str, Any]], KubernetesShape("PodSpec.tolerations"), Field(max_length=64)] = []
+    topology_spread_constraints: Annotated[
+        list[dict[str, Any]], KubernetesShape("PodSpec.topologySpreadConstraints"), Field(max_length=16)
+    ] = []
+    volumes: Annotated[list[dict[str, Any]], KubernetesShape("PodSpec.volumes"), Field(max_length=64)] = []
+    security_context: Annotated[dict[str, Any] | None, KubernetesShape("PodSpec.securityContext")] = None
+    containers: Annotated[
+        list[ContainerOverride],
+        Field(max_length=1, description="The agent container's overrides (one entry, named `agent`)."),
+    ] = []
+
+
+class PodTemplateOverride(SpecModel):
+    """Kubernetes only (`stalwart run` ignores it): merged over the pod the operator makes for each of
+    the role's nodes. Lists (env, volumes, tolerations...) are added to the operator's; an entry with
+    the name of one of the operator's is refused; scalars and objects replace the operator's."""
+
+    metadata: Annotated[PodMetadataOverride, Field(description="Labels and annotations of the pods.")] = (
+        PodMetadataOverride()
+    )
+    spec: Annotated[PodSpecOverride, Field(description="Fields of the pod spec.")] = PodSpecOverride()
+
+
 class Role(SpecModel):
     """A group of identical nodes running the same command (trainer, actor, rollout, ...)."""
 
     name: Annotated[str, Field(description="Role name, unique within the job (a DNS-1123 label).")]
     replicas: Annotated[int, Field(ge=1, le=100_000, description="Number of nodes in this role.")] = 1
+    min_replicas: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=100_000,
+            description="Elastic lower bound (at most replicas). Validated and recorded only: the "
+            "controller does not resize jobs yet and always runs exactly `replicas` nodes.",
+        ),
+    ] = None
+    max_replicas: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=100_000,
+            description="Elastic upper bound (at least replicas). Validated and recorded only: the "
+            "controller does not resize jobs yet and always runs exactly `replicas` nodes.",
+        ),
+    ] = None
     processes_per_node: Annotated[
         int, Field(ge=1, le=64, description="Worker processes per node (usually one per GPU).")
     ] = 1
@@ -80,11 +186,28 @@ class Role(SpecModel):
     ] = RestartScope.JOB
     image: Annotated[str | None, Field(description="Container image of the role's pods (Kubernetes only).")] = None
     resources: Annotated[Resources, Field(description="Per-node resources (Kubernetes only).")] = Resources()
+    template: Annotated[
+        PodTemplateOverride | None,
+        Field(
+            description="Kubernetes only: pod fields in Kubernetes' own shapes (env from Secrets, volumes, "
+            "resources such as rdma/* or EFA, security context, affinity, tolerations, topology spread, "
+            "service account, image pull secrets, host network, labels and annotations), merged over "
+            "the pod the operator makes. `stalwart run` ignores it."
+        ),
+    ] = None
 
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:
         return _check_dns_label(v)
+
+    @model_validator(mode="after")
+    def _elastic_bounds(self) -> Role:
+        if self.min_replicas is not None and self.min_replicas > self.replicas:
+            raise ValueError(f"minReplicas ({self.min_replicas}) must not exceed replicas ({self.replicas})")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(f"maxReplicas ({self.max_replicas}) must not be below replicas ({self.replicas})")
+        return self
 
     @field_validator("env")
     @classmethod
@@ -427,6 +550,26 @@ class TrainingJobSpec(SpecModel):
         ),
     ] = None
     suspend: Annotated[bool, Field(description="Stop the job's pods and keep its state; resume by unsetting.")] = False
+    managed_by: Annotated[
+        str,
+        Field(
+            max_length=63,
+            pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$",
+            description="The controller that runs this job (a domain-prefixed path; immutable). The "
+            f"Stalwart operator runs only jobs managed by {MANAGED_BY_STALWART}; any other value (e.g. "
+            "kueue.x-k8s.io/multikueue) leaves the job, its status included, to that controller.",
+        ),
+    ] = MANAGED_BY_STALWART
+    active_deadline_seconds: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=365 * 86_400,
+            description="Kubernetes only: fail the job (reason DeadlineExceeded) once it has been active "
+            "this long, counted from status.startTime or from its last resume, whichever is later. "
+            "`stalwart run` ignores it (it has --timeout).",
+        ),
+    ] = None
     ttl_seconds_after_finished: Annotated[
         int | None, Field(ge=0, le=365 * 86_400, description="Delete the finished job this long after it ends.")
     ] = None

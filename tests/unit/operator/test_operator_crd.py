@@ -61,9 +61,12 @@ def schema_errors(document: dict[str, Any]) -> list[str]:
 def structural_problems(node: dict[str, Any], path: str = "") -> list[str]:
     """Kubernetes' rules for a structural schema, the ones a generator could get wrong."""
     problems = []
+    int_or_string = node.get("x-kubernetes-int-or-string") is True
+    if int_or_string and node.get("anyOf") != [{"type": "integer"}, {"type": "string"}]:
+        problems.append(f"{path}: int-or-string without its anyOf [integer, string]")
     for banned in (
         "$ref",
-        "anyOf",
+        *(() if int_or_string else ("anyOf",)),
         "oneOf",
         "allOf",
         "not",
@@ -73,7 +76,7 @@ def structural_problems(node: dict[str, Any], path: str = "") -> list[str]:
     ):
         if banned in node:
             problems.append(f"{path or '(root)'}: {banned} is not allowed here")
-    if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+    if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields") and not int_or_string:
         problems.append(f"{path or '(root)'}: no type")
     if "properties" in node and "additionalProperties" in node:
         problems.append(f"{path}: properties and additionalProperties together")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from stalwart.store.records import FailureClass, Incident, JobPhase, JobState
 from stalwart_operator.status import (
     ConditionType,
@@ -78,12 +80,11 @@ def test_running_job_nodes_and_restarts() -> None:
         2,
         1,
     )
-    assert [(n.name, n.rank, n.state) for n in st.nodes] == [
-        ("node-0", 0, NodeState.RUNNING),
-        ("node-1", 1, NodeState.RUNNING),
-        ("node-2", None, NodeState.STANDBY),
-    ]
-    assert st.nodes[1].pod == "demo-node-1" and st.nodes[1].machine == "gpu-1" and st.standbys == ["node-2"]
+    # Every node healthy: counted, none listed.
+    assert st.unhealthy_nodes == [] and st.unhealthy_nodes_omitted == 0 and st.nodes_ready == "2/2"
+    assert [(c.role, c.slots, c.running, c.starting, c.lost) for c in st.node_counts] == [("trainer", 2, 2, 0, 0)]
+    assert (st.standby_counts.ready, st.standby_counts.starting) == (1, 0) and st.standbys == ["node-2"]
+    assert all(c.observed_generation == 1 for c in st.conditions)
     assert st.model_dump(by_alias=True)["restarts"] == {
         "total": 3,
         "infrastructure": 2,
@@ -115,10 +116,8 @@ def test_restarting_then_recovered_keeps_transition_times() -> None:
     assert conditions(restarting)[ConditionType.RUNNING] == ("False", "Restarting")
     assert restarting.last_incident is not None and restarting.last_incident.node == "node-1"
     assert restarting.model_dump(by_alias=True)["lastIncident"]["class"] == "LostNode"
-    assert [(n.name, n.rank) for n in restarting.nodes[:2]] == [
-        ("node-0", 0),
-        ("node-2", 1),
-    ]
+    assert restarting.nodes_ready == "2/2" and restarting.standby_counts.starting == 1
+    assert restarting.last_incident.runbook == "lost_node"
     recovered = status(
         state(slots=["node-0", "node-2"], standbys=["node-3"], generation=2, infra_restarts=1),
         restarting,
@@ -131,7 +130,11 @@ def test_restarting_then_recovered_keeps_transition_times() -> None:
     assert again[ConditionType.CREATED].last_transition_time == created[ConditionType.CREATED]
     assert again[ConditionType.RUNNING].status == "True" and again[ConditionType.RESTARTING].status == "False"
     assert again[ConditionType.RUNNING].last_transition_time != created[ConditionType.RUNNING]
-    assert recovered.nodes[2].state is NodeState.STARTING  # node-3: pod running, agent not registered yet
+    # node-3: pod running, agent not registered yet: a standby still starting, listed.
+    [starting] = recovered.unhealthy_nodes
+    assert (starting.name, starting.rank, starting.state) == ("node-3", None, NodeState.STARTING)
+    assert starting.pod == "demo-node-3" and starting.machine == "gpu-3"
+    assert recovered.standby_counts.starting == 1
 
 
 def test_finished_and_suspended() -> None:
@@ -140,7 +143,7 @@ def test_finished_and_suspended() -> None:
     )
     assert done.phase.value == "Succeeded" and done.completion_time == "2027-01-15T08:01:30Z"
     assert conditions(done)[ConditionType.SUCCEEDED] == ("True", "Completed")
-    assert all(n.state is NodeState.FINISHED for n in done.nodes)
+    assert done.unhealthy_nodes == [] and done.node_counts[0].finished == 2
     failed = status(state(phase=JobPhase.FAILED, reason="RestartBudgetExhausted", message="too many"))
     assert conditions(failed)[ConditionType.FAILED] == (
         "True",
@@ -168,4 +171,51 @@ def test_a_lost_pod_shows() -> None:
         observed_generation=1,
         now=T0 + 100,
     )
-    assert st.nodes[1].state is NodeState.LOST
+    [lost] = st.unhealthy_nodes
+    assert (lost.name, lost.rank, lost.role, lost.state) == ("node-1", 1, "trainer", NodeState.LOST)
+    assert st.nodes_ready == "1/2" and st.node_counts[0].lost == 1
+
+
+def test_the_status_stays_small_at_ten_thousand_nodes() -> None:
+    """10,000 slots, 30 of them lost, 200 nodes evicted so far: counts, 50 listed, a few KiB."""
+    slots = [f"node-{i}" for i in range(10_000)]
+    standbys = [f"node-{i}" for i in range(10_000, 10_024)]
+    pods = {n: PodView(name=f"demo-{n}", phase="Running", machine=f"gpu-{n}") for n in slots + standbys}
+    for n in slots[:30]:
+        pods[n] = PodView(name=f"demo-{n}", phase="Failed", machine=f"gpu-{n}")
+    big = state(slots=slots, standbys=standbys, evicted=[f"old-{i}" for i in range(200)])
+    st = build_status(
+        job_id="ml.demo",
+        state=big,
+        incidents=[],
+        slot_roles=["trainer"] * 8_000 + ["rollout"] * 2_000,
+        pods=pods,
+        registered=set(slots + standbys),
+        previous=None,
+        suspended=False,
+        observed_generation=1,
+        now=T0 + 100,
+    )
+    counts = {c.role: c for c in st.node_counts}
+    assert (counts["trainer"].slots, counts["trainer"].lost, counts["trainer"].running) == (8_000, 30, 7_970)
+    assert (counts["rollout"].slots, counts["rollout"].running) == (2_000, 2_000)
+    assert st.nodes_ready == "9970/10000" and st.standby_counts.ready == 24
+    assert len(st.unhealthy_nodes) == 0 + 30 and st.unhealthy_nodes_omitted == 0
+    assert st.evicted == [f"old-{i}" for i in range(150, 200)] and st.evicted_count == 200
+    assert len(json.dumps(st.to_patch())) < 16_384
+    # Every node lost: still 50 listed, the rest counted.
+    gone = build_status(
+        job_id="ml.demo",
+        state=big,
+        incidents=[],
+        slot_roles=["trainer"] * 10_000,
+        pods={},
+        registered=set(),
+        previous=None,
+        suspended=False,
+        observed_generation=1,
+        now=T0 + 100,
+    )
+    assert len(gone.unhealthy_nodes) == 50 and gone.unhealthy_nodes_omitted == 10_024 - 50
+    assert [n.rank for n in gone.unhealthy_nodes[:3]] == [0, 1, 2]
+    assert len(json.dumps(gone.to_patch())) < 16_384
