@@ -143,9 +143,7 @@ class IncidentSummary(StatusModel):
     action: Annotated[str, Field(max_length=1024, description="What the controller did about it.")]
     at: Annotated[Timestamp, Field(description="When it failed.")]
     node: Annotated[str | None, Field(max_length=63, description="The node it happened on, if one.")] = None
-    runbook: Annotated[str | None, Field(max_length=128, description="Its runbook: stalwart runbook show NAME.")] = (
-        None
-    )
+    runbook: Annotated[str | None, Field(max_length=128, description="Its runbook: stalwart runbook show NAME.")] = None
 
 
 class RequestState(StatusModel):

@@ -95,14 +95,10 @@ class PodMetadataOverride(SpecModel):
 class ContainerOverride(SpecModel):
     """Fields of the pod's one container (the node agent, whose environment the workers inherit)."""
 
-    name: Annotated[
-        Literal["agent"], Field(description="The container to override: `agent`, the pod's one container.")
-    ]
+    name: Annotated[Literal["agent"], Field(description="The container to override: `agent`, the pod's one container.")]
     env: Annotated[list[dict[str, Any]], KubernetesShape("Container.env"), Field(max_length=256)] = []
     env_from: Annotated[list[dict[str, Any]], KubernetesShape("Container.envFrom"), Field(max_length=64)] = []
-    volume_mounts: Annotated[
-        list[dict[str, Any]], KubernetesShape("Container.volumeMounts"), Field(max_length=64)
-    ] = []
+    volume_mounts: Annotated[list[dict[str, Any]], KubernetesShape("Container.volumeMounts"), Field(max_length=64)] = []
     resources: Annotated[dict[str, Any] | None, KubernetesShape("Container.resources")] = None
     security_context: Annotated[dict[str, Any] | None, KubernetesShape("Container.securityContext")] = None
 
@@ -111,9 +107,9 @@ class PodSpecOverride(SpecModel):
     """Fields of the pod's spec, in Kubernetes' own shapes, merged over what the operator sets."""
 
     service_account_name: Annotated[str | None, KubernetesShape("PodSpec.serviceAccountName")] = None
-    automount_service_account_token: Annotated[
-        bool | None, KubernetesShape("PodSpec.automountServiceAccountToken")
-    ] = None
+    automount_service_account_token: Annotated[bool | None, KubernetesShape("PodSpec.automountServiceAccountToken")] = (
+        None
+    )
     image_pull_secrets: Annotated[
         list[dict[str, Any]], KubernetesShape("PodSpec.imagePullSecrets"), Field(max_length=64)
     ] = []

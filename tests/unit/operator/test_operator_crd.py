@@ -156,6 +156,76 @@ def test_descriptions_reach_kubectl_explain() -> None:
     }
 
 
+def test_defaults_times_and_conditions_follow_the_kubernetes_conventions() -> None:
+    """`default:` for every defaulted field (objects default to {} so theirs apply), RFC 3339
+    times as date-time, conditions with observedGeneration, and the pod template in Kubernetes'
+    own schemas (quantities as int-or-string, secretKeyRef under env)."""
+    spec = openapi()["properties"]["spec"]
+    ft = spec["properties"]["faultTolerance"]
+    assert ft["default"] == {} and ft["properties"]["leaseTtlSeconds"]["default"] == 5
+    role = spec["properties"]["roles"]["items"]["properties"]
+    assert role["replicas"]["default"] == 1 and role["restartScope"]["default"] == "Job"
+    assert role["resources"]["default"] == {} and role["resources"]["properties"]["gpus"]["default"] == 0
+    assert spec["properties"]["managedBy"]["default"] == "stalwart.dev/operator"
+    assert "default" not in role["env"] and "default" not in spec["properties"]["checkpoint"]["properties"]["uri"]
+
+    def defaults(node: dict[str, Any], path: str = "") -> list[str]:
+        out = [path] if "default" in node else []
+        for name, child in (node.get("properties") or {}).items():
+            out += defaults(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            out += defaults(node["items"], f"{path}[]")
+        return out
+
+    # Every scalar default of the model is in the schema.
+    from stalwart.spec.model import FailurePolicy, FaultTolerance, StandbySettings, TrainingJobSpec
+
+    found = set(defaults(spec))
+    for prefix, model in (
+        (".faultTolerance", FaultTolerance),
+        (".failurePolicy", FailurePolicy),
+        (".standbys", StandbySettings),
+    ):
+        for name, field in model.model_fields.items():
+            alias = field.alias or name
+            if field.default is not None and not isinstance(field.default, list | dict):
+                assert f"{prefix}.{alias}" in found, f"{prefix}.{alias} has no default in the schema"
+    assert ".suspend" in found and ".cleanPodPolicy" in found and TrainingJobSpec.model_fields["suspend"]
+    status = openapi()["properties"]["status"]["properties"]
+    condition = status["conditions"]["items"]["properties"]
+    assert condition["lastTransitionTime"]["format"] == "date-time"
+    assert condition["observedGeneration"]["type"] == "integer"
+    for key in ("startTime", "completionTime"):
+        assert status[key]["format"] == "date-time"
+    assert status["lastIncident"]["properties"]["at"]["format"] == "date-time"
+    container = role["template"]["properties"]["spec"]["properties"]["containers"]["items"]["properties"]
+    env = container["env"]["items"]["properties"]
+    assert env["valueFrom"]["properties"]["secretKeyRef"]["required"] == ["key"]
+    limits = container["resources"]["properties"]["limits"]["additionalProperties"]
+    assert limits["x-kubernetes-int-or-string"] is True
+    caps = container["securityContext"]["properties"]["capabilities"]["properties"]["add"]
+    assert caps["type"] == "array" and caps["items"]["type"] == "string"
+    pod = role["template"]["properties"]["spec"]["properties"]
+    assert {"affinity", "tolerations", "topologySpreadConstraints", "volumes", "hostNetwork"} <= set(pod)
+
+
+def test_the_crd_stays_small_enough_for_a_plain_kubectl_apply() -> None:
+    """kubectl's client-side apply keeps the object in an annotation (256 KiB at most)."""
+    import json
+
+    assert len(json.dumps(crd.crd(), separators=(",", ":"))) < 200_000
+
+
+def test_the_kubernetes_schemas_are_the_generated_extract() -> None:
+    from stalwart_operator import kube_schemas
+
+    committed = (REPO / "platform" / "spec" / "kubernetes-fields.json").read_text()
+    assert committed == kube_schemas.render(), (
+        "platform/spec/kubernetes-fields.json differs: "
+        "run `python -m stalwart_operator.kube_schemas > platform/spec/kubernetes-fields.json`"
+    )
+
+
 def test_named_lists_and_cel_rules() -> None:
     spec = openapi()["properties"]["spec"]
     roles = spec["properties"]["roles"]
@@ -165,16 +235,25 @@ def test_named_lists_and_cel_rules() -> None:
     cel = spec["properties"]["faultTolerance"]["x-kubernetes-validations"][0]
     assert "leaseTtlSeconds" in cel["rule"] and "2.0 *" in cel["rule"] and cel["message"]
     assert spec["x-kubernetes-validations"][0]["rule"] == "self.roles == oldSelf.roles"
+    root = openapi()["x-kubernetes-validations"][0]["rule"]
+    assert "self.metadata.name.size() <= 63" in root  # evaluated in test_operator_cel.py
     # The enums come from the model: every failure event and action, nothing else.
     rule = rules["items"]["properties"]
     assert "Evict" in rule["action"]["enum"] and "LostNode" in rule["event"]["enum"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_the_example_jobs_validate(path: Path) -> None:
-    document = load(path)
-    assert schema_errors(document) == []
-    parse_job(document, str(path))  # and the controller's own model agrees
+def test_the_examples_validate(path: Path) -> None:
+    """TrainingJobs against the CRD's schema and the model; anything else (the S3 Secret) against
+    Kubernetes' own schemas; the pods the operator makes of each job in test_operator_manifests."""
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert documents
+    for document in documents:
+        if document["kind"] == names.KIND:
+            assert schema_errors(document) == []
+            parse_job(document, str(path))  # and the controller's own model agrees
+        else:
+            kubernetes_validate.validate(document, K8S_VERSION, strict=True)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +273,7 @@ def test_invalid_jobs_are_rejected_with_a_message(name: str, expected: str) -> N
 
 
 def test_unknown_fields_and_bad_values_are_refused() -> None:
-    good = load(EXAMPLES[0])
+    good = load(REPO / "examples" / "k8s" / "pretrain-tiny.yaml")
     typo = copy.deepcopy(good)
     typo["spec"]["roles"][0]["procsPerNode"] = 2
     assert any("procsPerNode" in e for e in schema_errors(typo))
@@ -204,6 +283,23 @@ def test_unknown_fields_and_bad_values_are_refused() -> None:
     bad_name = copy.deepcopy(good)
     bad_name["spec"]["roles"][0]["name"] = "Trainer_1"
     assert any("does not match" in e for e in schema_errors(bad_name))
+    # The template is Kubernetes' own shape: its schema refuses what the API server would.
+    bad_env = copy.deepcopy(good)
+    bad_env["spec"]["roles"][0]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"] = {
+        "secretKeyRef": {"name": "s3"}  # no key
+    }
+    assert any("'key' is a required property" in e for e in schema_errors(bad_env))
+    with pytest.raises(SpecError, match="'key' is a required property"):
+        parse_job(bad_env)
+    bad_container = copy.deepcopy(good)
+    bad_container["spec"]["roles"][0]["template"]["spec"]["containers"][0]["name"] = "sidecar"
+    assert any("containers" in e for e in schema_errors(bad_container))
+    with pytest.raises(SpecError, match="containers"):
+        parse_job(bad_container)
+    elastic = copy.deepcopy(good)
+    elastic["spec"]["roles"][0]["minReplicas"] = 3  # replicas is 2
+    with pytest.raises(SpecError, match="minReplicas"):
+        parse_job(elastic)
 
 
 def test_status_model_is_the_status_schema() -> None:

@@ -4,17 +4,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pytest
+import yaml
 from support.chart import render
+from support.paths import REPO
 
-from stalwart.spec import parse_job
+from stalwart.spec import SpecError, parse_job
 from stalwart_operator import names, pods
 from stalwart_operator.config import OperatorConfig
 
 K8S_VERSION = "1.30"
+EXAMPLES = sorted((REPO / "examples" / "k8s").glob("*.yaml"))
 CONFIG = OperatorConfig(etcd="etcd.stalwart-system.svc:2379")
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 def validate(document: dict[str, Any]) -> None:
@@ -131,6 +140,140 @@ def test_a_node_pod_runs_the_agent_with_gpus_and_the_job_environment() -> None:
     assert env["STALWART_ETCD"] == CONFIG.etcd and env["STALWART_MACHINE"] == "spec.nodeName"
     args = container["args"]
     assert args[args.index("--job") + 1] == "$(STALWART_JOB)" and "--job-dir" in args
+
+
+def test_a_role_template_is_merged_over_the_operators_pod() -> None:
+    """Kubernetes' own shapes, added to (lists) or replacing (the rest) what the operator sets; the
+    operator's labels, env, volumes and cordon affinity stay."""
+    j = job(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    template = {
+        "metadata": {"labels": {"team": "llm"}, "annotations": {"example.com/cost-center": "42"}},
+        "spec": {
+            "serviceAccountName": "trainer",
+            "imagePullSecrets": [{"name": "registry"}],
+            "hostNetwork": True,
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+                        ]
+                    }
+                },
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 10,
+                            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {}},
+                        }
+                    ]
+                },
+            },
+            "tolerations": [{"key": "rdma", "operator": "Exists"}],
+            "topologySpreadConstraints": [
+                {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+            "securityContext": {"fsGroup": 1000},
+            "containers": [
+                {
+                    "name": "agent",
+                    "env": [
+                        {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "id"}}},
+                        {"name": "NCCL_DEBUG", "value": "WARN"},
+                    ],
+                    "envFrom": [{"configMapRef": {"name": "nccl-tuning"}}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+                    "resources": {
+                        "limits": {"rdma/hca_shared_devices_a": 1, "vpc.amazonaws.com/efa": 4, "memory": "900Gi"}
+                    },
+                    "securityContext": {"capabilities": {"add": ["SYS_PTRACE", "IPC_LOCK"]}},
+                }
+            ],
+        },
+    }
+    doc = j.model_dump(mode="json", by_alias=True)
+    doc["spec"]["roles"][0]["template"] = template
+    with_template = parse_job(doc)
+    assert pods.template_problems(with_template, CONFIG) == []
+    pod = node_pod(with_template)
+    validate(pod)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["labels"]["team"] == "llm" and meta["labels"][names.JOB_LABEL] == "demo"
+    assert meta["annotations"] == {"example.com/cost-center": "42"}
+    assert spec["serviceAccountName"] == "trainer" and spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert spec["automountServiceAccountToken"] is False  # unless the template asks for the token
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "zone", "operator": "In", "values": ["a", "b"]},
+        {"key": names.CORDON_LABEL, "operator": "DoesNotExist"},  # still off cordoned machines
+    ]
+    assert "podAntiAffinity" in spec["affinity"]
+    assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "rdma"]
+    assert [v["name"] for v in spec["volumes"]] == ["workdir", "dshm", "data"]
+    assert spec["securityContext"] == {"fsGroup": 1000}
+    [container] = spec["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "s3", "key": "id"}
+    assert env["STALWART_JOB"]["value"] == "ml.demo" and env["NCCL_DEBUG"]["value"] == "WARN"
+    assert container["envFrom"] == [{"configMapRef": {"name": "nccl-tuning"}}]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == [CONFIG.pod_workdir, "/dev/shm", "/data"]
+    limits = container["resources"]["limits"]
+    assert limits == {
+        "memory": "900Gi",
+        "nvidia.com/gpu": "8",
+        "rdma/hca_shared_devices_a": 1,
+        "vpc.amazonaws.com/efa": 4,
+    }
+    assert container["resources"]["requests"]["cpu"] == "96"
+    assert container["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "IPC_LOCK"]
+
+
+def test_a_template_may_not_take_the_operators_names() -> None:
+    doc = job().model_dump(mode="json", by_alias=True)
+    doc["spec"]["roles"][0]["template"] = {
+        "spec": {
+            "volumes": [{"name": "dshm", "emptyDir": {}}],
+            "containers": [
+                {
+                    "name": "agent",
+                    "env": [{"name": "STALWART_ETCD", "value": "elsewhere:2379"}],
+                    "volumeMounts": [{"name": "missing", "mountPath": "/dev/shm"}],
+                }
+            ],
+        }
+    }
+    problems = pods.template_problems(parse_job(doc), CONFIG)
+    assert any("'dshm' is the operator's" in p for p in problems)
+    assert any("STALWART_ETCD is set by the operator" in p for p in problems)
+    assert any("/dev/shm is the operator's" in p for p in problems)
+    assert any("no volume named 'missing'" in p for p in problems)
+    doc["spec"]["roles"][0]["template"] = {"metadata": {"labels": {"stalwart.dev/job": "other"}}}
+    with pytest.raises(SpecError, match="stalwart.dev/ are the operator's"):
+        parse_job(doc)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_the_pods_of_every_example_validate(path: Path) -> None:
+    for document in documents(path):
+        if document["kind"] != names.KIND:
+            continue
+        j = parse_job(document)
+        assert pods.template_problems(j, CONFIG) == []
+        for i, role in enumerate(j.spec.roles):
+            validate(
+                pods.node_pod(
+                    j,
+                    namespace="ml",
+                    job_id="ml.x",
+                    node=f"node-{i}",
+                    role=role,
+                    owner_uid="u-1",
+                    config=CONFIG,
+                    total_pods=j.spec.node_count,
+                )
+            )
 
 
 def test_gang_scheduling_with_volcano() -> None:
