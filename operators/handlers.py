@@ -14,7 +14,8 @@ from typing import Any
 import kopf
 
 from stalwart.spec import SpecError
-from stalwart_operator import names
+from stalwart.spec.model import MANAGED_BY_STALWART
+from stalwart_operator import deadline, kube_requests, names
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.events import node_not_ready, pod_disruption, request_eviction
 from stalwart_operator.runtime import Runtime
@@ -22,6 +23,16 @@ from stalwart_operator.status import Condition, ConditionType, TrainingJobPhase,
 
 RESOURCE = (names.GROUP, names.VERSION, names.PLURAL)
 JOB_PODS = {names.JOB_LABEL: kopf.PRESENT}
+
+
+def managed_here(spec: Any, **_: Any) -> bool:
+    """Only jobs managed by the Stalwart operator (spec.managedBy): one that MultiKueue (or any
+    other controller) manages gets no finalizer, no pods, no etcd keys and no status from us."""
+    return bool((spec or {}).get("managedBy", MANAGED_BY_STALWART) == MANAGED_BY_STALWART)
+
+
+def has_requests(meta: Any, spec: Any, **_: Any) -> bool:
+    return managed_here(spec) and bool(kube_requests.requested((meta or {}).get("annotations")))
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -69,8 +80,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     # kopf's handler protocols name every keyword it may pass; ours take the ones they use and
     # **_ for the rest, which mypy cannot match against the protocols: hence the ignores below.
     # -- the job's lifecycle -----------------------------------------------------------------------
-    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
-    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)  # type: ignore[arg-type]
+    @kopf.on.resume(*RESOURCE, id="reconcile", when=managed_here, registry=registry)
+    @kopf.on.create(*RESOURCE, id="reconcile", when=managed_here, registry=registry)  # type: ignore[arg-type]
     def reconcile(
         body: kopf.Body,
         name: str,
@@ -101,7 +112,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             patch.status["phase"] = (TrainingJobPhase.SUSPENDED if job.spec.suspend else TrainingJobPhase.CREATED).value
         patch.status["observedGeneration"] = meta.get("generation")
 
-    @kopf.on.update(*RESOURCE, field="spec", id="spec", registry=registry)  # type: ignore[arg-type]
+    @kopf.on.update(*RESOURCE, field="spec", id="spec", when=managed_here, registry=registry)  # type: ignore[arg-type]
     def spec_changed(
         body: kopf.Body,
         name: str,
@@ -134,7 +145,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             rt.start(job, namespace, uid, resume=True)
         patch.status["observedGeneration"] = meta.get("generation")
 
-    @kopf.on.delete(*RESOURCE, id="cleanup", registry=registry)  # type: ignore[arg-type]
+    @kopf.on.delete(*RESOURCE, id="cleanup", when=managed_here, registry=registry)  # type: ignore[arg-type]
     def delete(body: kopf.Body, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
         """The finalizer: nothing the job owned outlives it, in Kubernetes or in etcd."""
         rt = _runtime(memo)
@@ -150,6 +161,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         id="status",
         interval=config.status_interval_seconds,
         initial_delay=config.status_interval_seconds,
+        when=managed_here,
         registry=registry,
     )
     def mirror(
@@ -164,8 +176,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         logger: logging.Logger,
         **_: Any,
     ) -> None:
-        """Copy the controller's state into the status; label the pods with their ranks; delete the
-        job ttlSecondsAfterFinished after it finished; re-host a controller that died."""
+        """Copy the controller's state into the status and post the Events it calls for; carry out
+        requests made through the Kubernetes API; label the pods with their ranks; fail a job past
+        activeDeadlineSeconds; delete the job ttlSecondsAfterFinished after it finished; re-host a
+        controller that died."""
         rt = _runtime(memo)
         if meta.get("deletionTimestamp"):
             return  # the finalizer is taking it apart
@@ -174,12 +188,22 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         except SpecError:
             return
         current = dict(status)
-        observed = current.get("observedGeneration")
-        new, state = rt.observe(job, namespace, uid, current, observed)
+        # The generation reconcile or spec_changed submitted (a status read before their patch: the
+        # body's, whose spec this tick parsed and acts on).
+        generation = current.get("observedGeneration") or meta.get("generation")
+        observed = rt.observe(job, namespace, uid, current, generation)
+        new, state = observed.status, observed.state
         rendered = new.model_dump(mode="json", by_alias=True, exclude_none=True)
         if rendered != {k: v for k, v in current.items() if v is not None}:
             patch.status.update(new.to_patch())
+        rt.record_events(job, namespace, uid, current.get("phase"), observed)
+        rt.sync_requests(name, namespace, dict(meta.get("annotations") or {}))
         if state is None:
+            return
+        expired = deadline.expired(job, new, state, time.time())
+        if expired is not None:
+            logger.warning(f"{names.job_id(namespace, name)}: {expired}")
+            rt.fail(job, namespace, uid, deadline.REASON, expired)
             return
         rt.label_pods(job, namespace, uid, state)
         if state.phase.terminal:
@@ -189,6 +213,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                 rt.delete_resource(name, namespace)
         elif not job.spec.suspend and rt.start(job, namespace, uid):
             logger.warning(f"controller for {names.job_id(namespace, name)} was not running; started it")
+
+    @kopf.on.event(*RESOURCE, id="requests", when=has_requests, registry=registry)  # type: ignore[arg-type]
+    def requests(type: str | None, name: str, namespace: str, meta: kopf.Meta, memo: Any, **_: Any) -> None:
+        """A request annotation (stalwart node evict... through the Kubernetes API): into etcd now."""
+        if type == "DELETED":
+            return
+        _runtime(memo).sync_requests(name, namespace, dict(meta.get("annotations") or {}))
 
     # -- pods and machines -------------------------------------------------------------------------
     @kopf.index("v1", "pods", labels=JOB_PODS, id="pods_by_machine", registry=registry)  # type: ignore[arg-type]

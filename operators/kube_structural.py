@@ -28,7 +28,7 @@ def _type(node: Schema) -> str | None:
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
         return kinds[0] if len(kinds) == 1 else None
-    return kind  # type: ignore[no-any-return]
+    return str(kind) if kind is not None else None
 
 
 def structural(node: Schema, defs: dict[str, Schema], path: str) -> Schema:

@@ -214,7 +214,7 @@ def template_problems(job: TrainingJob, config: OperatorConfig) -> list[str]:
         if role.template is None:
             continue
         where = f"spec.roles[{i}].template.spec"
-        volumes = {v.get("name") for v in role.template.spec.volumes}
+        volumes = {str(v.get("name")) for v in role.template.spec.volumes}
         for name in sorted(volumes & OPERATOR_VOLUMES):
             problems.append(f"{where}.volumes: {name!r} is the operator's volume name; use another")
         for container in role.template.spec.containers:
@@ -249,7 +249,7 @@ def _merge_resources(ours: Manifest, theirs: dict[str, Any] | None) -> Manifest:
     """Per resource name, the template's request or limit wins (rdma/*, EFA, hugepages...)."""
     if not theirs:
         return ours
-    out = {k: dict(v) for k, v in ours.items()}
+    out: Manifest = {k: dict(v) for k, v in ours.items()}
     for key in ("requests", "limits"):
         if theirs.get(key):
             out[key] = {**out.get(key, {}), **theirs[key]}

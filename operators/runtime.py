@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s
@@ -15,8 +16,8 @@ from stalwart.spec import SpecError, TrainingJob, parse_job
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
-from stalwart.store.records import Incident, JobState
-from stalwart_operator import names, pods
+from stalwart.store.records import Incident, JobPhase, JobState, OperatorRequest
+from stalwart_operator import kube_requests, names, pods, recorder
 from stalwart_operator.cluster import KubernetesCluster
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.hosting import ControllerHost
@@ -24,6 +25,14 @@ from stalwart_operator.kube import is_status
 from stalwart_operator.status import PodView, TrainingJobStatus, build_status
 
 log = get_logger("stalwart.operator")
+
+
+@dataclass(frozen=True)
+class Observed:
+    status: TrainingJobStatus
+    state: JobState | None
+    incidents: list[Incident]
+    requests: list[OperatorRequest]
 
 
 def document(body: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +141,53 @@ class Runtime:
                     fields={"job": job.name},
                 )
 
+    def fail(self, job: TrainingJob, namespace: str, uid: str, reason: str, message: str) -> None:
+        """End the job as Failed from outside its controller (activeDeadlineSeconds): stop the
+        controller, record the terminal state (compare-and-swap: never over a newer decision), then
+        let the spec's cleanPodPolicy decide which pods go."""
+        job_id = names.job_id(namespace, job.name)
+        self._suspended.add(uid)  # no timer re-hosts it meanwhile
+        self.host.stop(job_id)
+        key = keys.job_state(job_id)
+        state, revision = self.store.get_with_revision(key, JobState)
+        if state is None or state.phase.terminal:
+            return
+        now = time.time()
+        failed = state.model_copy(
+            update={
+                "phase": JobPhase.FAILED,
+                "reason": reason,
+                "message": message,
+                "finished_at": now,
+                "updated_at": now,
+            }
+        )
+        if not self.store.commit({key: failed}, expect_revision={key: revision}):
+            self._suspended.discard(uid)  # the state moved: the next status tick looks again
+            return
+        cluster = self.cluster(job, namespace, uid)
+        for pod in cluster.list_pods(fresh=True):
+            node = (pod["metadata"].get("labels") or {}).get(names.NODE_LABEL)
+            if node:
+                cluster.stop_node(node)
+        log.warning("job failed by the operator", fields={"job": job_id, "reason": reason, "message": message})
+
+    def sync_requests(self, name: str, namespace: str, annotations: dict[str, str]) -> None:
+        """Requests made through the Kubernetes API into etcd; answered ones lose their annotation."""
+        done = kube_requests.sync(self.store, names.job_id(namespace, name), annotations)
+        if done:
+            _delete(
+                lambda: self.custom.patch_namespaced_custom_object(
+                    names.GROUP,
+                    names.VERSION,
+                    namespace,
+                    names.PLURAL,
+                    name,
+                    kube_requests.removal_patch(done),
+                    _preload_content=False,
+                )
+            )
+
     def suspend(self, job: TrainingJob, namespace: str, uid: str) -> None:
         """Stop the controller and delete the pods; etcd keeps the state for the resume."""
         self._suspended.add(uid)
@@ -181,11 +237,16 @@ class Runtime:
         uid: str,
         previous: dict[str, Any] | None,
         generation: int | None,
-    ) -> tuple[TrainingJobStatus, JobState | None]:
-        """The status as etcd and the pods show it now, and the state it came from."""
+    ) -> Observed:
+        """The status as etcd and the pods show it now, and the records it came from."""
         job_id = names.job_id(namespace, job.name)
         state = self.store.get(keys.job_state(job_id), JobState)
         incidents = self.store.get_prefix(keys.incidents_prefix(job_id), Incident)
+        requests = [
+            r
+            for r in self.store.get_prefix(keys.requests_prefix(job_id), OperatorRequest)
+            if r.requested_by.endswith(kube_requests.VIA_KUBERNETES)
+        ]
         nodes = read_nodes(self.store, job_id)
         cluster = self.cluster(job, namespace, uid)
         views: dict[str, PodView] = {}
@@ -213,6 +274,7 @@ class Runtime:
             suspended=job.spec.suspend,
             observed_generation=generation,
             now=time.time(),
+            requests=requests,
         )
         if state is not None:
             live = [
@@ -224,7 +286,34 @@ class Runtime:
             ]
             if live and (status.current_step is None or max(live) > status.current_step):
                 status = status.model_copy(update={"current_step": max(live)})
-        return status, state
+        return Observed(status, state, incidents, requests)
+
+    # -- events ------------------------------------------------------------------------------------
+    def record_events(
+        self, job: TrainingJob, namespace: str, uid: str, before_phase: str | None, observed: Observed
+    ) -> int:
+        """Post the Events the records call for (phase change, new incidents, recoveries) once each.
+        Returns how many were posted."""
+        job_id = names.job_id(namespace, job.name)
+        posted = recorder.load_posted(self.store, job_id)
+        events, after = recorder.pending_events(observed.incidents, posted)
+        change = recorder.phase_event(before_phase, observed.status.phase, observed.state, time.time())
+        if change is not None:
+            events.append(change)
+        count = 0
+        for event in sorted(events, key=lambda e: e.at):
+            body = recorder.event_manifest(
+                event, job=job.name, namespace=namespace, uid=uid, instance=self.config.identity
+            )
+            try:
+                self.core.create_namespaced_event(namespace, body, _preload_content=False)  # type: ignore[arg-type]
+                count += 1
+            except Exception as exc:
+                if not is_status(exc, 409):  # posted before this operator restarted
+                    raise
+        if after != posted:
+            recorder.save_posted(self.store, job_id, after)
+        return count
 
     def label_pods(self, job: TrainingJob, namespace: str, uid: str, state: JobState) -> None:
         """Show the controller's view on the pods: the node rank each holds, or that it is a standby."""

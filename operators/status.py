@@ -353,7 +353,9 @@ def merge_conditions(
     generation: int | None = None,
 ) -> list[Condition]:
     """Keep lastTransitionTime while a condition's status stays the same. A False condition of a
-    type never True before is left out (no 'Suspended: False' on a job never suspended)."""
+    type never True before is left out (no 'Suspended: False' on a job never suspended), except
+    Running: a job that finished (or was suspended) before a status tick saw it run still says
+    Running False and why, so `kubectl wait --for=condition=Running=false` never waits forever."""
     before = {c.type: c for c in previous}
     out: list[Condition] = []
     for ctype in ConditionType:
@@ -364,7 +366,7 @@ def merge_conditions(
         value, reason, message = wanted[ctype]
         status = "True" if value else "False"
         old = before.get(ctype)
-        if old is None and not value:
+        if old is None and not value and ctype is not ConditionType.RUNNING:
             continue
         changed = old is None or old.status != status
         out.append(

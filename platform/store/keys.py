@@ -20,6 +20,9 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/checkpoints/{step:012d}    CheckpointEntry: the job's checkpoint catalog
     /stalwart/v1/jobs/{job}/audit/{id}                 AuditEntry: an action taken from the web console (who,
                                                        when, why; the OperatorRequest that carried it out)
+
+
+    /stalwart/v1/jobs/{job}/operator/events            the Kubernetes Events the operator posted (no repeats)
     /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
     /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
     /stalwart/v1/operators/{name}/leader               Kubernetes operator election, under the leader's lease
@@ -153,6 +156,10 @@ def audit_prefix(job: str) -> str:
 
 def audit_entry(job: str, entry_id: str) -> str:
     return audit_prefix(job) + _seg(entry_id)
+
+
+def operator_events(job: str) -> str:
+    return job_prefix(job) + "operator/events"
 
 
 def cordons_prefix() -> str:

@@ -14,6 +14,7 @@ real one, with the official client and kopf.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import itertools
 import json
@@ -44,6 +45,7 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
     ),
     "v1/nodes": kmock.ResourceInfo(kind="Node", namespaced=False, verbs={"get", "list", "watch", "patch"}),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list", "watch"}),
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True, verbs={"get", "list", "create", "delete"}),
     "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False, verbs={"get", "list", "watch"}
     ),
@@ -362,9 +364,15 @@ class Kubelet:
             "status.podIP": "127.0.0.1",
         }
         env = dict(os.environ)  # PATH, and the test session's tag (no orphans)
+        for source in container.get("envFrom") or []:
+            if "secretRef" in source:
+                env.update(self._secret(meta["namespace"], source["secretRef"]["name"]))
         for item in container.get("env") or []:
             if "value" in item:
                 env[item["name"]] = _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), item["value"])
+            elif "secretKeyRef" in item["valueFrom"]:
+                ref = item["valueFrom"]["secretKeyRef"]
+                env[item["name"]] = self._secret(meta["namespace"], ref["name"])[ref["key"]]
             else:
                 env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
         argv = [
@@ -384,6 +392,19 @@ class Kubelet:
         self.procs[meta["uid"]] = proc
         self.started[meta["uid"]] = meta["name"]
         self._report(pod, "Running")
+
+    def _secret(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's values, as the kubelet hands them to a container (stringData as a real API
+        server would have stored it, base64 data decoded)."""
+        secret = raw(self.core.read_namespaced_secret(name, namespace, _preload_content=False))
+        values = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+        return {**values, **(secret.get("stringData") or {})}
+
+    def environment(self, pod_name: str) -> dict[str, str]:
+        """The environment the pod's container runs with (its process's, from /proc)."""
+        uid = next(u for u, n in self.started.items() if n == pod_name and u in self.procs)
+        text = Path(f"/proc/{self.procs[uid].pid}/environ").read_bytes().decode(errors="replace")
+        return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
 
     def _report(self, pod: dict[str, Any], phase: str, exit_code: int | None = None) -> None:
         meta = pod["metadata"]

@@ -10,6 +10,11 @@ from stalwart.agents.worker_sdk import report_step
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100_000)
 parser.add_argument("--step-seconds", type=float, default=0.2)
+parser.add_argument(
+    "--crash-when",
+    default=None,
+    help="rank 1 exits 3 once the file <this>.g<generation> exists (the test decides when to crash)",
+)
 args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 print(
@@ -22,3 +27,7 @@ for step in range(1, args.steps + 1):
         break
     time.sleep(args.step_seconds)
     report_step(step, loss=1.0 / step, tokens=128, step_time=args.step_seconds)
+    trigger = f"{args.crash_when}.g{os.environ.get('STALWART_GENERATION')}" if args.crash_when else None
+    if rank == 1 and trigger and os.path.exists(trigger):
+        print(f"RuntimeError: injected crash at step {step} ({trigger})", flush=True)
+        raise SystemExit(3)

@@ -105,6 +105,19 @@ class World:
             f"--- kubelet errors ---\n{self.kubelet.errors[-5:]}"
         )
 
+    def events(self, job: str) -> list[dict[str, Any]]:
+        """The Events about a TrainingJob, oldest first (what `kubectl describe tj` lists)."""
+        items = raw(self.core.list_namespaced_event(NS, _preload_content=False))["items"]
+        about = [e for e in items if e["involvedObject"]["kind"] == names.KIND and e["involvedObject"]["name"] == job]
+        return sorted(about, key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"]))
+
+    def describe_events(self, job: str) -> str:
+        """The Events section of `kubectl describe tj JOB`."""
+        lines = [f"{'Type':<8} {'Reason':<16} {'From':<18} Message", f"{'----':<8} {'------':<16} {'----':<18} -------"]
+        for e in self.events(job):
+            lines.append(f"{e['type']:<8} {e['reason']:<16} {e['source']['component']:<18} {e['message']}")
+        return "\n".join(lines)
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
@@ -121,6 +134,7 @@ class World:
                         "replicas": replicas,
                         "processesPerNode": 1,
                         "command": ["python", "worker.py", *spec.pop("args", [])],
+                        **({"template": spec.pop("template")} if "template" in spec else {}),
                     }
                 ],
                 "faultTolerance": {
@@ -171,14 +185,15 @@ class World:
 
         def ready() -> dict[str, Any] | None:
             status = self.status(name)
-            nodes = status.get("nodes") or []
+            slots = sum(c["slots"] for c in status.get("nodeCounts") or [])
             if (
                 status.get("phase") == "Running"
                 and (status.get("currentStep") or 0) > 0
                 and status.get("ettr") is not None
-                and nodes
-                and all(n["state"] in ("Running", "Standby") for n in nodes)
-                and (not standby or any(n["state"] == "Standby" for n in nodes))
+                and slots
+                and status.get("nodesReady") == f"{slots}/{slots}"
+                and not status.get("unhealthyNodes")
+                and (not standby or (status.get("standbyCounts") or {}).get("ready", 0) >= 1)
             ):
                 return status
             return None
@@ -226,9 +241,37 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         api.stop()
 
 
+TEMPLATE = {
+    "metadata": {"labels": {"team": "llm"}, "annotations": {"example.com/owner": "tests"}},
+    "spec": {
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "containers": [
+            {
+                "name": "agent",
+                "env": [
+                    {
+                        "name": "AWS_ACCESS_KEY_ID",
+                        "valueFrom": {"secretKeyRef": {"name": "s3", "key": "access-key-id"}},
+                    },
+                    {"name": "NCCL_DEBUG", "value": "WARN"},
+                ],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}},
+            }
+        ],
+    },
+}
+
+
 def test_a_job_gets_its_service_pods_and_status(world: World) -> None:
-    """(The job stays for the next test, which fails one of its pods.)"""
-    world.submit("alpha")
+    """(The job stays for the next test, which fails one of its pods.) Its role's template takes
+    S3 credentials from a Secret: the agent (and so its workers) runs with the Secret's value."""
+    world.core.create_namespaced_secret(
+        NS,
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"}, "stringData": {"access-key-id": "AKIATEST"}},
+        _preload_content=False,
+    )
+    world.submit("alpha", template=TEMPLATE)
     pods = world.wait("3 pods", lambda: len(p := world.pods("alpha")) == 3 and p)
     status = world.running("alpha")
     # The headless Service gives the pods DNS names under the job's name.
@@ -244,13 +287,22 @@ def test_a_job_gets_its_service_pods_and_status(world: World) -> None:
         assert container["command"][-1] == "agent"
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["STALWART_JOB"] == "default.alpha" and env["STALWART_NODE"] == node
+        assert pod["metadata"]["labels"]["team"] == "llm" and pod["spec"]["volumes"][-1]["name"] == "scratch"
+        assert container["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+        agent_env = world.kubelet.environment(pod["metadata"]["name"])
+        assert agent_env["AWS_ACCESS_KEY_ID"] == "AKIATEST" and agent_env["NCCL_DEBUG"] == "WARN"
     # Status: phase, conditions, nodes in rank order, the standby, restarts split by cause.
     assert status["jobId"] == "default.alpha"
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Created"]["status"] == "True" and conditions["Running"]["status"] == "True"
     assert "Failed" not in conditions and "Succeeded" not in conditions
-    assert [n["rank"] for n in status["nodes"] if n["state"] == "Running"] == [0, 1]
-    assert all(n["pod"] == f"alpha-{n['name']}" and n["machine"] for n in status["nodes"])
+    # Nodes counted per role and state; only unhealthy ones would be listed (none here).
+    assert status["nodesReady"] == "2/2" and status["unhealthyNodes"] == []
+    assert status["nodeCounts"] == [
+        {"role": "trainer", "slots": 2, "running": 2, "starting": 0, "lost": 0, "finished": 0}
+    ]
+    assert status["standbyCounts"]["ready"] == 1
+    assert {c.get("observedGeneration") for c in status["conditions"]} == {job["metadata"]["generation"]}, status
     # Restarts, split by cause (a loaded test machine may lose a lease: infrastructure, never counted).
     assert status["restarts"]["counted"] == 0
     assert status["restarts"]["total"] == status["restarts"]["infrastructure"]
@@ -319,12 +371,14 @@ def _hot_swap(world: World, name: str, fail: Callable[[str, dict[str, Any]], Non
         "status after the swap",
         lambda: (
             (s := world.status(name)).get("phase") == "Running"
-            and any(n["name"] == standby and n["rank"] == 1 for n in s.get("nodes", []))
+            and s.get("nodesReady") == "2/2"
+            and victim in s.get("evicted", [])
             and (s.get("restarts") or {}).get("infrastructure", 0) >= 1
             and s
         ),
     )
-    assert status["lastIncident"]["node"] == victim and victim in status["evicted"]
+    assert status["lastIncident"]["node"] == victim and status["evictedCount"] >= 1
+    assert status["lastIncident"]["runbook"]
     assert status["restarts"]["counted"] == before["restarts"]["counted"]  # infrastructure: not counted
     world.wait("the failed pod deleted", lambda: victim not in world.pods(name))
     world.wait(
@@ -363,6 +417,30 @@ def test_a_failed_pod_is_replaced_by_the_standby_with_its_ranks(world: World) ->
 
     with world.training("alpha"):
         _hot_swap(world, "alpha", fail, "pod-failed")
+        # The incident history, as `kubectl describe tj alpha` lists it: the incident (its class,
+        # the action, the runbook), the eviction, the hot-swap, the recovery and the phase changes.
+        incident = world.status("alpha")["lastIncident"]
+        state = world.state("alpha")
+        assert state is not None
+        victim = incident["node"]
+
+        def history() -> str | None:
+            listing = world.describe_events("alpha")
+            reasons = [e["reason"] for e in world.events("alpha")]
+            wanted = (incident["class"], "NodeEvicted", "HotSwap", "Recovered", "Restarting", "Running")
+            return listing if all(r in reasons for r in wanted) else None
+
+        listing = world.wait("the incident history in the Events", history)
+        print(listing)
+        assert f"{incident['id']}: {incident['class']} on {victim}" in listing
+        assert f"runbook: stalwart runbook show {incident['runbook']}" in listing
+        assert f"{victim} evicted for {incident['class']}" in listing
+        assert f"takes {victim}'s slot and ranks" in listing and "training resumed" in listing
+        events = world.events("alpha")
+        assert all(e["involvedObject"]["uid"] == world.job("alpha")["metadata"]["uid"] for e in events)  # type: ignore[index]
+        assert [e["reason"] for e in events].count("HotSwap") == 1  # once, however many status ticks
+        warning = next(e for e in events if e["reason"] == incident["class"])
+        assert warning["type"] == "Warning" and warning["source"]["component"] == "stalwart-operator"
 
 
 def test_a_node_not_ready_evicts_its_pods(world: World) -> None:
