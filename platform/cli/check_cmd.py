@@ -11,12 +11,11 @@ from typing import Annotated
 import typer
 
 from stalwart.cli import operator_requests
-from stalwart.cli.connection import EtcdOption, open_store
+from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import CliError, cli_errors
-from stalwart.cli.lookup import job_for_node
+from stalwart.cli.job_actions import NamespaceOption, open_actions
 from stalwart.cli.output import OutputFormat, OutputOption
-from stalwart.store import keys
-from stalwart.store.records import JobState, RequestKind
+from stalwart.store.records import RequestKind
 
 
 @cli_errors
@@ -25,6 +24,7 @@ def check(
     job: Annotated[str | None, typer.Option("--job", "-j", help="TARGET is a node of this job.")] = None,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the results.")] = 600.0,
     etcd: EtcdOption = None,
+    namespace: NamespaceOption = None,
     output: OutputOption = OutputFormat.TABLE,
 ) -> None:
     """Run the collective (all-reduce, all-gather, all-to-all: bandwidth and bitwise results) and compute checks now.
@@ -39,25 +39,15 @@ def check(
 
         stalwart check node-3 --job pretrain-tiny --timeout 900
     """
-    with open_store(etcd) as store:
-        is_job = job is None and _valid(target) and store.get(keys.job_state(target), JobState) is not None
+    with open_actions(etcd, namespace) as actions:
         node: str | None
-        if is_job:
-            owner, node = target, None
+        if job is None and actions.is_job(target):
+            owner, node = actions.job_id(target), None
         else:
-            found = job_for_node(store, target, job)
+            found = actions.job_for_node(target, job)
             node = target
             if found is None:
-                raise CliError(f"{target!r} is neither a job nor a node of a running job (stalwart node list)")
+                raise CliError(f"{target!r} is neither a job nor a node of a running job ({actions.where})")
             owner = found
-        request = operator_requests.submit(store, owner, RequestKind.CHECK, node, "health check by on-call")
-        final = operator_requests.wait(store, owner, request, timeout)
+        final = actions.ask(owner, RequestKind.CHECK, node, "health check by on-call", timeout)
     operator_requests.report(final, output)
-
-
-def _valid(name: str) -> bool:
-    try:
-        keys.job_state(name)
-    except ValueError:
-        return False
-    return True

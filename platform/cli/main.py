@@ -161,5 +161,15 @@ def main() -> int:
     return run_app(app, prog_name="stalwart")
 
 
+def kubectl_main() -> int:
+    """`kubectl stalwart ...`: kubectl finds `kubectl-stalwart` on PATH and runs it; as a kubectl
+    plugin the CLI acts through the Kubernetes API (the kubeconfig) before any configured etcd."""
+    from stalwart.cli.job_actions import PREFER_KUBERNETES_ENV
+    from stalwart.cli.on_call import run_app
+
+    os.environ[PREFER_KUBERNETES_ENV] = "1"
+    return run_app(app, prog_name="kubectl stalwart")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,9 @@
 """`stalwart node list|cordon|uncordon|evict`: take a machine out of service, or put it back.
 
 Inside a running job the controller does it (an OperatorRequest, see operator_requests.py): it
-owns the job's slots and standby pool. A machine in no running job is cordoned by writing its
-Cordon record directly: no controller is there to race with.
+owns the job's slots and standby pool. With a kubeconfig the request goes through the Kubernetes
+API (job_actions.py), so the cluster's RBAC and audit log apply. A machine in no running job is
+cordoned by writing its Cordon record directly (etcd only: no controller is there to race with).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from rich.text import Text
 from stalwart.cli import operator_requests
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import CliError, cli_errors, print_note
-from stalwart.cli.lookup import job_for_node, job_states
+from stalwart.cli.job_actions import JobActions, NamespaceOption, open_actions
+from stalwart.cli.lookup import job_states
 from stalwart.cli.output import (
     OutputFormat,
     OutputOption,
@@ -59,11 +61,19 @@ def confirm(question: str, yes: bool) -> None:
 
 
 def _ask_controller(
-    store: Store, job: str, kind: RequestKind, node: str, reason: str, timeout: float, output: OutputFormat
+    actions: JobActions, job: str, kind: RequestKind, node: str, reason: str, timeout: float, output: OutputFormat
 ) -> None:
-    request = operator_requests.submit(store, job, kind, node, reason)
-    final = operator_requests.wait(store, job, request, timeout)
-    operator_requests.report(final, output)
+    operator_requests.report(actions.ask(job, kind, node, reason, timeout), output)
+
+
+def _machine_store(actions: JobActions, node: str, verb: str) -> Store:
+    """etcd, to cordon a machine in no job; through the Kubernetes API that is the cluster's own."""
+    if actions.store is None:
+        raise CliError(
+            f"{node!r} is in no TrainingJob reachable through {actions.where}: to keep a Kubernetes node out "
+            f"of every workload, `kubectl {verb} NODE`; or name the job with --job (and -n)"
+        )
+    return actions.store
 
 
 @app.command()
@@ -75,6 +85,7 @@ def evict(
     yes: YesOption = False,
     timeout: TimeoutOption = 120.0,
     etcd: EtcdOption = None,
+    namespace: NamespaceOption = None,
     output: OutputOption = OutputFormat.TABLE,
 ) -> None:
     """Evict a node from its job now: a standby takes its ranks and the job restarts from its checkpoint.
@@ -86,9 +97,11 @@ def evict(
         stalwart node evict node-3 --job pretrain-tiny --reason "Xid 79 in dmesg"
 
         stalwart node evict node-3 --yes
+
+        kubectl stalwart node evict node-3 -n ml --job pretrain-tiny
     """
-    with open_store(etcd) as store:
-        target = job_for_node(store, node, job)
+    with open_actions(etcd, namespace) as actions:
+        target = actions.job_for_node(node, job)
         if target is None:
             raise CliError(
                 f"node {node!r} is not in any running job; to keep it out of future jobs: stalwart node cordon {node}"
@@ -98,7 +111,7 @@ def evict(
             "restarts from its last checkpoint.",
             yes,
         )
-        _ask_controller(store, target, RequestKind.EVICT, node, reason, timeout, output)
+        _ask_controller(actions, target, RequestKind.EVICT, node, reason, timeout, output)
 
 
 @app.command()
@@ -110,6 +123,7 @@ def cordon(
     yes: YesOption = False,
     timeout: TimeoutOption = 60.0,
     etcd: EtcdOption = None,
+    namespace: NamespaceOption = None,
     output: OutputOption = OutputFormat.TABLE,
 ) -> None:
     """Cordon a machine: no job gives it a slot or keeps it as a standby until it is uncordoned.
@@ -122,13 +136,14 @@ def cordon(
 
         stalwart node cordon node-3 --job pretrain-tiny --yes
     """
-    with open_store(etcd) as store:
-        target = job_for_node(store, node, job)
+    with open_actions(etcd, namespace) as actions:
+        target = actions.job_for_node(node, job)
         where = f" (in job {target})" if target else ""
         confirm(f"Cordon {node}{where}? No job will place work on it until it is uncordoned.", yes)
         if target is not None:
-            _ask_controller(store, target, RequestKind.CORDON, node, reason, timeout, output)
+            _ask_controller(actions, target, RequestKind.CORDON, node, reason, timeout, output)
             return
+        store = _machine_store(actions, node, "cordon")
         record = Cordon(node=node, reason=reason, cordoned_at=time.time(), by=operator_requests.requester())
         if not store.create(keys.cordon(node), record):
             existing = store.get(keys.cordon(node), Cordon)
@@ -151,6 +166,7 @@ def uncordon(
     yes: YesOption = False,
     timeout: TimeoutOption = 60.0,
     etcd: EtcdOption = None,
+    namespace: NamespaceOption = None,
     output: OutputOption = OutputFormat.TABLE,
 ) -> None:
     """Uncordon a machine: it may take slots and standby places again (after its pre-flight checks).
@@ -161,18 +177,20 @@ def uncordon(
 
         stalwart node uncordon node-3 --job pretrain-tiny --yes
     """
-    with open_store(etcd) as store:
-        target = job_for_node(store, node, job)
+    with open_actions(etcd, namespace) as actions:
+        target = actions.job_for_node(node, job)
+        if target is not None:
+            confirm(f"Uncordon {node}? Jobs may place work on it again.", yes)
+            _ask_controller(actions, target, RequestKind.UNCORDON, node, "uncordoned by on-call", timeout, output)
+            return
+        store = _machine_store(actions, node, "uncordon")
         existing = store.get(keys.cordon(node), Cordon)
-        if target is None and existing is None:
+        if existing is None:
             print_note(f"{node} is not cordoned; nothing to do")
             if output is OutputFormat.JSON:
                 print_json({"node": node, "cordoned": False})
             return
         confirm(f"Uncordon {node}? Jobs may place work on it again.", yes)
-        if target is not None:
-            _ask_controller(store, target, RequestKind.UNCORDON, node, "uncordoned by on-call", timeout, output)
-            return
         store.delete(keys.cordon(node))
         if output is OutputFormat.JSON:
             print_json({"node": node, "cordoned": False})

@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
         node_cmd,
         runbook_cmd,
         status_cmd,
+        suspend_cmd,
     )
 
     app.command("jobs", rich_help_panel=PANEL)(jobs_cmd.jobs)
@@ -33,6 +34,8 @@ def register(app: typer.Typer) -> None:
     app.command("diagnose", rich_help_panel=PANEL)(diagnose_cmd.diagnose)
     app.command("check", rich_help_panel=PANEL)(check_cmd.check)
     app.command("logs", rich_help_panel=PANEL)(logs_cmd.logs)
+    app.command("suspend", rich_help_panel=PANEL)(suspend_cmd.suspend)
+    app.command("resume", rich_help_panel=PANEL)(suspend_cmd.resume)
     app.add_typer(node_cmd.app, name="node", rich_help_panel=PANEL)
     app.add_typer(runbook_cmd.app, name="runbook", rich_help_panel=PANEL)
     _register_console(app)

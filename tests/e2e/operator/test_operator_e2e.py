@@ -29,10 +29,12 @@ from stalwart.store import Store, keys
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.records import (
     Assignment,
+    Incident,
     JobPhase,
     JobState,
     OperatorRequest,
     RequestKind,
+    ServiceEndpoint,
 )
 from stalwart_operator import crd, names
 from stalwart_operator.kube import USER_AGENT
@@ -61,6 +63,8 @@ class World:
         self.operator = operator
         self.log = log
         client = api.client()
+        self.diagnosis: subprocess.Popen[bytes] | None = None
+        self.tmp = log.parent
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
 
@@ -117,6 +121,17 @@ class World:
         for e in self.events(job):
             lines.append(f"{e['type']:<8} {e['reason']:<16} {e['source']['component']:<18} {e['message']}")
         return "\n".join(lines)
+
+    def cli(self, *args: str, plugin: bool = False) -> subprocess.CompletedProcess[str]:
+        """The CLI as an on-call engineer runs it: a kubeconfig, no etcd."""
+        env = {k: v for k, v in self.env.items() if k != "STALWART_ETCD"}
+        env["STALWART_CONFIG"] = str(self.tmp / "no-such-config.yaml")
+        command = (
+            [str(Path(sys.executable).with_name("kubectl-stalwart"))]
+            if plugin
+            else [sys.executable, "-m", "stalwart.cli.main"]
+        )
+        return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=WAIT + 60)
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -208,7 +223,14 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     kubelet: Kubelet | None = None
     operator: subprocess.Popen[bytes] | None = None
     store = Store(etcd.endpoint)
+    diagnosis_port = free_port()
+    diagnosis: subprocess.Popen[bytes] | None = None
     try:
+        # The diagnosis service, as the chart deploys it; the operator publishes its URL.
+        with open(tmp / "diagnosis.log", "ab") as out:
+            diagnosis = spawn(
+                [sys.executable, "-m", "stalwart.diagnosis.service", "--port", str(diagnosis_port)], stdout=out
+            )
         kubelet = Kubelet(api, [f"gpu-{i}" for i in range(8)], tmp / "pods").start()
         env = {
             **os.environ,
@@ -227,14 +249,20 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "STALWART_JOB_METRICS_PORT": str(free_port()),
             "STALWART_JOB_METRICS_HOST": "127.0.0.1",
             "STALWART_ELECTION_TTL_SECONDS": "3",
+            "STALWART_DIAGNOSIS_URL": f"http://127.0.0.1:{diagnosis_port}",
         }
         log = tmp / "operator.log"
         with open(log, "ab") as out:
             operator = spawn([sys.executable, "-m", "stalwart_operator"], env=env, stdout=out)
-        yield World(api, kubelet, store, operator, log, env)
+        world = World(api, kubelet, store, operator, log, env)
+        world.diagnosis = diagnosis
+        world.tmp = tmp
+        yield world
     finally:
         if operator is not None:
             stop_process(operator, grace=20.0)
+        if diagnosis is not None and diagnosis.poll() is None:
+            stop_process(diagnosis, grace=10.0)
         if kubelet is not None:
             kubelet.stop()
         store.close()
@@ -272,6 +300,8 @@ def test_a_job_gets_its_service_pods_and_status(world: World) -> None:
         _preload_content=False,
     )
     world.submit("alpha", template=TEMPLATE)
+    # A job MultiKueue manages: this operator must leave it alone (checked at the end of the module).
+    world.submit("foreign", managedBy="kueue.x-k8s.io/multikueue")
     pods = world.wait("3 pods", lambda: len(p := world.pods("alpha")) == 3 and p)
     status = world.running("alpha")
     # The headless Service gives the pods DNS names under the job's name.
@@ -473,9 +503,35 @@ def test_suspend_resume_and_delete(world: World) -> None:
     world.submit("delta", replicas=1, standbys=0)
     world.running("delta", standby=False)
     [machine] = [p["spec"]["nodeName"] for p in world.pods("delta").values()]
-    world.custom.patch_namespaced_custom_object(
-        names.GROUP, names.VERSION, NS, names.PLURAL, "delta", {"spec": {"suspend": True}}, _preload_content=False
+    [node] = world.pods("delta")
+    # On-call through the Kubernetes API (a kubeconfig, no etcd): the request is an annotation the
+    # operator hands to the controller; the answer comes back in the status, the annotation goes.
+    done = world.cli("node", "cordon", node, "--job", "delta", "-n", NS, "--yes", "--reason", "ECC errors rising")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Done" in done.stdout and f"cordon {node}" in done.stdout
+    [answer] = [r for r in world.status("delta")["requests"] if r["kind"] == "cordon"]
+    assert answer["phase"] == "Done" and answer["requestedBy"].endswith("(through the Kubernetes API)")
+    [request] = [
+        r
+        for r in world.store.get_prefix(keys.requests_prefix(names.job_id(NS, "delta")), OperatorRequest)
+        if r.id == answer["id"]
+    ]
+    assert request.kind is RequestKind.CORDON and request.reason == "ECC errors rising"
+    world.wait(
+        "the request annotation removed",
+        lambda: (
+            not any(
+                k.startswith("requests.stalwart.dev/")
+                for k in (world.job("delta") or {})["metadata"].get("annotations", {})
+            )
+        ),
     )
+    again = world.cli("node", "uncordon", node, "--job", "delta", "-n", NS, "--yes", plugin=True)  # kubectl stalwart
+    assert again.returncode == 0 and "Done" in again.stdout, again.stdout + again.stderr
+    missing = world.cli("node", "evict", "node-9", "--job", "no-such-job", "-n", NS, "--yes")
+    assert missing.returncode != 0 and "no TrainingJob 'no-such-job' in namespace default" in missing.stderr
+    suspended = world.cli("suspend", "delta", "-n", NS)
+    assert suspended.returncode == 0 and "Suspended" in suspended.stdout, suspended.stdout + suspended.stderr
     world.wait("its pods deleted", lambda: not world.pods("delta"))
     status = world.wait(
         "Suspended",
@@ -483,9 +539,8 @@ def test_suspend_resume_and_delete(world: World) -> None:
     )
     assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "True"
     assert world.state("delta") is not None  # the state is kept
-    world.custom.patch_namespaced_custom_object(
-        names.GROUP, names.VERSION, NS, names.PLURAL, "delta", {"spec": {"suspend": False}}, _preload_content=False
-    )
+    resumed = world.cli("resume", "delta", "-n", NS)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     status = world.running("delta", standby=False)
     assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "False"
     # Its node came back as a new one; the machine it left is not blamed (not cordoned).
@@ -561,6 +616,65 @@ def test_a_second_operator_replica_stands_by(world: World) -> None:
         assert "stalwart_job_exporter_leader 1.0" in leader and 'training_job="default.' in leader
     finally:
         assert stop_process(second, grace=10.0) == 0
+
+
+def _diagnoses(url: str) -> float:
+    """The verdicts the diagnosis service returned for crashes (its Prometheus counter)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("stalwart_diagnosis_requests_total{") and 'kind="crash"' in line
+    )
+
+
+def test_the_hosted_controllers_use_the_diagnosis_service_and_fall_back(world: World) -> None:
+    """The operator publishes STALWART_DIAGNOSIS_URL; a hosted controller asks that service about a
+    crash while it is up, and diagnoses in process once it is down."""
+    url = world.env["STALWART_DIAGNOSIS_URL"]
+    endpoint = world.store.get(keys.service("diagnosis"), ServiceEndpoint)
+    assert endpoint is not None and endpoint.url == url
+    trigger = world.tmp / "crash"
+    job_id = names.job_id(NS, "zeta")
+
+    def crash_and_wait(count: int) -> Incident:
+        state = world.state("zeta")
+        assert state is not None
+        Path(f"{trigger}.g{state.generation}").touch()
+        return world.wait(  # type: ignore[no-any-return]
+            f"incident {count} with a verdict",
+            lambda: (
+                len(incidents := world.store.get_prefix(keys.incidents_prefix(job_id), Incident)) >= count
+                and (newest := max(incidents, key=lambda i: i.detected_at)).verdict
+                and newest
+            ),
+        )
+
+    with world.training("zeta", replicas=2, standbys=0, args=["--crash-when", str(trigger)]):
+        world.running("zeta", standby=False)
+        before = _diagnoses(url)
+        first = crash_and_wait(1)
+        assert first.failure_class.value in ("WorkerCrash", "UserCodeError") and first.verdict
+        assert _diagnoses(url) > before  # the service gave the verdict
+        assert world.diagnosis is not None
+        stop_process(world.diagnosis, grace=10.0)
+        world.running("zeta", standby=False)
+        second = crash_and_wait(2)
+        assert second.verdict  # diagnosed in the controller's process instead
+        assert "diagnosis service unavailable; diagnosing in process" in world.log.read_text()
+
+
+def test_a_job_managed_elsewhere_is_left_alone(world: World) -> None:
+    """spec.managedBy names another controller (MultiKueue): after every other test's
+    reconciliation, that job has no finalizer, no pods, no etcd keys and no status from us."""
+    job = world.job("foreign")
+    assert job is not None
+    assert names.FINALIZER not in (job["metadata"].get("finalizers") or [])
+    assert not world.pods("foreign") and "status" not in job
+    assert world.store.get_prefix_raw(keys.job_prefix(names.job_id(NS, "foreign"))) == []
+    assert not world.events("foreign")
+    world.delete("foreign")
+    world.wait("the foreign job deleted", lambda: world.job("foreign") is None)
 
 
 def test_the_operator_used_only_what_its_cluster_role_grants(world: World) -> None:

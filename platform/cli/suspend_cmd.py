@@ -1,0 +1,47 @@
+"""`stalwart suspend JOB` / `stalwart resume JOB`: spec.suspend on the TrainingJob, through the
+Kubernetes API (the operator stops the job's pods and keeps its state and checkpoints; resuming
+restarts it from the newest checkpoint). Only a cluster job can be suspended."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from stalwart.cli.connection import EtcdOption
+from stalwart.cli.errors import cli_errors
+from stalwart.cli.job_actions import NamespaceOption, open_actions
+from stalwart.cli.output import out
+
+JobName = Annotated[str, typer.Argument(metavar="JOB", help="The TrainingJob's name.")]
+TimeoutOption = Annotated[float, typer.Option(min=1, help="Seconds to wait for the operator to carry it out.")]
+
+
+@cli_errors
+def suspend(
+    job: JobName, namespace: NamespaceOption = None, timeout: TimeoutOption = 120.0, etcd: EtcdOption = None
+) -> None:
+    """Suspend a job: its pods stop; its state and checkpoints are kept until it is resumed.
+
+    Examples:
+
+        stalwart suspend pretrain-tiny -n ml
+
+        kubectl stalwart suspend pretrain-tiny
+    """
+    with open_actions(etcd, namespace) as actions:
+        out.print(actions.suspend(job, True, timeout), highlight=False)
+
+
+@cli_errors
+def resume(
+    job: JobName, namespace: NamespaceOption = None, timeout: TimeoutOption = 120.0, etcd: EtcdOption = None
+) -> None:
+    """Resume a suspended job from its newest checkpoint.
+
+    Examples:
+
+        stalwart resume pretrain-tiny -n ml
+    """
+    with open_actions(etcd, namespace) as actions:
+        out.print(actions.suspend(job, False, timeout), highlight=False)
