@@ -73,39 +73,36 @@ def incident_events(incident: Incident) -> list[JobEvent]:
     ]
     for node in incident.evicted:
         out.append(
-            JobEvent(
-                key=f"incident/{incident.id}/evict/{node}",
-                type="Warning",
-                reason="NodeEvicted",
-                message=f"{node} evicted for {cls} ({incident.id}); its machine is cordoned. {_runbook(incident)}",
-                action="Evict",
-                at=at,
+            _follow_up(
+                incident,
+                f"evict/{node}",
+                "Warning",
+                "NodeEvicted",
+                f"{node} evicted for {cls} ({incident.id}); its machine is cordoned. {_runbook(incident)}",
+                "Evict",
             )
         )
     for evicted, standby in incident.replacements.items():
-        out.append(
-            JobEvent(
-                key=f"incident/{incident.id}/swap/{evicted}",
-                type="Normal",
-                reason="HotSwap",
-                message=f"standby {standby} takes {evicted}'s slot and ranks ({incident.id}); "
-                "the other nodes keep their pods",
-                action="HotSwap",
-                at=at,
-            )
-        )
+        message = f"standby {standby} takes {evicted}'s slot and ranks ({incident.id}); the other nodes keep their pods"
+        out.append(_follow_up(incident, f"swap/{evicted}", "Normal", "HotSwap", message, "HotSwap"))
     if incident.policy_action is FailureAction.ROLLBACK:
-        out.append(
-            JobEvent(
-                key=f"incident/{incident.id}/rollback",
-                type="Warning",
-                reason="Rollback",
-                message=f"rolling back to an earlier checkpoint after {cls} ({incident.id}): {incident.action}",
-                action="Rollback",
-                at=at,
-            )
-        )
+        message = f"rolling back to an earlier checkpoint after {cls} ({incident.id}): {incident.action}"
+        out.append(_follow_up(incident, "rollback", "Warning", "Rollback", message, "Rollback"))
     return out
+
+
+def _follow_up(
+    incident: Incident, what: str, kind: Literal["Normal", "Warning"], reason: str, message: str, action: str
+) -> JobEvent:
+    """An Event about what was done for an incident, at the time it was detected."""
+    return JobEvent(
+        key=f"incident/{incident.id}/{what}",
+        type=kind,
+        reason=reason,
+        message=message,
+        action=action,
+        at=incident.detected_at,
+    )
 
 
 def recovered_event(incident: Incident) -> JobEvent | None:

@@ -29,8 +29,7 @@ def suspend(
 
         kubectl stalwart suspend pretrain-tiny
     """
-    with open_actions(etcd, namespace) as actions:
-        out.print(actions.suspend(job, True, timeout), highlight=False)
+    _set_suspended(job, namespace, timeout, etcd, True)
 
 
 @cli_errors
@@ -43,5 +42,9 @@ def resume(
 
         stalwart resume pretrain-tiny -n ml
     """
+    _set_suspended(job, namespace, timeout, etcd, False)
+
+
+def _set_suspended(job: str, namespace: str | None, timeout: float, etcd: str | None, suspended: bool) -> None:
     with open_actions(etcd, namespace) as actions:
-        out.print(actions.suspend(job, False, timeout), highlight=False)
+        out.print(actions.suspend(job, suspended, timeout), highlight=False)
