@@ -497,12 +497,10 @@ def test_a_node_not_ready_evicts_its_pods(world: World) -> None:
         _hot_swap(world, "gamma", fail, "node-not-ready")
 
 
-def test_suspend_resume_and_delete(world: World) -> None:
-    """Suspend deletes the pods and keeps the state; resume runs again; deletion (the finalizer)
-    leaves nothing behind: pods, Service, etcd keys, agents."""
+def test_on_call_requests_through_the_kubernetes_api(world: World) -> None:
+    """(The job stays for the next test, which suspends, resumes and deletes it.)"""
     world.submit("delta", replicas=1, standbys=0)
     world.running("delta", standby=False)
-    [machine] = [p["spec"]["nodeName"] for p in world.pods("delta").values()]
     [node] = world.pods("delta")
     # On-call through the Kubernetes API (a kubeconfig, no etcd): the request is an annotation the
     # operator hands to the controller; the answer comes back in the status, the annotation goes.
@@ -530,6 +528,15 @@ def test_suspend_resume_and_delete(world: World) -> None:
     assert again.returncode == 0 and "Done" in again.stdout, again.stdout + again.stderr
     missing = world.cli("node", "evict", "node-9", "--job", "no-such-job", "-n", NS, "--yes")
     assert missing.returncode != 0 and "no TrainingJob 'no-such-job' in namespace default" in missing.stderr
+
+
+def test_suspend_resume_and_delete(world: World) -> None:
+    """Suspend (`stalwart suspend` through the Kubernetes API) deletes the pods and keeps the state;
+    resume runs again; deletion (the finalizer) leaves nothing behind: pods, Service, etcd keys, agents."""
+    if world.job("delta") is None:
+        world.submit("delta", replicas=1, standbys=0)
+    world.running("delta", standby=False)
+    [machine] = [p["spec"]["nodeName"] for p in world.pods("delta").values()]
     suspended = world.cli("suspend", "delta", "-n", NS)
     assert suspended.returncode == 0 and "Suspended" in suspended.stdout, suspended.stdout + suspended.stderr
     world.wait("its pods deleted", lambda: not world.pods("delta"))
