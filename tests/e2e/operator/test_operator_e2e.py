@@ -609,8 +609,10 @@ def test_the_hosted_controllers_use_the_diagnosis_service_and_fall_back(world: W
     crash while it is up, and diagnoses in process once it is down. (The job stays for the next
     test: the leader's job metrics show it.)"""
     url = world.env["STALWART_DIAGNOSIS_URL"]
-    endpoint = world.store.get(keys.service("diagnosis"), ServiceEndpoint)
-    assert endpoint is not None and endpoint.url == url
+    endpoint = world.wait(
+        "the diagnosis URL published", lambda: world.store.get(keys.service("diagnosis"), ServiceEndpoint)
+    )
+    assert endpoint.url == url
     trigger = world.tmp / "crash"
     job_id = names.job_id(NS, "zeta")
 
