@@ -60,8 +60,7 @@ from support.scale.hostlink import HostLink, host_for  # noqa: E402
 from stalwart.processes import spawn, stop_process  # noqa: E402
 from stalwart.spec import parse_job  # noqa: E402
 from stalwart.spec.model import FailureEvent  # noqa: E402
-from stalwart.store import Store  # noqa: E402
-from stalwart.store import keys  # noqa: E402
+from stalwart.store import Store, keys  # noqa: E402
 from stalwart.store.etcd_server import EtcdServer  # noqa: E402
 from stalwart.store.records import Incident, JobPhase, JobState  # noqa: E402
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from support.scale.sim_cluster import SimCluster
 
 from stalwart.controller import JobController
 from stalwart.logs import configure
 from stalwart.store import Store
 from stalwart.store.records import JobState
+from support.scale.sim_cluster import SimCluster
 
 MAX_TICKS_KEPT = 100_000
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import threading
 import time
 
-from support.scale.hostlink import HostLink, host_for
-
 from stalwart.cluster import Cluster, NodeInfo
+from support.scale.hostlink import HostLink, host_for
 
 RENDEZVOUS_PORT = 29500
 
