@@ -180,6 +180,8 @@ class SizeRun:
                 str(self.args.nodes_per_channel),
                 "--step-time",
                 str(self.args.step_time),
+                "--first-step-after",
+                str(self.args.first_step_after),
                 "--bulk-reads",
                 str(self.args.bulk_reads),
                 "--start-rate",
@@ -586,7 +588,8 @@ class SizeRun:
             self.start()
             started = self.startup()
             self.steady()
-            self.cli()
+            if not self.args.skip_cli:
+                self.cli()
             if started:
                 incident = self.kill()
                 if incident is not None:
@@ -634,6 +637,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, seconds")
     parser.add_argument("--ttl", type=int, default=5, help="node lease TTL, seconds (the spec's default)")
     parser.add_argument("--step-time", type=float, default=1.0, help="simulated training step time, seconds")
+    parser.add_argument(
+        "--first-step-after", type=float, default=1.0, help="seconds from a generation's start to its first step"
+    )
     parser.add_argument("--hang-floor", type=float, default=10.0, help="faultTolerance.hangTimeoutFloorSeconds")
     parser.add_argument("--hang-multiplier", type=float, default=10.0, help="faultTolerance.hangTimeoutMultiplier")
     parser.add_argument("--sim-procs", type=int, default=2, help="simulator processes")
@@ -649,6 +655,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--startup-budget", type=float, default=0.0, help="seconds (default: 60 + 1.5 x the time to start every node)"
     )
     parser.add_argument("--cli-timeout", type=float, default=60.0)
+    parser.add_argument("--skip-cli", action="store_true", help="do not time `stalwart jobs` and `incidents`")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
