@@ -83,7 +83,7 @@ def pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def job_document(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
+def job_document(nodes: int, args: argparse.Namespace, interval: float, ttl: int) -> dict[str, Any]:
     """The job: N nodes x `procs` workers, 1 s heartbeats, the spec's defaults otherwise (memory
     checkpoints and standby pre-loading on, standbys sized by the binomial rule); the hang floor is
     lowered so that a hang is found within the phase's budget."""
@@ -101,8 +101,8 @@ def job_document(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
                 }
             ],
             "faultTolerance": {
-                "heartbeatIntervalSeconds": args.interval,
-                "leaseTtlSeconds": args.ttl,
+                "heartbeatIntervalSeconds": interval,
+                "leaseTtlSeconds": ttl,
                 "hangTimeoutFloorSeconds": args.hang_floor,
                 "hangTimeoutMultiplier": args.hang_multiplier,
             },
@@ -137,20 +137,27 @@ class CpuClock:
 class SizeRun:
     """One size, from a fresh etcd to the last process stopped."""
 
-    def __init__(self, nodes: int, args: argparse.Namespace, root: Path) -> None:
+    def __init__(self, nodes: int, args: argparse.Namespace, root: Path, interval: float, ttl: int) -> None:
         self.n = nodes
+        self.interval, self.ttl = interval, ttl
         self.args = args
         self.dir = root / f"n{nodes}"
         self.dir.mkdir(parents=True)
-        self.result: dict[str, Any] = {"nodes": nodes, "phases": {}, "saturation": [], "load_at_start": load()}
+        self.result: dict[str, Any] = {
+            "nodes": nodes,
+            "heartbeat_interval_s": interval,
+            "lease_ttl_s": ttl,
+            "phases": {},
+            "saturation": [],
+            "load_at_start": load(),
+        }
         self.etcd: EtcdServer | None = None
         self.store: Store | None = None
         self.sims: list[subprocess.Popen[bytes]] = []
         self.links: list[HostLink] = []
         self.controller: subprocess.Popen[bytes] | None = None
         self.stats_path = self.dir / "controller-stats.json"
-        self.spec = parse_job(job_document(nodes, args), "bench")
-        self.interval = args.interval
+        self.spec = parse_job(job_document(nodes, args, interval, ttl), "bench")
 
     # -- plumbing ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -465,7 +472,7 @@ class SizeRun:
         self.store.watch_prefix(keys.node_registration(JOB, victim), on_registration)
         link = self.links[host_for(victim, len(self.links))]
         killed = link.call("kill", node=victim, exited=False)
-        budget = self.args.ttl + 30 + 0.01 * self.n
+        budget = self.ttl + 30 + 0.01 * self.n
         self.log(f"killed {victim} (silent; budget {budget:.0f}s)")
         found: list[Incident] = []
 
@@ -480,7 +487,7 @@ class SizeRun:
         ok = self.wait("kill", decided, budget)
         seen = time.time()
         phase: dict[str, Any] = {"node": victim, "completed": ok, "budget_s": budget, "load": load()}
-        expected_expiry = (killed["last_keepalive_sent"] or killed["killed_at"]) + self.args.ttl
+        expected_expiry = (killed["last_keepalive_sent"] or killed["killed_at"]) + self.ttl
         phase["lease_expected_expiry_after_kill_s"] = round(expected_expiry - killed["killed_at"], 3)
         if "at" in expired:
             phase["lease_expired_after_kill_s"] = round(expired["at"] - killed["killed_at"], 3)
@@ -619,6 +626,16 @@ def _merge(dicts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def per_size(value: str, sizes: list[int], kind: type) -> list[Any]:
+    """'1' -> the same for every size; '1,3,10' -> one per size."""
+    values = [kind(v) for v in str(value).split(",") if v.strip()]
+    if len(values) == 1:
+        return values * len(sizes)
+    if len(values) != len(sizes):
+        raise SystemExit(f"{value!r}: give one value, or one per size ({len(sizes)})")
+    return values
+
+
 def commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
@@ -634,8 +651,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--label", default="before", help="results are stored under this label in --out")
     parser.add_argument("--out", type=Path, default=OUT, help="JSON file the results are merged into")
     parser.add_argument("--procs-per-node", type=int, default=8, help="workers per node (GPUs)")
-    parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, seconds")
-    parser.add_argument("--ttl", type=int, default=5, help="node lease TTL, seconds (the spec's default)")
+    parser.add_argument(
+        "--interval", default="1", help="heartbeat interval, seconds; one value, or one per size (comma-separated)"
+    )
+    parser.add_argument(
+        "--ttl", default="5", help="node lease TTL, seconds (the spec's default); one value, or one per size"
+    )
     parser.add_argument("--step-time", type=float, default=1.0, help="simulated training step time, seconds")
     parser.add_argument(
         "--first-step-after", type=float, default=1.0, help="seconds from a generation's start to its first step"
@@ -659,12 +680,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    intervals = per_size(args.interval, sizes, float)
+    ttls = per_size(args.ttl, sizes, int)
     root = args.workdir or Path(tempfile.mkdtemp(prefix="stalwart-scale-"))
     say(f"control-plane scale: sizes {sizes}, label {args.label!r}, logs in {root}; load {load()}")
     results = []
     try:
-        for n in sizes:
-            results.append(SizeRun(n, args, root).run())
+        for n, interval, ttl in zip(sizes, intervals, ttls, strict=True):
+            results.append(SizeRun(n, args, root, interval, ttl).run())
     finally:
         if args.workdir is None:
             shutil.rmtree(root, ignore_errors=True)
