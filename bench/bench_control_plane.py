@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from support.scale import etcd_metrics  # noqa: E402
 from support.scale.hostlink import HostLink, host_for  # noqa: E402
+from support.scale.read_probe import probe  # noqa: E402
 
 from stalwart.processes import spawn, stop_process  # noqa: E402
 from stalwart.spec import parse_job  # noqa: E402
@@ -171,6 +172,8 @@ class SizeRun:
         self.etcd = EtcdServer(self.dir / "etcd" / "data").start()
         self.store = Store(self.etcd.endpoint, timeout=30.0)
         self.store.put(keys.job_spec(JOB), json.dumps(self.spec.model_dump(mode="json", by_alias=True)))
+        if not self.args.skip_probe:
+            self.read_probe()
         sockets = [str(self.dir / f"sim-{i}.sock") for i in range(self.args.sim_procs)]
         for i, sock in enumerate(sockets):
             argv = [
@@ -300,6 +303,28 @@ class SizeRun:
         return done()
 
     # -- phases --------------------------------------------------------------------------------
+    def read_probe(self) -> None:
+        """Before any simulator: one tick's reads, a CLI listing and a generation start at this size."""
+        assert self.store is not None
+        self.log("read probe: seeding etcd with every node's records and timing the product's reads")
+        phase = probe(self.store, self.spec, self.n)
+        phase["load"] = load()
+        self.result["phases"]["read_probe"] = phase
+        for what in ("read_nodes", "cli_jobs_listing", "generation_commit", "hang_diagnosis_topology"):
+            if not phase[what]["ok"]:
+                self.result["saturation"].append(f"{what} fails at this size: {phase[what]['error'][:160]}")
+        unbounded = phase["read_nodes_without_reply_limit"]
+        commands = phase["command_check_per_slot"]
+        self.log(
+            f"read probe: nodes prefix {phase['nodes_prefix_read_unbounded'].get('bytes', 0) / 1e6:.1f} MB, "
+            f"read_nodes {'ok' if phase['read_nodes']['ok'] else 'FAILS'} "
+            f"({unbounded.get('wall_s')}s without the reply limit); "
+            f"per-slot command checks {commands.get('wall_s')}s; "
+            f"`stalwart jobs` {'ok' if phase['cli_jobs_listing']['ok'] else 'FAILS'}; "
+            f"generation commit {'ok' if phase['generation_commit']['ok'] else 'FAILS'}; "
+            f"stack collection {phase['stack_collection_reply_bytes'] / 1e6:.1f} MB; load {load()[0]}"
+        )
+
     def startup(self) -> bool:
         budget = self.args.startup_budget or 60 + 1.5 * self.n / self.args.start_rate
         t0 = time.time()
@@ -626,6 +651,16 @@ def _merge(dicts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def wait_for_load(limit: float, patience: float = 900.0) -> None:
+    """On a shared machine: wait a while for a quieter moment (bounded), saying so."""
+    if limit <= 0:
+        return
+    deadline = time.monotonic() + patience
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        say(f"waiting for the load average to fall below {limit:g} (now {load()})")
+        time.sleep(30)
+
+
 def per_size(value: str, sizes: list[int], kind: type) -> list[Any]:
     """'1' -> the same for every size; '1,3,10' -> one per size."""
     values = [kind(v) for v in str(value).split(",") if v.strip()]
@@ -676,6 +711,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--startup-budget", type=float, default=0.0, help="seconds (default: 60 + 1.5 x the time to start every node)"
     )
     parser.add_argument("--cli-timeout", type=float, default=60.0)
+    parser.add_argument("--skip-probe", action="store_true", help="do not time the reads on seeded records")
+    parser.add_argument(
+        "--wait-load",
+        type=float,
+        default=0.0,
+        help="before each size, wait (up to 15 minutes) for the 1-minute load average to fall below this",
+    )
     parser.add_argument("--skip-cli", action="store_true", help="do not time `stalwart jobs` and `incidents`")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -687,6 +729,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = []
     try:
         for n, interval, ttl in zip(sizes, intervals, ttls, strict=True):
+            wait_for_load(args.wait_load)
             results.append(SizeRun(n, args, root, interval, ttl).run())
     finally:
         if args.workdir is None:

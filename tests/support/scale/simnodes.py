@@ -42,6 +42,7 @@ import random
 import signal
 import socket
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -107,6 +108,72 @@ def _pct(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def running_workers(first_rank: int, count: int, started_at: float, seed: str) -> list[WorkerStatus]:
+    """A new generation's workers, as the agent's WorkerGroup starts them."""
+    return [
+        WorkerStatus(
+            local_rank=i,
+            rank=first_rank + i,
+            pid=100_000 + zlib.crc32(f"{seed}/{i}".encode()) % 800_000,
+            state=WorkerState.RUNNING,
+            started_at=started_at,
+        )
+        for i in range(count)
+    ]
+
+
+def advance_workers(
+    workers: list[WorkerStatus],
+    started_at: float,
+    at: float,
+    *,
+    first_step_after: float,
+    step_time: float,
+    checkpoint_interval: int,
+) -> None:
+    """The workers' statuses as their SDK's progress reports would have left them at `at`."""
+    first = started_at + first_step_after
+    if at < first:
+        return
+    done = int((at - first) // step_time) + 1
+    last_at = first + (done - 1) * step_time
+    loss = 1.0 + 2.0 * math.exp(-done / 2000.0)
+    for w in workers:
+        if w.first_step is None:
+            w.first_step, w.first_step_at, w.first_loss = 1, first, 1.0 + 2.0 * math.exp(-1 / 2000.0)
+        w.step, w.loss, w.step_time, w.last_progress_at = done, loss, step_time, last_at
+        w.tokens_per_second = TOKENS_PER_STEP / step_time
+        w.last_checkpoint_step = done // checkpoint_interval * checkpoint_interval or None
+
+
+def heartbeat_record(node: str, generation: int, workers: list[WorkerStatus], now: float) -> Heartbeat:
+    """The agent's heartbeat: its workers' statuses and the node metric vector (host probes filled in)."""
+    vector = node_metric_vector(node, workers, now=now)
+    vector.cpu_percent, vector.memory_percent, vector.nic_error_delta = 41.5, 37.25, 0
+    return Heartbeat(
+        node=node,
+        generation=generation,
+        sent_at=now,
+        workers=workers,
+        vector=vector.model_dump(mode="json"),
+        machine_faults=[],
+    )
+
+
+def registration_record(node: str, job: str, lease_id: int, index: int, memory: bool) -> NodeRegistration:
+    return NodeRegistration(
+        node=node,
+        job=job,
+        host=socket.gethostname(),
+        agent_pid=os.getpid(),
+        registered_at=time.time(),
+        lease_id=lease_id,
+        metrics_port=20000 + index % 40000,
+        address="127.0.0.1",
+        memory_port=30000 + index % 30000 if memory else None,
+    )
 
 
 class Stats:
@@ -301,17 +368,7 @@ class SimNode:
         )
         self.lease_id = grant.ID
         self.last_keepalive_sent = time.time()
-        registration = NodeRegistration(
-            node=self.name,
-            job=job,
-            host=socket.gethostname(),
-            agent_pid=os.getpid(),
-            registered_at=time.time(),
-            lease_id=self.lease_id,
-            metrics_port=20000 + len(host.nodes) % 40000,
-            address="127.0.0.1",
-            memory_port=30000 + len(host.nodes) % 30000 if host.memory else None,
-        )
+        registration = registration_record(self.name, job, self.lease_id, len(host.nodes), host.memory)
         await self._put("put registration", keys.node_registration(job, self.name), registration.dumps(), self.lease_id)
         for key, handler in (
             (keys.node_command(job, self.name), self._on_command),
@@ -400,16 +457,7 @@ class SimNode:
             now = time.time()
             self.generation, self.mine, self.running = cmd.generation, mine, True
             self.gen_started_at, self.frozen_at = now, None
-            self.workers = [
-                WorkerStatus(
-                    local_rank=i,
-                    rank=mine.first_rank + i,
-                    pid=100_000 + (hash((self.name, i)) % 800_000),
-                    state=WorkerState.RUNNING,
-                    started_at=now,
-                )
-                for i in range(mine.local_world_size)
-            ]
+            self.workers = running_workers(mine.first_rank, mine.local_world_size, now, self.name)
             self.beat_now.set()
 
     def _on_stack_request(self, event: Any) -> None:
@@ -457,38 +505,20 @@ class SimNode:
 
     # -- heartbeats ------------------------------------------------------------------------------
     def _advance_workers(self, now: float) -> None:
-        """The workers' progress as their SDK reports would have left it by `now` (or by the freeze)."""
-        if not self.running:
-            return
-        t = now if self.frozen_at is None else min(now, self.frozen_at)
-        first = self.gen_started_at + self.host.first_step_after
-        if t < first:
-            return
-        step_time = self.host.step_time
-        done = int((t - first) // step_time) + 1
-        last_at = first + (done - 1) * step_time
-        loss = 1.0 + 2.0 * math.exp(-done / 2000.0)
-        interval = self.host.checkpoint_interval
-        for w in self.workers:
-            if w.first_step is None:
-                w.first_step, w.first_step_at, w.first_loss = 1, first, 1.0 + 2.0 * math.exp(-1 / 2000.0)
-            w.step, w.loss, w.step_time, w.last_progress_at = done, loss, step_time, last_at
-            w.tokens_per_second = TOKENS_PER_STEP / step_time
-            w.last_checkpoint_step = done // interval * interval or None
+        """The workers' progress by `now`, or by the freeze (a hang)."""
+        if self.running:
+            advance_workers(
+                self.workers,
+                self.gen_started_at,
+                now if self.frozen_at is None else min(now, self.frozen_at),
+                first_step_after=self.host.first_step_after,
+                step_time=self.host.step_time,
+                checkpoint_interval=self.host.checkpoint_interval,
+            )
 
     def heartbeat(self, now: float) -> Heartbeat:
         self._advance_workers(now)
-        workers = self.workers if self.running else []
-        vector = node_metric_vector(self.name, workers, now=now)
-        vector.cpu_percent, vector.memory_percent, vector.nic_error_delta = 41.5, 37.25, 0  # the host probes'
-        return Heartbeat(
-            node=self.name,
-            generation=self.generation,
-            sent_at=now,
-            workers=workers,
-            vector=vector.model_dump(mode="json"),
-            machine_faults=[],
-        )
+        return heartbeat_record(self.name, self.generation, self.workers if self.running else [], now)
 
     async def _beat_loop(self) -> None:
         interval = self.host.interval

@@ -1,0 +1,196 @@
+"""What one controller tick's reads, one CLI listing and one generation start cost at N nodes.
+
+etcd is seeded with N nodes' records as the agents write them (registration, a heartbeat with every
+worker stepping, the RUN command) and a job state holding N slots; then each read or write is run
+as the product runs it (the same functions: stalwart.store.nodes.read_nodes, the controller's
+command check, `stalwart jobs`' read_jobs, the generation commit) and timed, wall and CPU, with no
+simulator load beside it. On a shared machine this is the steadiest figure the harness has: one
+thread, a few seconds, repeated.
+
+Limits found on the way (the client's 4 MiB reply, etcd's 1.5 MiB request, the diagnosis
+topology's rank bound) are reported as the error the product would meet, not worked around.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyetcd
+
+from stalwart.controller.ranks import assign
+from stalwart.spec import TrainingJob
+from stalwart.store import Store, keys
+from stalwart.store.nodes import read_nodes
+from stalwart.store.records import (
+    AgentAction,
+    AgentCommand,
+    Heartbeat,
+    JobPhase,
+    JobState,
+    NodeRegistration,
+    StackReport,
+)
+from support.scale.simnodes import (
+    _stack_texts,
+    advance_workers,
+    heartbeat_record,
+    registration_record,
+    running_workers,
+)
+
+GRPC_REPLY_LIMIT = 4 * 1024 * 1024  # grpc's default max_receive_message_length: the product's clients
+SEED_BATCH = 120  # puts per transaction (etcd refuses more than 128 operations in one)
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
+    walls, cpus, error, value = [], [], None, None
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        try:
+            value = fn()
+        except Exception as exc:  # the error the product would meet is the finding
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            break
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    out: dict[str, Any] = {"ok": error is None}
+    if walls:
+        out.update(wall_s=round(statistics.median(walls), 4), cpu_s=round(statistics.median(cpus), 4))
+    if error:
+        out["error"] = error
+    if isinstance(value, dict):
+        out.update(value)
+    return out
+
+
+def seed(store: Store, job: TrainingJob, nodes: int, generation: int = 1) -> JobState:
+    """N nodes mid-step in `generation`, and the job state that holds them."""
+    name, procs = job.metadata.name, job.spec.roles[0].processes_per_node
+    now = time.time()
+    memory = job.spec.checkpoint.memory
+    batch: dict[str, Any] = {}
+    for i in range(nodes):
+        node = f"node-{i}"
+        workers = running_workers(i * procs, procs, now - 120, node)
+        advance_workers(
+            workers,
+            now - 120,
+            now,
+            first_step_after=1.0,
+            step_time=1.0,
+            checkpoint_interval=job.spec.checkpoint.interval_steps,
+        )
+        batch[keys.node_registration(name, node)] = registration_record(node, name, 0x7A3F00000000 + i, i, memory)
+        batch[keys.node_heartbeat(name, node)] = heartbeat_record(node, generation, workers, now)
+        batch[keys.node_command(name, node)] = AgentCommand(
+            generation=generation, action=AgentAction.RUN, issued_at=now
+        )
+        if len(batch) >= SEED_BATCH:
+            store.commit(batch)
+            batch = {}
+    if batch:
+        store.commit(batch)
+    state = JobState(
+        job=name,
+        phase=JobPhase.RUNNING,
+        generation=generation,
+        slots=[f"node-{i}" for i in range(nodes)],
+        standbys=[f"node-{nodes + i}" for i in range(4)],
+        next_node_index=nodes + 4,
+        created_at=now,
+        updated_at=now,
+    )
+    store.put(keys.job_state(name), state)
+    return state
+
+
+def probe(store: Store, job: TrainingJob, nodes: int, repeats: int = 3) -> dict[str, Any]:
+    """Seed, measure, clean up. Every figure is for one call as the product makes it."""
+    name = job.metadata.name
+    procs = job.spec.roles[0].processes_per_node
+    t0 = time.perf_counter()
+    state = seed(store, job, nodes)
+    out: dict[str, Any] = {"seed_s": round(time.perf_counter() - t0, 2)}
+    host, _, port = store.endpoint.rpartition(":")
+    # A client without the 4 MiB reply limit: what etcd would have to serve if the limit were raised.
+    wide = pyetcd.client(
+        host=host, port=int(port), timeout=60, grpc_options=[("grpc.max_receive_message_length", 1 << 30)]
+    )
+    try:
+
+        def prefix_bytes() -> dict[str, Any]:
+            items = list(wide.get_prefix(keys.nodes_prefix(name)))
+            size = sum(len(v) + len(m.key) for v, m in items)
+            return {"keys": len(items), "bytes": size, "over_reply_limit": size > GRPC_REPLY_LIMIT}
+
+        out["nodes_prefix_read_unbounded"] = _timed(prefix_bytes, repeats)
+
+        def read_nodes_unbounded() -> dict[str, Any]:
+            # read_nodes' own parsing, over a reply the 4 MiB limit would have refused.
+            heartbeats = 0
+            for value, meta in wide.get_prefix(keys.nodes_prefix(name)):
+                parsed = keys.parse_node_key(name, meta.key.decode())
+                if parsed and parsed[1] == "registration":
+                    NodeRegistration.loads(value)
+                elif parsed and parsed[1] == "heartbeat":
+                    Heartbeat.loads(value)
+                    heartbeats += 1
+            return {"heartbeats": heartbeats}
+
+        out["read_nodes_without_reply_limit"] = _timed(read_nodes_unbounded, repeats)
+        out["read_nodes"] = _timed(lambda: {"nodes": len(read_nodes(store, name).heartbeats)}, repeats)
+        out["nodes_prefix_keys_only"] = _timed(lambda: {"keys": len(store.list_keys(keys.nodes_prefix(name)))}, 1)
+
+        def command_checks() -> None:
+            for node in state.slots:
+                store.get(keys.node_command(name, node), AgentCommand)
+
+        out["command_check_per_slot"] = _timed(command_checks, 1)
+        out["job_state_bytes"] = len(state.dumps())
+
+        def cli_jobs() -> dict[str, Any]:
+            from stalwart.cli.jobs_cmd import read_jobs
+
+            return {"jobs": len(read_jobs(store))}
+
+        out["cli_jobs_listing"] = _timed(cli_jobs, 1)
+
+        def generation_commit() -> dict[str, Any]:
+            assignment = assign(name, job.spec, state.slots, state.generation + 1, ("127.0.0.1", 29500))
+            size = len(assignment.dumps()) + len(state.dumps())
+            ok = store.commit(
+                {keys.generation(name, state.generation + 1): assignment, keys.job_state(name): state},
+                expect_revision={},
+            )
+            return {"bytes": size, "committed": ok}
+
+        out["generation_commit"] = _timed(generation_commit, 1)
+        healthy, _ = _stack_texts()
+        report = StackReport(
+            request_id="stk-probe",
+            node="node-0",
+            generation=1,
+            captured_at=time.time(),
+            stacks=[{"rank": r, "pid": 1, "method": "py-spy-native", "text": healthy} for r in range(procs)],
+        )
+        stack_bytes = nodes * (len(report.dumps()) + len(keys.stack_report(name, "stk-probe", "node-0")))
+        out["stack_collection_reply_bytes"] = stack_bytes
+        out["stack_collection_over_reply_limit"] = stack_bytes > GRPC_REPLY_LIMIT
+
+        def topology() -> None:
+            from stalwart.diagnosis.models import Topology
+
+            ranks = nodes * procs
+            Topology(world_size=ranks, tp=1, pp=1, dp=ranks, rank_nodes={r: f"node-{r // procs}" for r in range(ranks)})
+
+        out["hang_diagnosis_topology"] = _timed(topology, 1)
+    finally:
+        wide.close()
+        store.delete_prefix(keys.nodes_prefix(name))
+        store.delete(keys.job_state(name))
+        store.delete_prefix(keys.generations_prefix(name))
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
