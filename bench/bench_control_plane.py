@@ -284,7 +284,11 @@ class SizeRun:
             f"phase {st.phase.value if st else '-'} gen {st.generation if st else '-'}; "
             f"nodes registered {s['registered']}/{s['nodes']}, running {s['running']}, stepping {s['stepping']}"
             + (f", exited {s['exits']}" if s["exits"] else "")
-            + f"; tick p50 {pct(recent, 0.5) or 0:.2f}s max {max(recent, default=0):.2f}s"
+            + (
+                f"; tick p50 {pct(recent, 0.5) or 0:.2f}s max {max(recent, default=0):.2f}s"
+                if recent
+                else "; no tick finished in 10s"
+            )
             + f"; simulator lag {s['lag_s']:.2f}s"
             + (f"; controller crashes {crashes}" if crashes else "")
             + f"; load {load()[0]}"
@@ -326,8 +330,10 @@ class SizeRun:
         )
 
     def startup(self) -> bool:
+        assert self.etcd is not None
         budget = self.args.startup_budget or 60 + 1.5 * self.n / self.args.start_rate
         t0 = time.time()
+        before, clock = etcd_metrics.scrape(self.etcd.endpoint), CpuClock(self.pids())
         self.log(f"startup (budget {budget:.0f}s)")
 
         def running() -> bool:
@@ -336,13 +342,22 @@ class SizeRun:
 
         ok = self.wait("startup", running, budget)
         st, s = self.state(), self.summary()
+        t1 = time.time()
+        sims = [link.call("stats") for link in self.links]  # everything since the simulators started
         phase = {
             "completed": ok,
-            "seconds": round(time.time() - t0, 2),
+            "seconds": round(t1 - t0, 2),
             "budget_s": budget,
             "job_phase": st.phase.value if st else None,
             "generation": st.generation if st else None,
-            "simulators": s,
+            "nodes": s,
+            "etcd": etcd_metrics.window(before, etcd_metrics.scrape(self.etcd.endpoint), t1 - t0),
+            "cpu_cores": clock.cores(),
+            "simulator_loop_lag_p99_s": max((x["loop_lag_p99_s"] or 0 for x in sims), default=0),
+            "simulator_loop_lag_max_s": max((x["loop_lag_max_s"] or 0 for x in sims), default=0),
+            "simulator_calls": _merge([x["calls"] for x in sims]),
+            "simulator_reply_bytes": _merge([x["reply_bytes"] for x in sims]),
+            "simulator_errors": _merge([x["errors"] for x in sims]),
             "load": load(),
         }
         if not ok:
