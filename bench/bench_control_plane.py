@@ -686,13 +686,20 @@ def per_size(value: str, sizes: list[int], kind: type) -> list[Any]:
     return values
 
 
-def commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "platform"], cwd=REPO, capture_output=True, text=True)
-        return sha + ("+dirty platform/" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
+def commit() -> dict[str, str]:
+    """The checkout measured: HEAD, and the last commit that changed the product (platform/)."""
+
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return "unknown"
+
+    return {
+        "head": git("rev-parse", "HEAD"),
+        "platform": git("log", "-1", "--format=%H %s", "--", "platform"),
+        "platform_dirty": bool(git("status", "--porcelain", "platform")),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
