@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -702,6 +703,71 @@ def commit() -> dict[str, str]:
     }
 
 
+def _f(value: Any, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}{suffix}"
+
+
+def short(error: str) -> str:
+    """The gist of an error the product met, for a table cell."""
+    if m := re.search(r"larger than max \((\d+) vs\. (\d+)\)", error):
+        return f"reply {int(m[1]) / 1e6:.1f} MB > the {int(m[2]) / 2**20:.0f} MiB client limit"
+    if "request is too large" in error:
+        return "etcd: request is too large (> 1.5 MiB)"
+    if "too many operations in txn" in error:
+        return "etcd: too many operations in txn (> 128)"
+    if m := re.search(r"less than or equal to (\d+) \[type=less_than_equal, input_value=(\d+)", error):
+        return f"{int(m[2]):,} ranks > the {int(m[1]):,} bound"
+    return error.splitlines()[0][:80]
+
+
+def render(doc: dict[str, Any]) -> str:
+    """Markdown tables of every label in the results file, side by side per size."""
+    rows = [
+        "| label | nodes | load | startup | etcd puts/s | etcd ranges/s | etcd MB/s out | etcd cores | db growth MB/s "
+        "| tick p50 / p99 s | controller cores / RSS MiB | simulator cores / ms per beat / lag p99 s | late beats "
+        "| kill -> decision s (after expiry) | hang beyond timeout s |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---|---|---|---:|---|---|",
+    ]
+    probe_rows = [
+        "| label | nodes | nodes prefix MB | read_nodes (each tick) | per-slot command checks s (each tick) "
+        "| keys-only listing s | `stalwart jobs` | generation commit | stack collection MB | hang topology |",
+        "|---|---:|---:|---|---:|---:|---|---|---:|---|",
+    ]
+    for label, run in doc["runs"].items():
+        for size in run["sizes"]:
+            p = size["phases"]
+            st, steady = p.get("startup", {}), p.get("steady", {})
+            etcd, ctrl, sims = steady.get("etcd", {}), steady.get("controller", {}), steady.get("simulators", {})
+            kill, hang = p.get("kill", {}), p.get("hang", {})
+            started = "done in " + _f(st.get("seconds"), 0) + " s" if st.get("completed") else "NOT done"
+            rows.append(
+                f"| {label} | {size['nodes']} | {steady.get('load_before', ['-'])[0]} | {started} "
+                f"| {_f(etcd.get('puts_per_second'), 0)} | {_f(etcd.get('ranges_per_second'), 0)} "
+                f"| {_f(etcd.get('bytes_out_per_second'), 1, 1e-6)} | {_f(etcd.get('cpu_cores'))} "
+                f"| {_f(etcd.get('db_growth_bytes_per_second'), 2, 1e-6)} "
+                f"| {_f(ctrl.get('tick_p50_s'))} / {_f(ctrl.get('tick_p99_s'))} "
+                f"| {_f(ctrl.get('cpu_cores'))} / {_f(ctrl.get('rss_bytes'), 0, 2**-20)} "
+                f"| {_f(sims.get('cpu_cores'))} / {_f(sims.get('cpu_ms_per_beat'))} / {_f(sims.get('loop_lag_p99_s'))} "
+                f"| {_f(sims.get('late_fraction'), 0, 100, '%')} "
+                f"| {_f(kill.get('kill_to_decision_s'))} ({_f(kill.get('expiry_to_decision_s'))}) "
+                f"| {_f(hang.get('beyond_timeout_s'))} |"
+            )
+            rp = p.get("read_probe")
+            if rp:
+
+                def ok(entry: dict[str, Any]) -> str:
+                    return f"ok, {_f(entry.get('wall_s'), 3)} s" if entry["ok"] else "FAILS: " + short(entry["error"])
+
+                probe_rows.append(
+                    f"| {label} | {size['nodes']} | {_f(rp['nodes_prefix_read_unbounded'].get('bytes'), 1, 1e-6)} "
+                    f"| {ok(rp['read_nodes'])} | {_f(rp['command_check_per_slot'].get('wall_s'), 2)} "
+                    f"| {_f(rp['nodes_prefix_keys_only'].get('wall_s'), 3)} | {ok(rp['cli_jobs_listing'])} "
+                    f"| {ok(rp['generation_commit'])} | {_f(rp['stack_collection_reply_bytes'], 1, 1e-6)} "
+                    f"| {ok(rp['hang_diagnosis_topology'])} |"
+                )
+    return "\n".join(probe_rows) + "\n\n" + "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="Control-plane scale benchmark (see the module docstring).")
     parser.add_argument("--sizes", default="1000,3000,10000", help="node counts, comma-separated")
@@ -742,7 +808,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--skip-cli", action="store_true", help="do not time `stalwart jobs` and `incidents`")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
+    parser.add_argument("--render", action="store_true", help="print --out's results as markdown tables and stop")
     args = parser.parse_args(argv)
+    if args.render:
+        doc = json.loads(args.out.read_text())
+        print(render(doc), end="")
+        return doc  # type: ignore[no-any-return]
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     intervals = per_size(args.interval, sizes, float)
     ttls = per_size(args.ttl, sizes, int)
@@ -774,6 +845,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     say(f"results under {args.label!r} in {args.out}")
+    print(render({"runs": {args.label: run}}), end="")
     return run
 
 
