@@ -272,7 +272,8 @@ class SizeRun:
 
     def controller_stats(self) -> dict[str, Any]:
         try:
-            return json.loads(self.stats_path.read_text())  # type: ignore[no-any-return]
+            stats: dict[str, Any] = json.loads(self.stats_path.read_text())
+            return stats
         except (FileNotFoundError, json.JSONDecodeError):
             return {"ticks": [], "crashes": []}
 
@@ -394,7 +395,7 @@ class SizeRun:
         etcd = etcd_metrics.window(before, after, t1 - t0)
         etcd["cpu_cores_psutil"] = cores["etcd"]
         listings = cs.get("listings", 0) - cs0.get("listings", 0)
-        phase = {
+        phase: dict[str, Any] = {
             "seconds": round(t1 - t0, 2),
             "load_before": la0,
             "load_after": load(),
@@ -457,8 +458,8 @@ class SizeRun:
             sat.append("the controller finished no tick in the window")
         if lag_p99 > 0.5 * self.interval:
             sat.append(f"SIMULATOR saturated: its event loop lagged {lag_p99:.2f}s (p99)")
-        if phase["controller"]["crashes"]:
-            sat.append(f"controller crashed: {phase['controller']['crashes'][0]['error'][:200]}")
+        if crashes := phase["controller"]["crashes"]:
+            sat.append(f"controller crashed: {crashes[0]['error'][:200]}")
         self.log(
             f"steady: etcd {etcd['puts_per_second']:.0f} puts/s, {etcd['ranges_per_second']:.0f} ranges/s, "
             f"{etcd['bytes_out_per_second'] / 1e6:.1f} MB/s out, {cores['etcd']:.2f} cores; "
@@ -687,7 +688,7 @@ def per_size(value: str, sizes: list[int], kind: type) -> list[Any]:
     return values
 
 
-def commit() -> dict[str, str]:
+def commit() -> dict[str, Any]:
     """The checkout measured: HEAD, and the last commit that changed the product (platform/)."""
 
     def git(*argv: str) -> str:
@@ -811,9 +812,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--render", action="store_true", help="print --out's results as markdown tables and stop")
     args = parser.parse_args(argv)
     if args.render:
-        doc = json.loads(args.out.read_text())
+        doc: dict[str, Any] = json.loads(args.out.read_text())
         print(render(doc), end="")
-        return doc  # type: ignore[no-any-return]
+        return doc
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     intervals = per_size(args.interval, sizes, float)
     ttls = per_size(args.ttl, sizes, int)

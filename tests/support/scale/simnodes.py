@@ -276,10 +276,10 @@ class Conn:
                 if response.canceled:
                     self._handlers.pop(response.watch_id, None)
                     continue
-                handler = self._handlers.get(response.watch_id)
-                if handler is not None:
+                found = self._handlers.get(response.watch_id)
+                if found is not None:
                     for event in response.events:
-                        handler(event)
+                        found(event)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             return
 
@@ -619,14 +619,14 @@ class NodeHost:
         return self._parsed[ident]
 
     def parsed_spec(self, kv: Any) -> TrainingJob:
-        return self._cached(kv, lambda raw: parse_job(json.loads(raw), "spec"))  # type: ignore[no-any-return]
+        return self._cached(kv, lambda raw: parse_job(json.loads(raw), "spec"))
 
     def assignment_for(self, kv: Any, node: str) -> NodeAssignment | None:
         by_node = self._cached(kv, lambda raw: {n.node: n for n in Assignment.loads(raw).nodes})
-        return by_node.get(node)  # type: ignore[no-any-return]
+        return by_node.get(node)
 
     def standbys(self, kv: Any) -> set[str]:
-        return self._cached(kv, lambda raw: set(JobState.loads(raw).standbys))  # type: ignore[no-any-return]
+        return self._cached(kv, lambda raw: set(JobState.loads(raw).standbys))
 
     def _conn(self) -> Conn:
         if not self.conns or self.conns[-1].users >= self.nodes_per_channel:
