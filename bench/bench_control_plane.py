@@ -357,6 +357,8 @@ class SizeRun:
             "cpu_cores": clock.cores(),
             "simulator_loop_lag_p99_s": max((x["loop_lag_p99_s"] or 0 for x in sims), default=0),
             "simulator_loop_lag_max_s": max((x["loop_lag_max_s"] or 0 for x in sims), default=0),
+            "simulator_keepalive_p99_s": max((x["keepalive_p99_s"] or 0 for x in sims), default=0),
+            "simulator_put_p99_s": max((x["put_p99_s"] or 0 for x in sims), default=0),
             "simulator_calls": _merge([x["calls"] for x in sims]),
             "simulator_reply_bytes": _merge([x["reply_bytes"] for x in sims]),
             "simulator_errors": _merge([x["errors"] for x in sims]),
