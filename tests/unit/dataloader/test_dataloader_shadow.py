@@ -52,6 +52,9 @@ def sup_path(sup: ShadowLoaderSupervisor) -> Path:
 def client(
     sup: ShadowLoaderSupervisor, rank: int, dp_size: int = 2, micro: int = 4, **kw: object
 ) -> ShadowLoaderClient:
+    """A trainer's client that waits for the loader rather than falling back after a few seconds
+    (the tests count what the loader served; a starved loader is slow, not absent)."""
+    kw.setdefault("local_fallback", False)
     return ShadowLoaderClient(
         sup.name, lane=rank, dp_rank=rank, dp_size=dp_size, micro_batch=micro, config=sup.config, **kw
     )  # type: ignore[arg-type]
@@ -94,7 +97,7 @@ def test_a_released_lane_is_prefilled_from_the_last_state_and_adopted(supervisor
     consume(first, 3)  # steps after the checkpoint, lost with the trainer
     for c in first:
         c.close()
-    assert wait_for(lambda: all(lane_armed_at(supervisor, r, 40) for r in range(2)), 20)
+    assert wait_for(lambda: all(lane_armed_at(supervisor, r, 40) for r in range(2)), 120)
     again = [client(supervisor, r) for r in range(2)]
     try:
         for c in again:
@@ -111,8 +114,13 @@ def test_a_warm_standby_is_prewarmed_from_a_saved_state(supervisor: ShadowLoader
     state = state_at(dataset, 400).model_dump()  # as saved in the failed node's last checkpoint
     dataset.close()
     supervisor.prewarm(state, dp_size=4, micro_batch=2, dp_ranks=[2, 3])  # this node holds ranks 2 and 3
-    assert wait_for(lambda: all(lane_armed_at(supervisor, lane, 400) for lane in range(2)), 20)
-    standby = [ShadowLoaderClient(supervisor.name, lane=i, dp_rank=2 + i, dp_size=4, micro_batch=2) for i in range(2)]
+    assert wait_for(lambda: all(lane_armed_at(supervisor, lane, 400) for lane in range(2)), 120)
+    # No local fallback: what is tested is the adoption of the prefill, however long a starved loader
+    # takes to write it (a client that falls back after 5 s computes the batch itself instead).
+    standby = [
+        ShadowLoaderClient(supervisor.name, lane=i, dp_rank=2 + i, dp_size=4, micro_batch=2, local_fallback=False)
+        for i in range(2)
+    ]
     try:
         for c in standby:
             c.load_state_dict(state)
@@ -138,7 +146,7 @@ def test_without_a_loader_the_client_computes_the_same_batches_itself(data_confi
         with pytest.raises(ShadowLoaderUnavailable, match="delivered nothing"):
             strict.next_batch()
         strict.close()
-        lenient = client(sup, 0, dp_size=1, fallback_after=0.2)
+        lenient = client(sup, 0, dp_size=1, local_fallback=True, fallback_after=0.2)
         ids = consume([lenient], 5)
         assert lenient.stats.local == 5 and lenient.stats.shadow == 0
         assert sup.check() and sup.restarts == 1  # the supervisor brings the loader back ...
