@@ -521,6 +521,42 @@ class DataSettings(SpecModel):
     seed: Annotated[int, Field(ge=0, description="Seed of the global sample order.")] = 0
 
 
+class DataPlaneSettings(SpecModel):
+    """RLHF: the data plane between the roles (stalwart.rlhf), not through etcd. Weights go from the
+    actor to the rollouts, versioned; trajectories go from the rollouts through the reward and the
+    reference to the actor, through a relay with a bounded buffer. One section for the whole job: the
+    bounds are contracts between roles (the actor refuses what the rollouts must not produce)."""
+
+    max_weight_staleness: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=1000,
+            description="A trajectory for the actor's step t is generated with the weights of step "
+            "t - 1 - maxWeightStaleness or newer (0: synchronous, on-policy GRPO). Rollouts wait for "
+            "newer weights rather than exceed it, and the actor refuses anything older.",
+        ),
+    ] = 1
+    relay_capacity: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=1_000_000,
+            description="Prompt groups the relay holds at once (waiting, being generated, scored or "
+            "ready): the bound on its memory and on the work lost with it.",
+        ),
+    ] = 64
+    lease_seconds: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=86_400,
+            description="A rollout, reward or reference worker that holds a prompt group this long "
+            "without returning it loses it to another worker (a dead worker's groups return at once).",
+        ),
+    ] = 60.0
+
+
 class TrainingJobSpec(SpecModel):
     roles: Annotated[list[Role], Field(min_length=1, max_length=16, description="The job's roles, as a named list.")]
     fault_tolerance: FaultTolerance = FaultTolerance()
@@ -528,6 +564,10 @@ class TrainingJobSpec(SpecModel):
     standbys: StandbySettings = StandbySettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     data: DataSettings | None = None
+    data_plane: Annotated[
+        DataPlaneSettings | None,
+        Field(description="RLHF: the data plane between roles (weights, trajectories). Unset: none."),
+    ] = None
     code_version: Annotated[
         str | None,
         Field(

@@ -20,9 +20,10 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/checkpoints/{step:012d}    CheckpointEntry: the job's checkpoint catalog
     /stalwart/v1/jobs/{job}/audit/{id}                 AuditEntry: an action taken from the web console (who,
                                                        when, why; the OperatorRequest that carried it out)
-
-
     /stalwart/v1/jobs/{job}/operator/events            the Kubernetes Events the operator posted (no repeats)
+    /stalwart/v1/jobs/{job}/dataplane/{channel}        DataPlaneEndpoint: where an RLHF data-plane server
+                                                       (the relay, the actor's weights) listens; the
+                                                       data itself never goes through etcd
     /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
     /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
     /stalwart/v1/operators/{name}/leader               Kubernetes operator election, under the leader's lease
@@ -160,6 +161,14 @@ def audit_entry(job: str, entry_id: str) -> str:
 
 def operator_events(job: str) -> str:
     return job_prefix(job) + "operator/events"
+
+
+def dataplane_prefix(job: str) -> str:
+    return job_prefix(job) + "dataplane/"
+
+
+def dataplane_endpoint(job: str, channel: str) -> str:
+    return dataplane_prefix(job) + _seg(channel)
 
 
 def cordons_prefix() -> str:
