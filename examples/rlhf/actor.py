@@ -80,10 +80,7 @@ def main() -> None:
     ctx = DataPlaneContext.from_env()
     log = logs.get_logger("rlhf.actor", job=ctx.job, role="actor", rank=rank)
     logs.configure()
-    if rank == 0:
-        task.write_prompts(args.prompts, args.num_prompts, args.seed)
-    dist.barrier()
-
+    task.write_prompts(args.prompts, args.num_prompts, args.seed)
     config = task.data_config(args.prompts, args.seed)
     loader = DeterministicLoader(config, dp_rank=0, dp_size=1, micro_batch=args.prompts_per_step)
     torch.manual_seed(args.seed)
@@ -245,7 +242,9 @@ def check_groups(
             raise RuntimeError(f"the group of sample {item.sample_id} was made with weights {group.version}")
 
 
-def grpo_loss(model: torch.nn.Module, groups: list[Group], kl_coef: float, clip: float) -> tuple[torch.Tensor, float, float]:
+def grpo_loss(
+    model: torch.nn.Module, groups: list[Group], kl_coef: float, clip: float
+) -> tuple[torch.Tensor, float, float]:
     """GRPO: each sample's advantage is its reward against its group's; clipped ratio; k3 KL to the reference."""
     prompts, answers, old, ref, rewards = [], [], [], [], []
     for group in groups:

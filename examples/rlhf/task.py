@@ -7,6 +7,7 @@ token shard, one prompt per sample, read through the deterministic data loader (
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -27,7 +28,9 @@ def prompt_text(digits: str) -> str:
 
 
 def write_prompts(path: Path, count: int, seed: int) -> Path:
-    """A shard of `count` random prompts (written once; atomically, so a reader never sees half)."""
+    """A shard of `count` random prompts, the same for the same seed. Every rank may call it (ranks on
+    other machines need their own copy): each writes under its own name and renames, so a reader never
+    sees half a shard and two writers never mix."""
     if path.exists():
         return path
     rng = random.Random(seed)
@@ -38,7 +41,9 @@ def write_prompts(path: Path, count: int, seed: int) -> Path:
     # One more end-of-document token: the loader's last window needs seq_len + 1 tokens.
     tokens = np.concatenate([*rows, [TOKENIZER.eos_id]]).astype(np.uint16)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_shard(path, tokens, vocab_size=TOKENIZER.vocab_size, eos_id=TOKENIZER.eos_id, doc_count=count)
+    mine = path.with_name(f"{path.name}.{os.getpid()}")
+    write_shard(mine, tokens, vocab_size=TOKENIZER.vocab_size, eos_id=TOKENIZER.eos_id, doc_count=count)
+    os.replace(mine, path)
     return path
 
 

@@ -120,8 +120,7 @@ class Connection:
                     return self._sock
             if time.monotonic() - start >= patience:
                 raise DataPlaneUnavailable(
-                    f"no {self.channel} server of job {self.directory.job} answered for "
-                    f"{patience:.0f}s (last: {last})"
+                    f"no {self.channel} server of job {self.directory.job} answered for {patience:.0f}s (last: {last})"
                 )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)

@@ -56,9 +56,7 @@ class EndpointDirectory:
         """Mark the channel finished, if the key still names this server (a successor may own it)."""
         key = keys.dataplane_endpoint(self.job, record.channel)
         try:
-            self.store.commit(
-                {key: record.model_copy(update={"finished": True})}, expect_value={key: record.dumps()}
-            )
+            self.store.commit({key: record.model_copy(update={"finished": True})}, expect_value={key: record.dumps()})
         except StoreUnavailable:
             pass  # clients then find the server gone and wait, bounded by their give-up time
 

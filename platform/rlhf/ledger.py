@@ -23,7 +23,9 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from stalwart.dataloader import DataConfig, decode_sample_id, global_ids
+from stalwart.dataloader.config import DataConfig
+from stalwart.dataloader.dataset import TokenDataset
+from stalwart.dataloader.sample_id import decode as decode_sample_id
 
 
 class StartRecord(BaseModel):
@@ -125,7 +127,11 @@ def problems(records: Sequence[LedgerRecord]) -> list[str]:
             found.append(f"step {record.step} of incarnation {record.incarnation} comes where step {i} should")
             return found
     trained = np.array([sid for r in steps for sid in r.sample_ids], dtype=np.int64)
-    expected = global_ids(first.data, 0, len(trained))
+    dataset = TokenDataset(first.data)  # not the loader: the check needs no torch
+    try:
+        expected = dataset.order.sample_ids(np.arange(len(trained)))
+    finally:
+        dataset.close()
     if len(trained) != len(steps) * first.prompts_per_step:
         found.append(f"{len(trained)} prompts over {len(steps)} steps, expected {first.prompts_per_step} per step")
     differ = np.nonzero(trained != expected)[0]

@@ -286,13 +286,14 @@ class Relay:
             else:
                 self._entries[item.position] = _Entry(prompt=item)
                 added.append(item.position)
-        self.counts["demanded"] += len(added)
         over = len(self._entries) - self.settings.relay_capacity
         if over > 0:  # keep the lowest positions: the actor needs them first
+            fresh = set(added)
             for position in sorted(self._entries, reverse=True)[:over]:
                 self._remove(position)
-                self.counts["evicted"] += 1
+                self.counts["refused" if position in fresh else "evicted"] += 1
         kept = sum(1 for p in added if p in self._entries)
+        self.counts["demanded"] += kept
         return kept, held, refused + len(added) - kept
 
     def _drop_below(self, watermark: int) -> None:

@@ -39,17 +39,15 @@ class RelayClient:
     def __init__(self, ctx: DataPlaneContext, client: str, *, directory: EndpointDirectory | None = None) -> None:
         self.directory = directory or ctx.directory()
         self._own_directory = directory is None
-        self.conn = Connection(
-            self.directory, RELAY_CHANNEL, client, token=ctx.token, on_connect=self._reconnected
-        )
+        self.conn = Connection(self.directory, RELAY_CHANNEL, client, token=ctx.token, on_connect=self._reconnected)
         self._session: tuple[Lineage, int] | None = None  # the actor's: said again to a new relay
 
     # -- the actor ---------------------------------------------------------------------------------
     def resume(self, lineage: Lineage, watermark: int) -> None:
         """Say who the actor is and where it resumes; said again on every reconnection (a restarted
         relay starts empty and learns it from here)."""
-        self._session = (lineage, watermark)
         self.conn.call(Resume(lineage=lineage, watermark=watermark))
+        self._session = (lineage, watermark)
 
     def advance(self, watermark: int) -> None:
         if self._session is not None:

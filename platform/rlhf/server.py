@@ -77,7 +77,9 @@ class ChannelServer:
             return list(self._clients)
 
     def start(self) -> ChannelServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"{self.channel}-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.1,), name=f"{self.channel}-server", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -122,7 +124,9 @@ class ChannelServer:
         header, _ = wire.recv(sock)
         hello = Hello.model_validate(header)
         if hello.channel != self.channel:
-            wire.send(sock, ErrorReply(error=f"this is the {self.channel!r} channel, not {hello.channel!r}").model_dump())
+            wire.send(
+                sock, ErrorReply(error=f"this is the {self.channel!r} channel, not {hello.channel!r}").model_dump()
+            )
             raise RequestRefused(f"{hello.client} asked for channel {hello.channel!r}")
         if not hmac.compare_digest(hello.token.encode(), self._token.encode()):
             wire.send(sock, ErrorReply(error="wrong data-plane token").model_dump())

@@ -122,7 +122,9 @@ class WeightSubscriber:
         if meta.version is None:
             return None
         if len(blob) != meta.size or digest(blob) != meta.digest:
-            raise CorruptWeights(f"weights {meta.version} arrived with {len(blob)} of {meta.size} bytes or a bad digest")
+            raise CorruptWeights(
+                f"weights {meta.version} arrived with {len(blob)} of {meta.size} bytes or a bad digest"
+            )
         state = deserialize(blob)
         self.version = meta.version
         return state

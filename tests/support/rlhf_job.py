@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from support.paths import REPO
-
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
 from stalwart.rlhf.contract import DataPlaneContext, dataplane_env
 from stalwart.rlhf.ledger import LedgerRecord, StepRecord, history, read
 from stalwart.rlhf.relay_client import RelayClient
 from stalwart.spec.model import DataPlaneSettings
+from support.paths import REPO
 
 EXAMPLE = REPO / "examples" / "rlhf"
 SCRIPTS = {"actor": "actor.py", "rollout": "rollout.py", "reward": "reward.py", "reference": "reference.py"}

@@ -118,6 +118,6 @@ def test_the_policy_learns(run: Outcome) -> None:
 
 
 def test_every_role_finished_cleanly(run: Outcome) -> None:
-    assert {f"{e.role}-{e.rank}": e.proc.returncode for e in run.job.procs.values()} == {
-        name: 0 for name in ("relay-0", "reward-0", "reference-0", "rollout-0", "rollout-1", "actor-0", "actor-1")
-    }
+    names = ("relay-0", "reward-0", "reference-0", "rollout-0", "rollout-1", "actor-0", "actor-1")
+    exits = {f"{e.role}-{e.rank}": e.proc.returncode for e in run.job.procs.values()}
+    assert exits == dict.fromkeys(names, 0)
