@@ -78,7 +78,7 @@ class LocalRlhfJob:
     def start(self) -> LocalRlhfJob:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hold(self.hold_at)
-        self.start_role("relay", 0, 1, [sys.executable, "-m", "stalwart.rlhf.relay_server", "--exit-grace", "30"])
+        self.start_worker("relay", 0)
         self.start_worker("reward", 0)
         self.start_worker("reference", 0)
         for rank in range(self.rollouts):
@@ -88,7 +88,11 @@ class LocalRlhfJob:
 
     def start_worker(self, role: str, rank: int) -> None:
         """Workers of a role share no process group: each is its own world of one, RANK naming it."""
-        self.start_role(role, rank, 1, [sys.executable, str(EXAMPLE / SCRIPTS[role])])
+        if role == "relay":
+            argv = [sys.executable, "-m", "stalwart.rlhf.relay_server", "--exit-grace", "30"]
+        else:
+            argv = [sys.executable, str(EXAMPLE / SCRIPTS[role])]
+        self.start_role(role, rank, 1, argv)
 
     def start_actor(self) -> None:
         """The actor's DDP world: its own rendezvous (a fresh port each start), ranks from 0."""

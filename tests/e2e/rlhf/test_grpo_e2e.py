@@ -1,11 +1,12 @@
 """The GRPO example as real processes, each role its own world: it learns, and a failed rollout or
 a failed actor rank loses no prompt and trains none twice.
 
-One run (module fixture) carries every assertion: the actor trains 40 steps; at its first steps a
+One run (module fixture) carries every assertion: the actor trains 30 steps; at its first steps a
 rollout worker is killed while it holds prompt groups and is started again; at step 13 (after the
 checkpoint of step 10) an actor rank is killed and the actor's world restarts from that checkpoint,
-while the relay, reward, reference and rollout processes keep running. The actor's ledger says what
-the final model trained on; the check compares it, prompt by prompt, with a clean run's order.
+while the relay, reward, reference and rollout processes keep running; at step 22 the relay is
+killed and started again empty, with groups in flight. The actor's ledger says what the final model
+trained on; the check compares it, prompt by prompt, with a clean run's order.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from stalwart.rlhf.ledger import StartRecord, StepRecord, problems
 from stalwart.spec.model import DataPlaneSettings
 from stalwart.store.etcd_server import EtcdServer
 
-STEPS = 40
+STEPS = 30
 INTERVAL = 5
 ACTOR_FAILS_AFTER = 13  # steps 11-13 are trained, then lost with the actor: the restart redoes them
+RELAY_FAILS_AFTER = 22
 WINDOW = 5
-MARGIN = 0.15  # the untrained policy scores ~0.1; by step 40 the policy is well past 0.5
+MARGIN = 0.15  # the untrained policy scores ~0.1; by step 30 the policy is past 0.4
 
 
 @dataclass
@@ -33,6 +35,7 @@ class Outcome:
     job: LocalRlhfJob
     steady_pids: dict[str, list[int]]  # roles that no failure touched, before the failures
     rollout_pids_before_actor_failure: list[int]
+    pids_before_relay_failure: dict[str, list[int]]
     rollout_groups_held_when_killed: int
     rollout_groups_released: int
     groups_invalidated_by_actor_restart: int
@@ -52,7 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[
     )
     try:
         job.start()
-        steady = {role: job.pids(role) for role in ("relay", "reward", "reference")}
+        steady = {role: job.pids(role) for role in ("reward", "reference")}
         # A rollout worker dies with prompt groups in hand; its groups go back and are made again.
         job.wait_for("the actor's first step", lambda: len(job.history()) >= 1)
         held = job.catch_holding("rollout", 1)
@@ -74,9 +77,16 @@ def run(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[
         job.restart_actor()
         job.wait_for("the restarted actor's start", lambda: len(starts(job)) == 2)
         invalidated = int(job.relay_stats()["counts"].get("invalidated", 0))
+
+        # The relay dies with groups in every stage; a new one starts empty and the roles find it.
+        job.hold(RELAY_FAILS_AFTER)
+        job.wait_for("the actor to reach its hold", lambda: len(job.history()) >= RELAY_FAILS_AFTER)
+        before = {role: job.pids(role) for role in ("relay", "actor", "rollout", "reward", "reference")}
+        job.kill("relay", 0)
+        job.restart_worker("relay", 0)
         job.hold(None)
         job.wait_finished()
-        yield Outcome(job, steady, rollout_pids, held, released, invalidated)
+        yield Outcome(job, steady, rollout_pids, held, released, invalidated, before)
     finally:
         job.stop()
 
@@ -109,6 +119,15 @@ def test_the_actor_restarts_from_its_checkpoint_while_other_roles_keep_their_pro
     assert run.job.pids("rollout") == run.rollout_pids_before_actor_failure
     # Groups made from the lost incarnation's newest weights were refused, and made again.
     assert run.groups_invalidated_by_actor_restart >= 1
+
+
+def test_a_new_relay_takes_over_while_every_other_role_keeps_its_processes(run: Outcome) -> None:
+    before = dict(run.pids_before_relay_failure)
+    assert run.job.pids("relay") != before.pop("relay")
+    for role, pids in before.items():
+        assert run.job.pids(role) == pids, f"{role} was restarted with the relay"
+    incarnations = {r.incarnation for r in run.job.history()[RELAY_FAILS_AFTER:]}
+    assert len(incarnations) == 1, "the actor went on after the relay's restart, without restarting"
 
 
 def test_the_policy_learns(run: Outcome) -> None:
