@@ -93,7 +93,10 @@ def main() -> None:
         retention=RetentionPolicy(keep_last=int(os.environ.get("STALWART_CHECKPOINT_KEEP", "3"))),
     )
     state = {"train": TrainState(model, optim), "rng": RNGState(), "prompts": loader, "relay": cursor}
-    start = resume(ckpt, state)
+    try:
+        start = ckpt.load(state, fallback=True)  # the newest usable checkpoint
+    except NoCheckpoint:
+        start = 0
     if loader.position != start * args.prompts_per_step:
         raise SystemExit(f"checkpoint of step {start} holds loader position {loader.position}: another batch size?")
     incarnation = [uuid.uuid4().hex[:12] if rank == 0 else ""]
@@ -263,16 +266,6 @@ def grpo_loss(
     kl = torch.exp(delta) - delta - 1
     loss = (-surrogate + kl_coef * kl).mean()
     return loss, float(r.sum()), float(kl.detach().mean(1).sum())
-
-
-def resume(ckpt: Checkpointer, state: dict[str, Any]) -> int:
-    steps = sorted({c.step for c in ckpt.catalog()}, reverse=True)
-    if not steps:
-        return 0
-    try:
-        return ckpt.load(state, steps[0], fallback=True)
-    except NoCheckpoint:
-        return 0
 
 
 def committed(result: Any, ledger: Ledger | None, incarnation: str, log: logs.ContextLogger) -> None:

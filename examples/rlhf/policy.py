@@ -14,35 +14,22 @@ VOCAB = 257  # bytes and the end-of-document token
 MAX_LEN = PROMPT_LEN + DIGITS
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.size(1)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
 class TinyPolicy(nn.Module):
     def __init__(self, dim: int = 64, layers: int = 2, heads: int = 4) -> None:
         super().__init__()
         self.tok = nn.Embedding(VOCAB, dim)
         self.pos = nn.Embedding(MAX_LEN, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        block = nn.TransformerEncoderLayer(
+            dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.ln = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, ANSWER_CLASSES)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx) + self.pos(torch.arange(idx.size(1), device=idx.device))
-        for block in self.blocks:
-            x = block(x)
+        mask = nn.Transformer.generate_square_subsequent_mask(idx.size(1), device=idx.device)
+        x = self.blocks(x, mask=mask, is_causal=True)
         return self.head(self.ln(x))  # logits over the answer digits, at every position
 
 

@@ -30,22 +30,19 @@ def main() -> None:
     log = logs.get_logger("rlhf.reference", job=ctx.job, role="reference", rank=rank)
     reference = build_policy(args.seed).eval()
     relay = RelayClient(ctx, f"reference-{rank}")
-    done = 0
-    while True:
-        reply = relay.lease(Stage.REFERENCE, args.groups_per_lease)
-        if reply.status == "done":
-            break
-        if reply.status != "ok":
-            continue
-        prompts = torch.tensor([g.prompt.tokens for g in reply.groups for _ in g.samples])
-        answers = torch.tensor([s.tokens for g in reply.groups for s in g.samples])
+
+    def anchor(groups: list[Group]) -> list[Group]:
+        prompts = torch.tensor([g.prompt.tokens for g in groups for _ in g.samples])
+        answers = torch.tensor([s.tokens for g in groups for s in g.samples])
         with torch.no_grad():
             logp = answer_logprobs(reference, prompts, answers).tolist()
-        groups, k = [], 0
-        for g in reply.groups:
-            groups.append(Group(**{**g.model_dump(), "ref_logprobs": logp[k : k + len(g.samples)]}))
+        out, k = [], 0
+        for g in groups:
+            out.append(Group(**{**g.model_dump(), "ref_logprobs": logp[k : k + len(g.samples)]}))
             k += len(g.samples)
-        done += relay.submit(Stage.REFERENCE, reply.lease_id, groups).accepted
+        return out
+
+    done = relay.serve(Stage.REFERENCE, args.groups_per_lease, anchor)
     log.info("reference done", fields={"groups": done})
     relay.close()
 

@@ -26,18 +26,14 @@ def main() -> None:
     logs.configure()
     log = logs.get_logger("rlhf.reward", job=ctx.job, role="reward", rank=rank)
     relay = RelayClient(ctx, f"reward-{rank}")
-    scored = 0
-    while True:
-        reply = relay.lease(Stage.REWARD, args.groups_per_lease)
-        if reply.status == "done":
-            break
-        if reply.status != "ok":
-            continue
-        groups = [
+
+    def score(groups: list[Group]) -> list[Group]:
+        return [
             Group(**{**g.model_dump(), "rewards": [task.reward(g.prompt.tokens, s.tokens) for s in g.samples]})
-            for g in reply.groups
+            for g in groups
         ]
-        scored += relay.submit(Stage.REWARD, reply.lease_id, groups).accepted
+
+    scored = relay.serve(Stage.REWARD, args.groups_per_lease, score)
     log.info("reward done", fields={"groups": scored})
     relay.close()
 

@@ -25,42 +25,40 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from stalwart.dataloader.config import DataConfig
 from stalwart.dataloader.dataset import TokenDataset
+from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.sample_id import decode as decode_sample_id
 
 
-class StartRecord(BaseModel):
-    event: Literal["start"] = "start"
-    incarnation: str
-    base_step: int
-    prompts_per_step: int
-    data: DataConfig
+class _Event(BaseModel):
+    incarnation: str  # the actor's start that wrote it
     time: float = Field(default_factory=time.time)
 
 
-class StepRecord(BaseModel):
+class StartRecord(_Event):
+    event: Literal["start"] = "start"
+    base_step: int  # the checkpointed step it resumed from (0: from scratch)
+    prompts_per_step: int
+    data: DataConfig
+
+
+class StepRecord(_Event):
     event: Literal["step"] = "step"
-    incarnation: str
     step: int
     position: int  # the loader position of the step's first prompt
     sample_ids: list[int]  # every prompt of the step, all ranks, in loader order
     reward: float  # mean reward of the step's samples
     kl: float = 0.0
     versions: list[int] = []  # weight steps that generated the step's groups
-    time: float = Field(default_factory=time.time)
 
 
-class CheckpointRecord(BaseModel):
+class CheckpointRecord(_Event):
     event: Literal["checkpoint"] = "checkpoint"
-    incarnation: str
     step: int
-    time: float = Field(default_factory=time.time)
 
 
-class FinishRecord(BaseModel):
+class FinishRecord(_Event):
     event: Literal["finish"] = "finish"
-    incarnation: str
     step: int
-    time: float = Field(default_factory=time.time)
 
 
 LedgerRecord = Annotated[StartRecord | StepRecord | CheckpointRecord | FinishRecord, Field(discriminator="event")]
@@ -162,7 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     records, torn = read(args.ledger)
     steps = history(records)
     starts = [r for r in records if isinstance(r, StartRecord)]
-    found = problems(records)
+    try:
+        found = problems(records)
+    except DataError as exc:
+        print(f"error: cannot read the prompts this ledger names: {exc}", file=sys.stderr)
+        return 2
     summary = {
         "steps": len(steps),
         "prompts": sum(len(r.sample_ids) for r in steps),

@@ -101,6 +101,17 @@ class RelayClient:
         header, _ = self.conn.call(Submit(stage=stage, lease_id=lease_id, groups=list(groups)))
         return SubmitReply.model_validate(header)
 
+    def serve(self, stage: Stage, groups_per_lease: int, fill: Callable[[list[Group]], list[Group]]) -> int:
+        """A reward or reference worker's loop: lease the groups waiting for `stage`, fill in its part,
+        submit, until the actor has finished. Returns how many groups were accepted."""
+        accepted = 0
+        while True:
+            reply = self.lease(stage, groups_per_lease)
+            if reply.status == "done":
+                return accepted
+            if reply.status == "ok":
+                accepted += self.submit(stage, reply.lease_id, fill(reply.groups)).accepted
+
     def close(self) -> None:
         self.conn.close()
         if self._own_directory:

@@ -12,21 +12,26 @@ from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
 
 
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """This process's environment plus what torchrun gives rank `rank` of a one-node world on loopback."""
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+
+
 def launch(script: Path, args: list[str], world: int, cwd: Path) -> list[subprocess.Popen[bytes]]:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONWARNINGS": "ignore",
-        }
+        env = torchrun_env(rank, world, port)
         log = open(cwd / f"rank-{rank}.log", "ab")
         procs.append(spawn([sys.executable, str(script), *args], env=env, cwd=cwd, stdout=log))
         log.close()

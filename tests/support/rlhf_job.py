@@ -29,6 +29,7 @@ from stalwart.rlhf.ledger import LedgerRecord, StepRecord, history, read
 from stalwart.rlhf.relay_client import RelayClient
 from stalwart.spec.model import DataPlaneSettings
 from support.paths import REPO
+from support.ranks import torchrun_env
 
 EXAMPLE = REPO / "examples" / "rlhf"
 SCRIPTS = {"actor": "actor.py", "rollout": "rollout.py", "reward": "reward.py", "reference": "reference.py"}
@@ -115,16 +116,8 @@ class LocalRlhfJob:
         self, role: str, rank: int, world: int, argv: list[str], *, master_port: int | None = None
     ) -> RoleProcess:
         env = {
-            **os.environ,
+            **torchrun_env(rank, world, master_port or free_port()),
             **dataplane_env(self.job, self.etcd, self.settings, self.token),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(master_port or free_port()),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONWARNINGS": "ignore",
             "STALWART_CHECKPOINT_URI": str(self.workdir / "checkpoints"),
         }
         log_path = self.workdir / "logs" / f"{role}-{rank}.log"
