@@ -86,7 +86,15 @@ def run(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[
         job.restart_worker("relay", 0)
         job.hold(None)
         job.wait_finished()
-        yield Outcome(job, steady, rollout_pids, held, released, invalidated, before)
+        yield Outcome(
+            job=job,
+            steady_pids=steady,
+            rollout_pids_before_actor_failure=rollout_pids,
+            pids_before_relay_failure=before,
+            rollout_groups_held_when_killed=held,
+            rollout_groups_released=released,
+            groups_invalidated_by_actor_restart=invalidated,
+        )
     finally:
         job.stop()
 
