@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,13 @@ def test_bad_data_plane_settings_are_named(tmp_path: Path) -> None:
     path.write_text(text.replace("relayCapacity: 64", "relayCap: 64"))
     with pytest.raises(SpecError, match="spec.dataPlane.relayCap: unknown field"):
         load_job(path)
+
+
+def test_stalwart_run_says_it_cannot_run_an_rlhf_job_yet(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    job = REPO / "examples" / "rlhf" / "grpo.yaml"
+    out = subprocess.run(
+        [*stalwart_cmd, "run", str(job), "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2
+    assert "dataPlane" in out.stderr and "docs/rlhf.md" in out.stderr
+    assert not any(tmp_path.iterdir()), "nothing was started"
