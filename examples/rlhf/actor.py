@@ -78,6 +78,11 @@ def main() -> None:
     if args.prompts_per_step % world:
         raise SystemExit(f"--prompts-per-step {args.prompts_per_step} must divide among {world} ranks")
     ctx = DataPlaneContext.from_env()
+    if ctx.settings.relay_capacity < args.prompts_per_step:
+        raise SystemExit(
+            f"dataPlane.relayCapacity {ctx.settings.relay_capacity} cannot hold one step's "
+            f"{args.prompts_per_step} prompts: raise it, or lower --prompts-per-step"
+        )
     log = logs.get_logger("rlhf.actor", job=ctx.job, role="actor", rank=rank)
     logs.configure()
     task.write_prompts(args.prompts, args.num_prompts, args.seed)
