@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 from support.paths import REPO
+from typer.testing import CliRunner
 
 from stalwart.rlhf.contract import ContractError, DataPlaneContext, dataplane_env
 from stalwart.rlhf.relay_server import main as relay_main
@@ -64,11 +64,11 @@ def test_bad_data_plane_settings_are_named(tmp_path: Path) -> None:
         load_job(path)
 
 
-def test_stalwart_run_says_it_cannot_run_an_rlhf_job_yet(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_stalwart_run_says_it_cannot_run_an_rlhf_job_yet(tmp_path: Path) -> None:
+    from stalwart.cli.main import app
+
     job = REPO / "examples" / "rlhf" / "grpo.yaml"
-    out = subprocess.run(
-        [*stalwart_cmd, "run", str(job), "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 2
-    assert "dataPlane" in out.stderr and "docs/rlhf.md" in out.stderr
-    assert not any(tmp_path.iterdir()), "nothing was started"
+    result = CliRunner().invoke(app, ["run", str(job), "--workdir", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "dataPlane" in result.output and "docs/rlhf.md" in result.output
+    assert not (tmp_path / "run").exists(), "nothing was started"
