@@ -110,7 +110,7 @@ def main() -> None:
     cursor.watermark = loader.position
     log = log.bind(incarnation=incarnation[0])
 
-    relay = RelayClient(ctx, f"actor-{rank}")
+    relay = RelayClient(ctx, f"actor-{rank}", incarnation=incarnation[0])
     publisher = ledger = None
     if rank == 0:
         ledger = Ledger(args.ledger)

@@ -97,6 +97,7 @@ class Advance(Message):
     """The actor trained on everything before `watermark`."""
 
     op: Literal["advance"] = "advance"
+    incarnation: str
     watermark: Annotated[int, Field(ge=0)]
 
 
@@ -104,6 +105,7 @@ class Demand(Message):
     """Prompts the actor will train on soon (look-ahead): the relay starts them through the stages."""
 
     op: Literal["demand"] = "demand"
+    incarnation: str
     items: Annotated[list[PromptItem], Field(max_length=MAX_ITEMS)]
 
 
@@ -111,6 +113,7 @@ class Take(Message):
     """Give me these prompts' groups once all are ready (demanding any the relay does not hold)."""
 
     op: Literal["take"] = "take"
+    incarnation: str
     items: Annotated[list[PromptItem], Field(min_length=1, max_length=MAX_ITEMS)]
     wait_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
 

@@ -14,6 +14,8 @@ Pure bookkeeping behind one lock (no sockets, an injected clock), so every rule 
   demanded, so the actor's next step is never starved by look-ahead.
 - The watermark is the actor's loader position: everything before it was trained on. Demand below
   it is refused; a restarted actor moves it back to its checkpoint and says which versions remain.
+- The actor's requests carry its incarnation: those of an incarnation that a newer one superseded (a
+  rank that has not died yet) are refused, so they can neither take groups nor move the watermark.
 """
 
 from __future__ import annotations
@@ -75,12 +77,20 @@ class Relay:
         self.watermark = 0
         self.done = False
         self.counts: Counter[str] = Counter()
+        self._superseded: set[str] = set()
 
     # -- the actor ---------------------------------------------------------------------------------
     def resume(self, lineage: Lineage, watermark: int) -> None:
         """A (re)started actor: groups before its watermark are gone, groups made with weights that are
         no longer history go back to their rollout stage."""
+        if lineage.current is None:
+            raise RelayError("an actor resumes with an empty lineage")
         with self._cond:
+            incarnation = lineage.current.incarnation
+            if incarnation in self._superseded:
+                raise RelayError(f"actor incarnation {incarnation} was superseded: it may not resume")
+            if self.lineage.current is not None and self.lineage.current.incarnation != incarnation:
+                self._superseded.add(self.lineage.current.incarnation)
             self.lineage, self.watermark, self.done = lineage, watermark, False
             self._drop_below(watermark)
             for entry in self._entries.values():
@@ -89,14 +99,16 @@ class Relay:
                     self.counts["invalidated"] += 1
             self._cond.notify_all()
 
-    def advance(self, watermark: int) -> None:
+    def advance(self, incarnation: str, watermark: int) -> None:
         with self._cond:
+            self._fence(incarnation)
             if watermark > self.watermark:
                 self.watermark = watermark
                 self._drop_below(watermark)
 
     def demand(self, request: Demand) -> DemandReply:
         with self._cond:
+            self._fence(request.incarnation)
             accepted, held, refused = self._admit(request.items)
             self._cond.notify_all()
             return DemandReply(accepted=accepted, held=held, refused=refused)
@@ -111,6 +123,7 @@ class Relay:
         deadline = time.monotonic() + request.wait_seconds
         positions = [item.position for item in request.items]
         with self._cond:
+            self._fence(request.incarnation)
             low = min(positions)
             if low < self.watermark:
                 raise RelayError(f"position {low} was trained on already (the watermark is {self.watermark})")
@@ -220,6 +233,12 @@ class Relay:
             }
 
     # -- inside the lock ---------------------------------------------------------------------------
+    def _fence(self, incarnation: str) -> None:
+        current = self.lineage.current
+        if incarnation in self._superseded or (current is not None and incarnation != current.incarnation):
+            who = current.incarnation if current is not None else "none"
+            raise RelayError(f"actor incarnation {incarnation} is not the current one ({who}): refused")
+
     def _min_version(self, step: int) -> int:
         return max(0, step - 1 - self.settings.max_weight_staleness)
 

@@ -36,7 +36,17 @@ class TakeTimeout(RuntimeError):
 
 
 class RelayClient:
-    def __init__(self, ctx: DataPlaneContext, client: str, *, directory: EndpointDirectory | None = None) -> None:
+    """`incarnation`: the actor's, on every actor rank (the relay refuses a superseded one's requests)."""
+
+    def __init__(
+        self,
+        ctx: DataPlaneContext,
+        client: str,
+        *,
+        incarnation: str = "",
+        directory: EndpointDirectory | None = None,
+    ) -> None:
+        self.incarnation = incarnation
         self.directory = directory or ctx.directory()
         self._own_directory = directory is None
         self.conn = Connection(self.directory, RELAY_CHANNEL, client, token=ctx.token, on_connect=self._reconnected)
@@ -52,10 +62,10 @@ class RelayClient:
     def advance(self, watermark: int) -> None:
         if self._session is not None:
             self._session = (self._session[0], watermark)
-        self.conn.call(Advance(watermark=watermark))
+        self.conn.call(Advance(incarnation=self.incarnation, watermark=watermark))
 
     def demand(self, items: Sequence[PromptItem]) -> DemandReply:
-        header, _ = self.conn.call(Demand(items=list(items)))
+        header, _ = self.conn.call(Demand(incarnation=self.incarnation, items=list(items)))
         return DemandReply.model_validate(header)
 
     def take(
@@ -68,7 +78,8 @@ class RelayClient:
         """The groups of these prompts, in order, once all are ready. Blocks up to `limit` seconds."""
         start = time.monotonic()
         while True:
-            header, _ = self.conn.call(Take(items=list(items), wait_seconds=POLL_SECONDS), wait=POLL_SECONDS)
+            request = Take(incarnation=self.incarnation, items=list(items), wait_seconds=POLL_SECONDS)
+            header, _ = self.conn.call(request, wait=POLL_SECONDS)
             reply = TakeReply.model_validate(header)
             if reply.ready:
                 return reply.groups

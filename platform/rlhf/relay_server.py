@@ -88,7 +88,7 @@ class RelayService:
         if isinstance(message, Demand):
             return relay.demand(message), b""
         if isinstance(message, Advance):
-            relay.advance(message.watermark)
+            relay.advance(message.incarnation, message.watermark)
             return Ack(), b""
         if isinstance(message, Resume):
             relay.resume(message.lineage, message.watermark)

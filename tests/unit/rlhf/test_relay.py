@@ -73,9 +73,9 @@ def through_all_stages(r: Relay, version: WeightVersion, client: str = "w#1") ->
 def test_groups_move_through_the_stages_and_are_taken_once_in_order() -> None:
     r = relay()
     items = [prompt(i) for i in range(4)]
-    assert r.take(Take(items=items, wait_seconds=0)).ready is False  # demanded, nothing made yet
+    assert r.take(Take(incarnation=INC, items=items, wait_seconds=0)).ready is False  # demanded, nothing made yet
     assert through_all_stages(r, v(0)) == [0, 1, 2, 3]
-    reply = r.take(Take(items=items, wait_seconds=0))
+    reply = r.take(Take(incarnation=INC, items=items, wait_seconds=0))
     assert reply.ready and [g.prompt.position for g in reply.groups] == [0, 1, 2, 3]
     assert all(g.rewards == [1.0, 1.0] and g.ref_logprobs == [[-2.0], [-2.0]] for g in reply.groups)
     assert r.stats()["held"] == {} and r.counts["taken"] == 4
@@ -83,7 +83,7 @@ def test_groups_move_through_the_stages_and_are_taken_once_in_order() -> None:
 
 def test_a_dead_workers_groups_go_back_to_its_stage_and_its_late_results_are_dropped() -> None:
     r = relay()
-    r.demand(Demand(items=[prompt(0), prompt(1)]))
+    r.demand(Demand(incarnation=INC, items=[prompt(0), prompt(1)]))
     first = lease(r, Stage.ROLLOUT, "rollout-1#1", have=v(0))
     assert [p.position for p in first.prompts] == [0, 1]
     assert r.stats()["holding"] == {"rollout-1": 2}
@@ -105,7 +105,7 @@ def test_a_dead_workers_groups_go_back_to_its_stage_and_its_late_results_are_dro
 def test_a_lease_held_too_long_expires_and_its_results_no_longer_count() -> None:
     clock = Clock()
     r = relay(clock, lease_seconds=10)
-    r.demand(Demand(items=[prompt(0)]))
+    r.demand(Demand(incarnation=INC, items=[prompt(0)]))
     hung = lease(r, Stage.ROLLOUT, "slow#1", have=v(0))
     clock.now = 11
     other = lease(r, Stage.ROLLOUT, "fast#2", have=v(0))
@@ -122,7 +122,7 @@ def test_a_lease_held_too_long_expires_and_its_results_no_longer_count() -> None
 def test_rollouts_only_get_prompts_their_weights_are_fresh_enough_for() -> None:
     r = relay(max_weight_staleness=1)
     r.resume(Lineage().extend(INC, 0), watermark=0)
-    r.demand(Demand(items=[prompt(0, step=1), prompt(1, step=3), prompt(2, step=4)]))
+    r.demand(Demand(incarnation=INC, items=[prompt(0, step=1), prompt(1, step=3), prompt(2, step=4)]))
     # step 3 needs the weights of step 1 or newer; step 4 those of step 2
     assert [p.position for p in lease(r, Stage.ROLLOUT, have=v(0)).prompts] == [0]
     assert lease(r, Stage.ROLLOUT, "w#2", have=v(0)).status == "need-newer-weights"
@@ -132,7 +132,7 @@ def test_rollouts_only_get_prompts_their_weights_are_fresh_enough_for() -> None:
 
 def test_a_group_made_with_weights_too_old_is_refused_and_generated_again() -> None:
     r = relay(max_weight_staleness=0)
-    r.demand(Demand(items=[prompt(0, step=3)]))
+    r.demand(Demand(incarnation=INC, items=[prompt(0, step=3)]))
     out = lease(r, Stage.ROLLOUT, have=v(2))
     reply = r.submit("w#1", Submit(stage=Stage.ROLLOUT, lease_id=out.lease_id, groups=[generated(prompt(0, 3), v(1))]))
     assert reply.stale_weights and reply.accepted == 0
@@ -141,7 +141,7 @@ def test_a_group_made_with_weights_too_old_is_refused_and_generated_again() -> N
 
 def test_a_restarted_actor_invalidates_groups_made_after_its_checkpoint() -> None:
     r = relay()
-    r.demand(Demand(items=[prompt(i, step=12) for i in range(4)]))
+    r.demand(Demand(incarnation=INC, items=[prompt(i, step=12) for i in range(4)]))
     through_all_stages(r, v(11))  # made by incarnation a with the weights of step 11
     lineage = Lineage().extend(INC, 0).extend("b", 10)  # b resumed from the checkpoint of step 10
     r.resume(lineage, watermark=0)
@@ -152,27 +152,41 @@ def test_a_restarted_actor_invalidates_groups_made_after_its_checkpoint() -> Non
 
 def test_the_buffer_is_bounded_and_keeps_the_lowest_positions() -> None:
     r = relay(relay_capacity=4)
-    reply = r.demand(Demand(items=[prompt(i) for i in range(4, 10)]))
+    reply = r.demand(Demand(incarnation=INC, items=[prompt(i) for i in range(4, 10)]))
     assert (reply.accepted, reply.refused) == (4, 2)
-    r.take(Take(items=[prompt(0), prompt(1)], wait_seconds=0))  # the actor's current step comes first
+    r.take(Take(incarnation=INC, items=[prompt(0), prompt(1)], wait_seconds=0))  # the actor's current step comes first
     assert sorted(r._entries) == [0, 1, 4, 5] and r.counts["evicted"] == 2
     with pytest.raises(RelayError, match="relayCapacity is 4"):
-        r.take(Take(items=[prompt(i) for i in range(5)], wait_seconds=0))
+        r.take(Take(incarnation=INC, items=[prompt(i) for i in range(5)], wait_seconds=0))
 
 
 def test_nothing_before_the_watermark_is_demanded_or_taken_again() -> None:
     r = relay()
-    r.advance(8)
-    assert r.demand(Demand(items=[prompt(7), prompt(8)])).refused == 1
+    r.advance(INC, 8)
+    assert r.demand(Demand(incarnation=INC, items=[prompt(7), prompt(8)])).refused == 1
     with pytest.raises(RelayError, match="trained on already"):
-        r.take(Take(items=[prompt(7)], wait_seconds=0))
+        r.take(Take(incarnation=INC, items=[prompt(7)], wait_seconds=0))
     r.resume(Lineage().extend(INC, 0).extend("b", 0), watermark=0)  # a restart moves it back
-    assert r.demand(Demand(items=[prompt(7)])).accepted == 1
+    assert r.demand(Demand(incarnation="b", items=[prompt(7)])).accepted == 1
+
+
+def test_a_superseded_actor_incarnation_can_no_longer_take_demand_advance_or_resume() -> None:
+    r = relay()
+    r.resume(Lineage().extend(INC, 0).extend("b", 0), watermark=0)  # b replaced a; a rank of a lingers
+    with pytest.raises(RelayError, match="not the current one"):
+        r.take(Take(incarnation=INC, items=[prompt(0)], wait_seconds=0))
+    with pytest.raises(RelayError, match="not the current one"):
+        r.demand(Demand(incarnation=INC, items=[prompt(0)]))
+    with pytest.raises(RelayError, match="not the current one"):
+        r.advance(INC, 16)
+    with pytest.raises(RelayError, match="superseded"):
+        r.resume(Lineage().extend(INC, 0), watermark=0)
+    assert r.watermark == 0 and r.lineage.current is not None and r.lineage.current.incarnation == "b"
 
 
 def test_a_worker_fills_in_only_its_own_stage() -> None:
     r = relay()
-    r.demand(Demand(items=[prompt(0)]))
+    r.demand(Demand(incarnation=INC, items=[prompt(0)]))
     out = lease(r, Stage.ROLLOUT, have=v(0))
     r.submit("w#1", Submit(stage=Stage.ROLLOUT, lease_id=out.lease_id, groups=[generated(prompt(0), v(0))]))
     scored = lease(r, Stage.REWARD)
@@ -185,9 +199,9 @@ def test_a_worker_fills_in_only_its_own_stage() -> None:
 
 def test_demand_for_a_held_position_must_name_the_same_prompt() -> None:
     r = relay()
-    r.demand(Demand(items=[prompt(0)]))
+    r.demand(Demand(incarnation=INC, items=[prompt(0)]))
     with pytest.raises(RelayError, match="held for sample 1000"):
-        r.demand(Demand(items=[prompt(0).model_copy(update={"sample_id": 5})]))
+        r.demand(Demand(incarnation=INC, items=[prompt(0).model_copy(update={"sample_id": 5})]))
 
 
 def test_after_the_finish_workers_are_told_to_stop() -> None:

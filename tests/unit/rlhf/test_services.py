@@ -51,10 +51,11 @@ def relay(ctx: DataPlaneContext) -> Iterator[RelayService]:
 
 @pytest.fixture
 def clients(ctx: DataPlaneContext) -> Iterator[Callable[[str], RelayClient]]:
+    """Relay clients, closed after the test; actor clients speak for incarnation `a`."""
     made: list[RelayClient] = []
 
     def make(name: str) -> RelayClient:
-        made.append(RelayClient(ctx, name))
+        made.append(RelayClient(ctx, name, incarnation="a" if name.startswith("actor") else ""))
         return made[-1]
 
     yield make
