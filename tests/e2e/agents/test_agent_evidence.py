@@ -8,6 +8,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from support.metrics_doc import documented
 from support.paths import REPO
 
 from stalwart.processes import spawn, stop_process, wait_for
@@ -123,15 +124,11 @@ def test_the_agent_serves_metrics(store: Store, tmp_path: Path, stalwart_cmd: li
 
         assert wait_for(lambda: 'rank="1"' in scraped() and "stalwart_worker_step" in scraped(), 60)
         text = scraped()
-        documented = [
-            line.split("`")[1]
-            for line in (REPO / "docs" / "metrics.md").read_text().splitlines()
-            if line.startswith("| `stalwart_")
-        ]
-        assert documented
-        missing = [m for m in documented if m.removesuffix("_total") not in text]
+        agent_metrics = documented("Node agent")  # the job exporter's and the services' are theirs
+        assert agent_metrics
+        missing = [m for m in agent_metrics if m.removesuffix("_total") not in text]
         assert not missing, missing
-        assert f'job="{job}"' in text and 'node="node-0"' in text
+        assert f'training_job="{job}"' in text and 'node="node-0"' in text
     finally:
         stop_process(agent, grace=10)
 
