@@ -48,6 +48,20 @@ class Live:
         pytest.fail(f"timed out waiting for {what}; see {self.workdir}")
 
 
+def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, limit: float = 120) -> None:
+    """Until Prometheus answers its readiness endpoint (it opens its port after loading its TSDB)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"prometheus exited ({server.returncode}):\n{log.read_text()[-3000:]}"
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"prometheus not ready after {limit:.0f} s:\n{log.read_text()[-3000:]}")
+
+
 @pytest.fixture(scope="module")
 def live(example_shards: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     prometheus = shutil.which("prometheus")
@@ -94,7 +108,9 @@ def live(example_shards: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
             stderr=subprocess.STDOUT,
         )
     try:
-        yield Live(f"http://127.0.0.1:{port}", run, workdir)
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, server, tmp / "prometheus.log")
+        yield Live(url, run, workdir)
     finally:
         stop_process(run, grace=30.0)
         stop_process(server, grace=10.0)
