@@ -76,7 +76,12 @@ def run(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[
         job.kill("actor", 1)
         job.restart_actor()
         job.wait_for("the restarted actor's start", lambda: len(starts(job)) == 2)
-        invalidated = int(job.relay_stats()["counts"].get("invalidated", 0))
+        # The actor records its start before it resumes at the relay: wait for the resume's effect.
+        job.wait_for(
+            "the relay to refuse the groups made from the lost incarnation's weights",
+            lambda: job.relay_stats()["counts"].get("invalidated", 0) >= 1,
+        )
+        invalidated = int(job.relay_stats()["counts"]["invalidated"])
 
         # The relay dies with groups in every stage; a new one starts empty and the roles find it.
         job.hold(RELAY_FAILS_AFTER)
