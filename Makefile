@@ -6,6 +6,8 @@
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
+# The suite runs on WORKERS pytest-xdist processes (tests/conftest.py keeps each worker's
+# processes, shared memory and data apart); WORKERS=0 runs it in this process.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -20,6 +22,9 @@ HTMX    := $(CONSOLE)/static/vendor/htmx.min.js
 # mypy and import-linter look packages up by import name; the platform's folder is not named
 # `stalwart` (DESIGN.md), so they read it through links under build/packages.
 PACKAGES := build/packages
+
+WORKERS ?= 3
+XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
 .PHONY: install browser demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
 
@@ -80,10 +85,10 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q $(XDIST)
 
 test-e2e: install
-	$(BIN)/python -m pytest tests/e2e
+	$(BIN)/python -m pytest tests/e2e $(XDIST)
 
 # Run a test many times, optionally beside busy processes, to find flakes (docs/testing.md):
 #   make flakes TEST=tests/e2e/operator/test_operator_e2e.py RUNS=5 LOAD=2
@@ -93,7 +98,7 @@ flakes: $(STAMP)
 	$(BIN)/python tests/support/flakes.py $(TEST) --runs $(RUNS) --load $(LOAD)
 
 test: lint typecheck install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 clean:
 	rm -rf $(VENV) .stalwart .pytest_cache

@@ -8,8 +8,11 @@ each folder's tests carry the marker of the same name, so `-m unit` and `-m e2e`
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support.orphans import cmdline, tagged_processes
@@ -20,12 +23,34 @@ from stalwart.store.etcd_server import EtcdServer
 
 pytest_plugins = ["support.dataloader"]
 
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under `pytest -n`, workers run jobs with the same names at once: each gets its own folder of
+    # shared-memory segments (the data loaders' and the memory tier's), inherited by what it starts.
+    _shm = Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm")) / f"stalwart-tests-{worker}"
+    _shm.mkdir(parents=True, exist_ok=True)
+    os.environ["STALWART_SHM_DIR"] = str(_shm)
+    # xdist fixes COLUMNS=80 in its workers, and rich reads it once, when the CLI's console is made:
+    # the CLI tests give their terminal width per invocation, as a serial run lets them.
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = item.path.relative_to(REPO / "tests").parts
         if parts[0] in ("unit", "e2e"):
             item.add_marker(parts[0])
+        if _shares_a_module_fixture(item):
+            # `pytest -n N --dist loadgroup` (make test) keeps a module's tests on one worker when they
+            # share one run (a module-scoped fixture), and spreads every other test on its own.
+            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,9 +71,12 @@ def example_shards() -> None:
     from stalwart.dataloader import build_shards
 
     out = REPO / "examples" / "data" / "shards"
-    for source in ("stories", "logs"):
-        if not (out / f"{source}-00000.stok").exists():
-            build_shards([REPO / "examples" / "data" / f"{source}.txt"], out, prefix=source, overwrite=True)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".build.lock", "w") as lock:  # xdist workers build them once, one at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for source in ("stories", "logs"):
+            if not (out / f"{source}-00000.stok").exists():
+                build_shards([REPO / "examples" / "data" / f"{source}.txt"], out, prefix=source, overwrite=True)
 
 
 @pytest.fixture(scope="session")

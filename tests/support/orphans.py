@@ -1,5 +1,7 @@
 """Which processes this test session started: every process the suite starts inherits
-STALWART_TEST_SESSION, so a live one carrying this session's value at the end is an orphan."""
+STALWART_TEST_SESSION, so a live one carrying this session's value at the end is an orphan.
+(psutil reads a process's environment as it was at exec: an xdist worker still carries the
+controller's tag, its children carry the worker's.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,11 @@ import uuid
 import psutil
 
 SESSION_TAG = "STALWART_TEST_SESSION"
-os.environ.setdefault(SESSION_TAG, uuid.uuid4().hex)
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # Each xdist worker checks its own children only (they all inherit the controller's tag).
+    os.environ[SESSION_TAG] = uuid.uuid4().hex
+else:
+    os.environ.setdefault(SESSION_TAG, uuid.uuid4().hex)
 
 
 def cmdline(p: psutil.Process) -> str:
