@@ -2,40 +2,94 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import pyetcd
 from pyetcd.events import DeleteEvent, PutEvent
 
+from stalwart.store.etcd_auth import PLAIN, EtcdAuth
 from stalwart.store.records import Record
 
 R = TypeVar("R", bound=Record)
+T = TypeVar("T")
 
 
 class StoreUnavailable(RuntimeError):
     """etcd did not answer; the message says where we tried."""
 
 
+class StoreAccessDenied(StoreUnavailable):
+    """etcd answered but refused us: no credentials, wrong ones, or too few rights. A subclass of
+    StoreUnavailable, so whoever rides out an unreachable etcd stops the same way, with this message."""
+
+
 class LeaseLost(RuntimeError):
     """Our lease expired: whatever we held under it (a node, a leadership) is gone."""
 
 
+def _status(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:
+    """The gRPC status behind an error (pyetcd replaces UNAVAILABLE by its own exception, whose
+    context still holds the RpcError with the reason: refused, a failed TLS handshake, ...)."""
+    for candidate in (exc, exc.__context__):
+        if isinstance(candidate, grpc.RpcError) and hasattr(candidate, "code"):
+            details = candidate.details() if hasattr(candidate, "details") else ""
+            return candidate.code(), str(details or "")
+    return None, ""
+
+
+def _refusal(endpoint: str, auth: EtcdAuth, code: grpc.StatusCode | None, details: str) -> StoreAccessDenied | None:
+    """etcd's auth errors as one line that says what to change (None: not an auth error)."""
+    if auth.user:
+        who = f"user {auth.user}"
+    elif auth.cert is not None:
+        who = f"the certificate {auth.cert}"
+    else:
+        who = "a client without credentials"
+    if "user name is empty" in details or (code == grpc.StatusCode.UNAUTHENTICATED and not auth.user):
+        return StoreAccessDenied(
+            f"etcd at {endpoint} wants credentials and took none from us ({auth.describe()}): give a user "
+            "(STALWART_ETCD_USER and _PASSWORD) or, where etcd checks client certificates, a certificate "
+            "(STALWART_ETCD_CERT and _KEY)"
+        )
+    if "authentication failed" in details:
+        return StoreAccessDenied(f"etcd at {endpoint} refused {who}: wrong user name or password")
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return StoreAccessDenied(f"etcd at {endpoint} refused {who}: {details}")
+    return None
+
+
 @contextmanager
-def _translate_errors(endpoint: str) -> Iterator[None]:
+def _translate_errors(endpoint: str, auth: EtcdAuth = PLAIN) -> Iterator[None]:
     try:
         yield
     except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        raise StoreUnavailable(f"etcd at {endpoint} did not answer ({code}): {exc}") from None
-    except pyetcd.exceptions.ConnectionFailedError:
-        raise StoreUnavailable(f"cannot reach etcd at {endpoint}") from None
+        code, details = _status(exc)
+        refused = _refusal(endpoint, auth, code, details)
+        if refused is not None:
+            raise refused from None
+        raise StoreUnavailable(f"etcd at {endpoint} did not answer ({code}): {details or exc}") from None
+    except pyetcd.exceptions.ConnectionFailedError as exc:
+        _, details = _status(exc)
+        reason = f" ({auth.describe()}): {details}" if details else ""
+        raise StoreUnavailable(f"cannot reach etcd at {endpoint}{reason}") from None
     except pyetcd.exceptions.ConnectionTimeoutError:
         raise StoreUnavailable(f"etcd at {endpoint} timed out") from None
     except pyetcd.exceptions.Etcd3Exception as exc:
         raise StoreUnavailable(f"etcd at {endpoint} failed: {type(exc).__name__} {exc}") from None
+
+
+class _Token(grpc.AuthMetadataPlugin):
+    """The etcd auth token, sent with every call; replaced when we log in again."""
+
+    def __init__(self) -> None:
+        self.value: str | None = None
+
+    def __call__(self, context: Any, callback: Any) -> None:
+        callback((("token", self.value),) if self.value else (), None)
 
 
 class Lease:
@@ -49,35 +103,79 @@ class Lease:
 
     def refresh(self) -> None:
         """Renew the lease; raises LeaseLost if it already expired (etcd answers TTL 0)."""
-        with _translate_errors(self._store.endpoint):
-            responses = self._inner.refresh()
+        responses = self._store._call(self._inner.refresh)
         if not responses or responses[0].TTL <= 0:
             raise LeaseLost(f"lease {self.id:x} has expired")
 
     def revoke(self) -> None:
-        with _translate_errors(self._store.endpoint):
-            self._inner.revoke()
+        self._store._call(self._inner.revoke)
 
 
 class Store:
     """A thin, typed face on an etcd client. One per process; safe to share between threads."""
 
-    def __init__(self, endpoint: str, timeout: float = 5.0) -> None:
+    def __init__(self, endpoint: str, timeout: float = 5.0, auth: EtcdAuth | None = None) -> None:
+        """`auth`: how we prove ourselves to etcd; None reads STALWART_ETCD_* (etcd_auth.py), so a
+        process started with those variables (an agent in a pod) needs no flag of its own. Nothing
+        is sent here: an etcd that is down now is met at the first call, not at construction."""
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"etcd endpoint must be HOST:PORT, got {endpoint!r}")
         self.endpoint = endpoint
-        self._client = pyetcd.client(host=host, port=int(port), timeout=timeout)
+        self.auth = EtcdAuth.from_env() if auth is None else auth
+        if self.auth.tls:
+            files = self.auth.channel_files()
+            credentials = grpc.ssl_channel_credentials(files["CA"], files.get("key"), files.get("certificate"))
+            channel = pyetcd.Endpoint(host, int(port), secure=True, creds=credentials)
+        else:
+            channel = pyetcd.Endpoint(host, int(port), secure=False)
         # The client benches an endpoint for 5 minutes after one failed call; with a single etcd
         # endpoint that turns a blip into an outage. Retry it at once instead.
-        for ep in self._client.endpoints.values():
-            ep.time_retry = 0.0
+        channel.time_retry = 0.0
+        self._client = pyetcd.MultiEndpointEtcd3Client(endpoints=[channel], timeout=timeout)
+        # etcd users: we log in ourselves (pyetcd would once, in its constructor, and keep that token
+        # for good), so a token that lapsed (etcd restarted, or its TTL passed) is renewed by logging
+        # in again. It travels as call credentials, which gRPC sends over TLS only.
+        self._token = _Token()
+        self._login_lock = threading.Lock()
+        if self.auth.user:
+            self._client.call_credentials = grpc.metadata_call_credentials(self._token)
         self._watches: list[int] = []
+
+    def _login(self, stale: str | None) -> None:
+        with self._login_lock:
+            if self._token.value != stale:  # another thread logged in meanwhile
+                return
+            request = pyetcd.etcdrpc.AuthenticateRequest(name=self.auth.user, password=self.auth.read_password())
+            try:
+                response = self._client.authstub.Authenticate(request, self._client.timeout)
+            except grpc.RpcError as exc:
+                code, details = _status(exc)
+                if code == grpc.StatusCode.FAILED_PRECONDITION and "not enabled" in details:
+                    self._token.value = ""  # this etcd has auth off: there is no token to send
+                    return
+                raise
+            self._token.value = response.token
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """One etcd call, its errors translated; with an etcd user, logged in first, and once more
+        when etcd says our token is no longer valid."""
+        with _translate_errors(self.endpoint, self.auth):
+            if not self.auth.user:
+                return fn()
+            if self._token.value is None:
+                self._login(None)
+            try:
+                return fn()
+            except grpc.RpcError as exc:
+                if _status(exc)[0] != grpc.StatusCode.UNAUTHENTICATED:
+                    raise
+                self._login(self._token.value)
+            return fn()
 
     # -- plain values ------------------------------------------------------------------------
     def get_raw(self, key: str) -> bytes | None:
-        with _translate_errors(self.endpoint):
-            value, _ = self._client.get(key)
+        value, _ = self._call(lambda: self._client.get(key))
         return value
 
     def get(self, key: str, cls: type[R]) -> R | None:
@@ -86,21 +184,18 @@ class Store:
 
     def get_with_revision(self, key: str, cls: type[R]) -> tuple[R | None, int]:
         """The record and its mod revision (0 when absent), for compare-and-swap."""
-        with _translate_errors(self.endpoint):
-            value, meta = self._client.get(key)
+        value, meta = self._call(lambda: self._client.get(key))
         if value is None:
             return None, 0
         return cls.loads(value), int(meta.mod_revision)
 
     def get_prefix_raw(self, prefix: str) -> list[tuple[str, bytes]]:
-        with _translate_errors(self.endpoint):
-            items = list(self._client.get_prefix(prefix))
+        items = self._call(lambda: list(self._client.get_prefix(prefix)))
         return [(meta.key.decode(), value) for value, meta in items]
 
     def list_keys(self, prefix: str) -> list[str]:
         """The keys under a prefix, without their values (cheap on prefixes holding big records)."""
-        with _translate_errors(self.endpoint):
-            items = list(self._client.get_prefix(prefix, keys_only=True))
+        items = self._call(lambda: list(self._client.get_prefix(prefix, keys_only=True)))
         return [meta.key.decode() for _, meta in items]
 
     def get_prefix(self, prefix: str, cls: type[R]) -> list[R]:
@@ -108,38 +203,34 @@ class Store:
 
     def put(self, key: str, value: Record | str, lease: Lease | None = None) -> None:
         data = value if isinstance(value, str) else value.dumps()
-        with _translate_errors(self.endpoint):
-            self._client.put(key, data, lease=lease.id if lease else None)
+        self._call(lambda: self._client.put(key, data, lease=lease.id if lease else None))
 
     def delete(self, key: str) -> None:
-        with _translate_errors(self.endpoint):
-            self._client.delete(key)
+        self._call(lambda: self._client.delete(key))
 
     def delete_prefix(self, prefix: str) -> None:
-        with _translate_errors(self.endpoint):
-            self._client.delete_prefix(prefix)
+        self._call(lambda: self._client.delete_prefix(prefix))
 
     # -- leases and transactions ---------------------------------------------------------------
     def lease(self, ttl: int) -> Lease:
-        with _translate_errors(self.endpoint):
-            return Lease(self, self._client.lease(ttl))
+        return Lease(self, self._call(lambda: self._client.lease(ttl)))
 
     def revoke_lease(self, lease_id: int) -> None:
         """Revoke someone else's lease (fencing a node that stopped answering): its keys vanish
         now, and its holder's next renewal fails, so it stops acting for the job."""
-        with _translate_errors(self.endpoint):
-            self._client.revoke_lease(lease_id)
+        self._call(lambda: self._client.revoke_lease(lease_id))
 
     def create(self, key: str, value: Record | str, lease: Lease | None = None) -> bool:
         """Put only if the key does not exist. True if we created it."""
         data = value if isinstance(value, str) else value.dumps()
         tx = self._client.transactions
-        with _translate_errors(self.endpoint):
-            ok, _ = self._client.transaction(
+        ok, _ = self._call(
+            lambda: self._client.transaction(
                 compare=[tx.version(key) == 0],
                 success=[tx.put(key, data, lease=lease.id if lease else None)],
                 failure=[],
             )
+        )
         return bool(ok)
 
     def commit(
@@ -161,8 +252,7 @@ class Store:
         compare += [tx.mod(k) == rev for k, rev in (expect_revision or {}).items()]
         success = [tx.put(k, v if isinstance(v, str) else v.dumps()) for k, v in puts.items()]
         success += [tx.delete(k) for k in deletes or []]
-        with _translate_errors(self.endpoint):
-            ok, _ = self._client.transaction(compare=compare, success=success, failure=[])
+        ok, _ = self._call(lambda: self._client.transaction(compare=compare, success=success, failure=[]))
         return bool(ok)
 
     # -- watches -------------------------------------------------------------------------------
@@ -179,14 +269,16 @@ class Store:
                 elif isinstance(event, DeleteEvent):
                     callback(event.key.decode(), None)
 
-        with _translate_errors(self.endpoint):
-            watch_id = self._client.add_watch_prefix_callback(prefix, on_response)
+        watch_id = self._call(lambda: self._client.add_watch_prefix_callback(prefix, on_response))
         self._watches.append(watch_id)
         return watch_id
 
     def ping(self) -> None:
-        with _translate_errors(self.endpoint):
-            self._client.status()
+        self._call(self._client.status)
+
+    def auth_service(self) -> Any:
+        """etcd's Auth service (users, roles, turning auth on), raw gRPC, for setup and tests."""
+        return self._client.authstub
 
     def close(self) -> None:
         for watch_id in self._watches:

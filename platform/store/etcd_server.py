@@ -1,4 +1,4 @@
-"""Start and stop a private etcd server (for `stalwart run` and tests)."""
+"""Start and stop a private etcd server (for `stalwart run` and tests), plain or with TLS and auth."""
 
 from __future__ import annotations
 
@@ -6,11 +6,16 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from pyetcd import etcdrpc
 
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process, wait_for
 from stalwart.store.client import Store, StoreUnavailable
+from stalwart.store.etcd_auth import PLAIN, EtcdAuth
 
 
 def find_etcd_binary() -> str:
@@ -27,12 +32,35 @@ def find_etcd_binary() -> str:
     )
 
 
-class EtcdServer:
-    """A single-member etcd on loopback, with its data in `data_dir`. Use as a context manager."""
+class ServerTLS(BaseModel):
+    """The member's certificate (for clients and its peer port) and the CA it trusts for both."""
 
-    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1") -> None:
+    model_config = ConfigDict(frozen=True)
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert_auth: bool = True  # refuse clients without a certificate signed by `ca`
+
+
+class EtcdServer:
+    """A single-member etcd on loopback, with its data in `data_dir`. Use as a context manager.
+
+    With `tls`, clients and the peer port speak TLS (https URLs); `client` is what this harness
+    presents to it (its readiness check, `enable_auth`)."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        host: str = "127.0.0.1",
+        *,
+        tls: ServerTLS | None = None,
+        client: EtcdAuth = PLAIN,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
+        self.tls = tls
+        self.client = client
         self.client_port = free_port(host)
         self.peer_port = free_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -42,10 +70,10 @@ class EtcdServer:
     def endpoint(self) -> str:
         return f"{self.host}:{self.client_port}"
 
-    def start(self, timeout: float = 30.0) -> EtcdServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        client_url = f"http://{self.host}:{self.client_port}"
-        peer_url = f"http://{self.host}:{self.peer_port}"
+    def argv(self) -> list[str]:
+        scheme = "https" if self.tls else "http"
+        client_url = f"{scheme}://{self.host}:{self.client_port}"
+        peer_url = f"{scheme}://{self.host}:{self.peer_port}"
         argv = [
             find_etcd_binary(),
             "--name",
@@ -65,11 +93,22 @@ class EtcdServer:
             "--log-level",
             "warn",
         ]
+        if self.tls is not None:
+            files = {"cert-file": self.tls.cert, "key-file": self.tls.key, "trusted-ca-file": self.tls.ca}
+            argv += [f"--peer-{flag}={path}" for flag, path in files.items()]
+            argv.append("--peer-client-cert-auth")
+            argv += [f"--cert-file={self.tls.cert}", f"--key-file={self.tls.key}"]
+            if self.tls.client_cert_auth:  # a trusted CA alone already makes etcd ask clients for certificates
+                argv += [f"--trusted-ca-file={self.tls.ca}", "--client-cert-auth"]
+        return argv
+
+    def start(self, timeout: float = 30.0) -> EtcdServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
         log = open(self.log_path, "ab")
-        self.proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        store = Store(self.endpoint, timeout=1.0)
+        store = Store(self.endpoint, timeout=1.0, auth=self.client)
 
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
@@ -89,6 +128,25 @@ class EtcdServer:
             tail = self.log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"etcd did not start on {self.endpoint}; its log says:\n{tail}")
         return self
+
+    def enable_auth(self, root_password: str, users: Mapping[str, tuple[str, str]] | None = None) -> None:
+        """Turn etcd's users and roles on: `root` with this password, and each user (name ->
+        (password, key prefix)) with a role of the same name that may read and write that prefix."""
+        store = Store(self.endpoint, auth=self.client)
+        try:
+            stub = store.auth_service()
+            stub.UserAdd(etcdrpc.AuthUserAddRequest(name="root", password=root_password))
+            stub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"))
+            for name, (password, prefix) in (users or {}).items():
+                stub.UserAdd(etcdrpc.AuthUserAddRequest(name=name, password=password))
+                stub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=name))
+                end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+                permission = etcdrpc.Permission(permType=etcdrpc.Permission.READWRITE, key=prefix.encode(), range_end=end.encode())
+                stub.RoleGrantPermission(etcdrpc.AuthRoleGrantPermissionRequest(name=name, perm=permission))
+                stub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=name, role=name))
+            stub.AuthEnable(etcdrpc.AuthEnableRequest())
+        finally:
+            store.close()
 
     def stop(self) -> None:
         if self.proc is not None:
