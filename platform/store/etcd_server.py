@@ -141,7 +141,9 @@ class EtcdServer:
                 stub.UserAdd(etcdrpc.AuthUserAddRequest(name=name, password=password))
                 stub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=name))
                 end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-                permission = etcdrpc.Permission(permType=etcdrpc.Permission.READWRITE, key=prefix.encode(), range_end=end.encode())
+                permission = etcdrpc.Permission(
+                    permType=etcdrpc.Permission.READWRITE, key=prefix.encode(), range_end=end.encode()
+                )
                 stub.RoleGrantPermission(etcdrpc.AuthRoleGrantPermissionRequest(name=name, perm=permission))
                 stub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=name, role=name))
             stub.AuthEnable(etcdrpc.AuthEnableRequest())
