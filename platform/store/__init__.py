@@ -1,5 +1,6 @@
 """etcd-backed state: keys (one versioned module), records, the client and a local server."""
 
-from stalwart.store.client import LeaseLost, Store, StoreUnavailable
+from stalwart.store.client import LeaseLost, Store, StoreAccessDenied, StoreUnavailable
+from stalwart.store.etcd_auth import EtcdAuth
 
-__all__ = ["LeaseLost", "Store", "StoreUnavailable"]
+__all__ = ["EtcdAuth", "LeaseLost", "Store", "StoreAccessDenied", "StoreUnavailable"]
