@@ -11,8 +11,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 from support.certs import Authority
 
-from stalwart.store import Store, StoreUnavailable
-from stalwart.store.client import StoreAccessDenied
+from stalwart.store import Store, StoreAccessDenied, StoreUnavailable
 from stalwart.store.etcd_auth import EtcdAuth
 from stalwart.store.etcd_server import EtcdServer, ServerTLS
 
@@ -98,6 +97,7 @@ def test_etcd_users_need_the_right_password_and_stay_in_their_prefix(users_etcd:
         try:
             with pytest.raises(StoreAccessDenied, match=message):
                 intruder.get_raw("/stalwart/v1/jobs/a")
+                pytest.fail(f"{what} was let in")
         finally:
             intruder.close()
 
