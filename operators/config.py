@@ -80,6 +80,17 @@ class OperatorConfig(BaseModel):
             "where controllers and the CLI find it. Empty: publish nothing."
         ),
     ] = ""
+    etcd_client_secret: Annotated[
+        str,
+        Field(
+            description="A Secret in each job's namespace with etcd's CA and a client certificate (ca.crt, "
+            "tls.crt, tls.key): mounted into the node pods, whose agents then speak TLS to etcd. Empty: none."
+        ),
+    ] = ""
+    run_as_user: Annotated[
+        int,
+        Field(ge=1, description="The uid (and gid) node pods run as unless their template says otherwise."),
+    ] = 1000
     probe_port: Annotated[int, Field(ge=0, le=65535, description="/healthz and /readyz; 0: none.")] = 8080
     probe_host: str = "0.0.0.0"
     election_ttl_seconds: Annotated[

@@ -11,6 +11,8 @@ from typing import Any
 
 from stalwart.spec import Role, TrainingJob
 from stalwart.spec.model import PodTemplateOverride
+from stalwart.store.etcd_auth import CA_ENV, CERT_ENV, KEY_ENV
+from stalwart.store.etcd_auth import ENV_NAMES as ETCD_ENV_NAMES
 from stalwart_operator import names
 from stalwart_operator.config import OperatorConfig
 
@@ -32,12 +34,48 @@ OPERATOR_ENV = frozenset(
         "STALWART_POD_NAMESPACE",
         "STALWART_MACHINE",
         "STALWART_POD_IP",
+        *ETCD_ENV_NAMES,
     }
 )
 WORKDIR_VOLUME = "workdir"
 SHM_VOLUME = "dshm"
-OPERATOR_VOLUMES = frozenset({WORKDIR_VOLUME, SHM_VOLUME})
+ETCD_TLS_VOLUME = "etcd-tls"
+OPERATOR_VOLUMES = frozenset({WORKDIR_VOLUME, SHM_VOLUME, ETCD_TLS_VOLUME})
 SHM_PATH = "/dev/shm"
+ETCD_TLS_PATH = "/etc/stalwart/etcd-tls"
+# Where a role's template says nothing: no privilege escalation, no capabilities (py-spy's native
+# frames need SYS_PTRACE: the template adds it), the runtime's seccomp profile, a non-root uid. The
+# root filesystem stays writable: training code writes caches wherever it likes (Triton, Inductor,
+# Hugging Face), and a read-only root would break it in ways the platform cannot foresee.
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def pod_security(config: OperatorConfig) -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+        "runAsGroup": config.run_as_user,
+        "fsGroup": config.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _etcd_client(config: OperatorConfig) -> tuple[list[Manifest], list[Manifest], list[Manifest]]:
+    """The env, mount and volume that give the agent etcd's CA and its client certificate (the
+    agent's store client reads STALWART_ETCD_*), when the operator is told the Secret's name."""
+    if not config.etcd_client_secret:
+        return [], [], []
+    env = [
+        {"name": CA_ENV, "value": f"{ETCD_TLS_PATH}/ca.crt"},
+        {"name": CERT_ENV, "value": f"{ETCD_TLS_PATH}/tls.crt"},
+        {"name": KEY_ENV, "value": f"{ETCD_TLS_PATH}/tls.key"},
+    ]
+    mount = {"name": ETCD_TLS_VOLUME, "mountPath": ETCD_TLS_PATH, "readOnly": True}
+    volume = {"name": ETCD_TLS_VOLUME, "secret": {"secretName": config.etcd_client_secret, "defaultMode": 0o440}}
+    return env, [mount], [volume]
 
 
 def owner_reference(name: str, uid: str) -> Manifest:
@@ -134,6 +172,8 @@ def node_pod(
         _field_env("STALWART_MACHINE", "spec.nodeName"),
         _field_env("STALWART_POD_IP", "status.podIP"),
     ]
+    etcd_env, etcd_mounts, etcd_volumes = _etcd_client(config)
+    env += etcd_env
     ports = [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _named_ports(config)]
     container: Manifest = {
         "name": names.AGENT_CONTAINER,
@@ -160,7 +200,9 @@ def node_pod(
         "volumeMounts": [
             {"name": WORKDIR_VOLUME, "mountPath": config.pod_workdir},
             {"name": SHM_VOLUME, "mountPath": SHM_PATH},
+            *etcd_mounts,
         ],
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
     }
     spec: Manifest = {
         # A dead agent is a lost node: the controller replaces it (with a standby), not the kubelet.
@@ -181,8 +223,13 @@ def node_pod(
                 }
             }
         },
+        "securityContext": pod_security(config),
         "containers": [container],
-        "volumes": [{"name": WORKDIR_VOLUME, "emptyDir": {}}, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
+        "volumes": [
+            {"name": WORKDIR_VOLUME, "emptyDir": {}},
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+            *etcd_volumes,
+        ],
     }
     if scheduling.node_selector:
         spec["nodeSelector"] = dict(scheduling.node_selector)
@@ -209,7 +256,7 @@ def template_problems(job: TrainingJob, config: OperatorConfig) -> list[str]:
     """What a role's template may not do to the operator's pod (the CRD's CEL rules say the same,
     for an API server that runs them); each problem names its field."""
     problems: list[str] = []
-    ours = {config.pod_workdir, SHM_PATH}
+    ours = {config.pod_workdir, SHM_PATH, ETCD_TLS_PATH}
     for i, role in enumerate(job.spec.roles):
         if role.template is None:
             continue
@@ -271,10 +318,11 @@ def apply_template(metadata: Manifest, spec: Manifest, template: PodTemplateOver
         ("automountServiceAccountToken", pod.automount_service_account_token),
         ("hostNetwork", pod.host_network),
         ("dnsPolicy", pod.dns_policy),
-        ("securityContext", pod.security_context),
     ):
         if value is not None:
             spec[field] = copy.deepcopy(value)
+    if pod.security_context is not None:
+        spec["securityContext"] = {**spec["securityContext"], **copy.deepcopy(pod.security_context)}
     if pod.host_network and pod.dns_policy is None:
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # keep cluster DNS (the headless Service) on the host network
     if pod.image_pull_secrets:
@@ -295,8 +343,19 @@ def apply_template(metadata: Manifest, spec: Manifest, template: PodTemplateOver
         if override.volume_mounts:
             container["volumeMounts"] = [*container["volumeMounts"], *copy.deepcopy(override.volume_mounts)]
         if override.security_context is not None:
-            container["securityContext"] = copy.deepcopy(override.security_context)
+            container["securityContext"] = merge_security(container["securityContext"], override.security_context)
         container["resources"] = _merge_resources(container["resources"], override.resources)
+
+
+def merge_security(ours: Manifest, theirs: dict[str, Any]) -> Manifest:
+    """A template's container securityContext over the operator's, key by key (theirs win): adding
+    a capability (SYS_PTRACE for py-spy) keeps `drop: [ALL]` and no privilege escalation; a template
+    that gives its own `drop` list or sets a key replaces ours for that key only."""
+    merged = {**copy.deepcopy(ours), **copy.deepcopy(theirs)}
+    capabilities = theirs.get("capabilities")
+    if isinstance(capabilities, dict):
+        merged["capabilities"] = {**ours.get("capabilities", {}), **copy.deepcopy(capabilities)}
+    return merged
 
 
 def _named_ports(config: OperatorConfig) -> list[tuple[str, int]]:

@@ -212,7 +212,7 @@ def test_a_role_template_is_merged_over_the_operators_pod() -> None:
     assert "podAntiAffinity" in spec["affinity"]
     assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "rdma"]
     assert [v["name"] for v in spec["volumes"]] == ["workdir", "dshm", "data"]
-    assert spec["securityContext"] == {"fsGroup": 1000}
+    assert spec["securityContext"] == {**pods.pod_security(CONFIG), "fsGroup": 1000}  # key by key, theirs win
     [container] = spec["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "s3", "key": "id"}
@@ -227,7 +227,50 @@ def test_a_role_template_is_merged_over_the_operators_pod() -> None:
         "vpc.amazonaws.com/efa": 4,
     }
     assert container["resources"]["requests"]["cpu"] == "96"
-    assert container["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "IPC_LOCK"]
+    assert container["securityContext"] == {  # what the template adds, over the operator's defaults
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE", "IPC_LOCK"]},
+    }
+
+
+def test_node_pods_are_confined_and_get_etcds_client_certificate() -> None:
+    config = CONFIG.model_copy(update={"etcd_client_secret": "stalwart-etcd-client"})
+    pod = pods.node_pod(
+        job(),
+        namespace="ml",
+        job_id="ml.demo",
+        node="node-0",
+        role=job().spec.roles[0],
+        owner_uid="u",
+        config=config,
+        total_pods=2,
+    )
+    validate(pod)
+    spec = pod["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = spec["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["STALWART_ETCD_CA"] == f"{pods.ETCD_TLS_PATH}/ca.crt"
+    assert env["STALWART_ETCD_CERT"] == f"{pods.ETCD_TLS_PATH}/tls.crt"
+    assert env["STALWART_ETCD_KEY"] == f"{pods.ETCD_TLS_PATH}/tls.key"
+    [volume] = [v for v in spec["volumes"] if v["name"] == pods.ETCD_TLS_VOLUME]
+    assert volume["secret"]["secretName"] == "stalwart-etcd-client"
+    assert {"name": pods.ETCD_TLS_VOLUME, "mountPath": pods.ETCD_TLS_PATH, "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    plain = pods.node_pod(
+        job(),
+        namespace="ml",
+        job_id="ml.demo",
+        node="node-0",
+        role=job().spec.roles[0],
+        owner_uid="u",
+        config=CONFIG,
+        total_pods=2,
+    )
+    assert not [e for e in plain["spec"]["containers"][0]["env"] if e["name"].startswith("STALWART_ETCD_")]
 
 
 def test_a_template_may_not_take_the_operators_names() -> None:
