@@ -14,6 +14,35 @@ from support.paths import REPO
 CHART = REPO / "charts" / "stalwart"
 RELEASE, NAMESPACE = "stalwart", "stalwart"
 
+# The value sets the chart's tests render (tests/unit/chart/): the default, and the others users run.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "monitored-with-console": {
+        "console": {"enabled": True},
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True, "runbookBaseUrl": "https://git.example/stalwart/blob/main"},
+        },
+        "operator": {"namespaces": ["ml", "research"]},
+    },
+    "external-etcd-minimal": {
+        "etcd": {
+            "mode": "external",
+            "external": {"endpoint": "etcd.infra.svc:2379"},
+            "tls": {"clientSecret": "etcd-client"},
+        },
+        "diagnosis": {"enabled": False},
+        "monitoring": {"dashboard": {"enabled": False}},
+        "operator": {"replicas": 3},
+    },
+    "own-certificates-no-console": {
+        "etcd": {"replicas": 1, "tls": {"serverSecret": "etcd-members", "clientSecret": "etcd-client"}},
+        "networkPolicy": {"prometheus": {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}},
+        "operator": {"namespaces": ["stalwart", "ml"]},
+    },
+}
+
 
 @functools.cache
 def _render(values_json: str) -> tuple[str, ...]:

@@ -10,31 +10,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from support.chart import CHART, notes, render
+from support.chart import CHART, VALUE_SETS, notes, render
 
+from stalwart.store.etcd_auth import ENV_NAMES as ETCD_ENV_NAMES
 from stalwart_operator.config import OperatorConfig
 
 K8S_VERSION = "1.30"
 PROMETHEUS_OPERATOR = "monitoring.coreos.com/v1"  # its CRDs are not in kubernetes-validate's schemas
-
-VALUE_SETS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "monitored-with-console": {
-        "console": {"enabled": True},
-        "monitoring": {
-            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
-            "podMonitor": {"enabled": True},
-            "prometheusRule": {"enabled": True, "runbookBaseUrl": "https://git.example/stalwart/blob/main"},
-        },
-        "operator": {"namespaces": ["ml", "research"]},
-    },
-    "external-etcd-minimal": {
-        "etcd": {"mode": "external", "external": {"endpoint": "etcd.infra.svc:2379"}},
-        "diagnosis": {"enabled": False},
-        "monitoring": {"dashboard": {"enabled": False}},
-        "operator": {"replicas": 3},
-    },
-}
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -67,13 +49,13 @@ def test_the_default_install() -> None:
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["STALWART_ETCD"] == "stalwart-etcd.stalwart.svc:2379"
     assert env["STALWART_DIAGNOSIS_URL"] == "http://stalwart-diagnosis.stalwart.svc:8470"
-    assert set(env) <= {"STALWART_" + f.upper() for f in OperatorConfig.model_fields}
+    assert set(env) <= {"STALWART_" + f.upper() for f in OperatorConfig.model_fields} | set(ETCD_ENV_NAMES)
     OperatorConfig.from_env({k: v for k, v in env.items() if v is not None})  # the operator accepts them
     [etcd] = by_kind(docs, "StatefulSet")
     assert etcd["spec"]["replicas"] == 3
     command = etcd["spec"]["template"]["spec"]["containers"][0]["command"]
     [cluster] = [c for c in command if c.startswith("--initial-cluster=")]
-    assert cluster.count("=http://") == 3 and "stalwart-etcd-2=http://stalwart-etcd-2.stalwart-etcd-peers" in cluster
+    assert cluster.count("=https://") == 3 and "stalwart-etcd-2=https://stalwart-etcd-2.stalwart-etcd-peers" in cluster
     [diagnosis] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "stalwart-diagnosis"]
     assert diagnosis["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "stalwart.diagnosis.service"
     assert not [d for d in docs if "console" in d["metadata"]["name"]]  # off by default
@@ -124,7 +106,13 @@ def test_an_external_etcd_replaces_the_bundled_one() -> None:
         ({"operator": {"replicaz": 2}}, "replicaz"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"monitoring": {"prometheusRule": {"runbookBaseUrl": "git.example"}}}, "runbookBaseUrl"),
-        ({"networkPolicy": {"enabled": True}}, "/networkPolicy/enabled"),
+        ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        ({"etcd": {"resources": {"limits": None}}}, "/etcd/resources"),
+        ({"console": {"resources": {"limits": {"cpu": None}}}}, "/console/resources/limits"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
+        ({"containerSecurityContext": {"allowPrivilegeEscalation": True}}, "/containerSecurityContext"),
+        ({"jobPods": {"runAsUser": 0}}, "/jobPods/runAsUser"),
+        ({"etcd": {"tls": {"clientSecret": "Bad_Name"}}}, "/etcd/tls/clientSecret"),
     ],
 )
 def test_bad_values_are_refused_with_a_message_naming_them(values: dict[str, Any], message: str) -> None:

@@ -14,6 +14,7 @@ from support.chart import render
 from support.paths import REPO
 
 from stalwart.spec import SpecError, parse_job
+from stalwart.store.etcd_auth import ENV_NAMES as ETCD_ENV_NAMES
 from stalwart_operator import names, pods
 from stalwart_operator.config import OperatorConfig
 
@@ -47,7 +48,7 @@ def test_the_install_set_is_complete() -> None:
     assert pod["serviceAccountName"] == "stalwart-operator" and deployment["spec"]["replicas"] == 2
     env = {e["name"] for e in pod["containers"][0]["env"]}
     assert {"STALWART_ETCD", "STALWART_IDENTITY"} <= env
-    assert set(env) <= {"STALWART_" + f.upper() for f in OperatorConfig.model_fields}
+    assert set(env) <= {"STALWART_" + f.upper() for f in OperatorConfig.model_fields} | set(ETCD_ENV_NAMES)
 
 
 def test_the_cluster_role_grants_no_more_than_needed() -> None:
