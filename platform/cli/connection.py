@@ -7,8 +7,15 @@ $XDG_CONFIG_HOME/stalwart/config.yaml, else ~/.config/stalwart/config.yaml):
 
     etcd: etcd.stalwart.svc:2379
     diagnosis_url: http://diagnosis.stalwart.svc:8080
+    etcd_ca: ~/.stalwart/etcd-ca.crt        # etcd with TLS (STALWART_ETCD_CA)
+    etcd_cert: ~/.stalwart/etcd-client.crt  # client certificate (STALWART_ETCD_CERT, _KEY)
+    etcd_key: ~/.stalwart/etcd-client.key
+    etcd_user: oncall                       # or an etcd user (STALWART_ETCD_USER) ...
+    etcd_password_file: ~/.stalwart/etcd-password   # ... and its password's file
 
-The diagnosis URL may also be absent everywhere: the service publishes itself in etcd.
+The diagnosis URL may also be absent everywhere: the service publishes itself in etcd. How the
+CLI proves itself to etcd: the STALWART_ETCD_* variables (stalwart.store.etcd_auth), each over the
+config file's key of the same name; neither: plain, as `stalwart run`'s own etcd on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stalwart.cli.errors import EXIT_USAGE, CliError
 from stalwart.store.client import Store
+from stalwart.store.etcd_auth import EtcdAuth
 
 ETCD_ENV = "STALWART_ETCD"
 DIAGNOSIS_ENV = "STALWART_DIAGNOSIS_URL"
@@ -53,6 +61,24 @@ class ConfigFile(BaseModel):
 
     etcd: str | None = None
     diagnosis_url: str | None = Field(default=None, alias="diagnosisUrl")
+    etcd_ca: Path | None = None
+    etcd_cert: Path | None = None
+    etcd_key: Path | None = None
+    etcd_user: str | None = None
+    etcd_password_file: Path | None = None
+
+    def etcd_auth(self) -> EtcdAuth:
+        def expand(path: Path | None) -> Path | None:
+            return path.expanduser() if path is not None else None
+
+        return EtcdAuth.model_construct(
+            ca=expand(self.etcd_ca),
+            cert=expand(self.etcd_cert),
+            key=expand(self.etcd_key),
+            user=self.etcd_user,
+            password=None,
+            password_file=expand(self.etcd_password_file),
+        )
 
 
 class Connection(BaseModel):
@@ -112,6 +138,15 @@ def resolve(etcd: str | None = None, diagnosis_url: str | None = None) -> Connec
     )
 
 
+def store_auth() -> EtcdAuth:
+    """The STALWART_ETCD_* variables over the config file's etcd_* keys, checked together."""
+    try:
+        return EtcdAuth.from_env().merged_over(read_config().etcd_auth())
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise CliError(f"etcd credentials ({config_path()} and STALWART_ETCD_*): {problem}", EXIT_USAGE) from None
+
+
 @contextmanager
 def open_store(etcd: str | None) -> Iterator[Store]:
     """A connected Store (checked with one round trip, so 'unreachable' is said before anything else)."""
@@ -122,7 +157,10 @@ def open_store(etcd: str | None) -> Iterator[Store]:
             "(`stalwart run` prints its etcd on its first line)",
             EXIT_USAGE,
         )
-    store = Store(conn.etcd, timeout=STORE_TIMEOUT_SECONDS)
+    try:
+        store = Store(conn.etcd, timeout=STORE_TIMEOUT_SECONDS, auth=store_auth())
+    except ValueError as exc:  # an unreadable or non-PEM certificate file, named
+        raise CliError(str(exc), EXIT_USAGE) from None
     try:
         store.ping()
         yield store

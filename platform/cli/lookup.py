@@ -123,13 +123,13 @@ def complete_job(incomplete: str) -> list[str]:
 
     Completion must never hang a shell or print an error, so it waits one second at most.
     """
-    from stalwart.cli.connection import resolve
+    from stalwart.cli.connection import resolve, store_auth
 
     try:
         conn = resolve()
         if conn.etcd is None:
             return []
-        store = Store(conn.etcd, timeout=1.0)
+        store = Store(conn.etcd, timeout=1.0, auth=store_auth())
         try:
             return [name for name in job_names(store) if name.startswith(incomplete)]
         finally:

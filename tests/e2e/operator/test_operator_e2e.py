@@ -693,11 +693,24 @@ def test_a_job_managed_elsewhere_is_left_alone(world: World) -> None:
 
 def test_the_operator_used_only_what_its_cluster_role_grants(world: World) -> None:
     """Every API call the operator made in this module (kopf's and its own client's) is allowed
-    by the ClusterRole the Helm chart installs (charts/stalwart): the RBAC is enough, and it is tested."""
-    [role] = [d for d in render_chart() if d["kind"] == "ClusterRole"]
-    granted = {
-        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
-    }
+    by the RBAC the Helm chart installs (charts/stalwart), in both modes: cluster-wide (one
+    ClusterRole) and narrowed to the served namespaces (operator.namespaces: a Role per namespace
+    plus the cluster-scoped reads). The emulator records no namespace, so the narrowed mode is checked
+    as the ClusterRole's rules plus the Role of the namespace the jobs run in."""
+
+    def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+        roles = [
+            d for d in docs if d["kind"] == "ClusterRole" or (d["kind"] == "Role" and d["metadata"]["namespace"] == NS)
+        ]
+        return {
+            (g, r, v)
+            for role in roles
+            for rule in role["rules"]
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+
     assert world.api.emulator is not None
     used = {
         (group, resource, verb)
@@ -709,4 +722,7 @@ def test_the_operator_used_only_what_its_cluster_role_grants(world: World) -> No
         "trainingjobs/status",
         "patch",
     ) in used
-    assert used - granted == set()
+    assert used - granted(render_chart()) == set()
+    narrowed = render_chart({"operator": {"namespaces": [NS, "other"]}})
+    assert [d for d in narrowed if d["kind"] == "Role" and d["metadata"]["namespace"] == NS]
+    assert used - granted(narrowed) == set()
