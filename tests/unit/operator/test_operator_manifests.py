@@ -87,7 +87,7 @@ def job(**scheduling: Any) -> Any:
     )
 
 
-def node_pod(j: Any) -> dict[str, Any]:
+def node_pod(j: Any, config: OperatorConfig = CONFIG) -> dict[str, Any]:
     return pods.node_pod(
         j,
         namespace="ml",
@@ -95,7 +95,7 @@ def node_pod(j: Any) -> dict[str, Any]:
         node="node-3",
         role=j.spec.roles[0],
         owner_uid="u-1",
-        config=CONFIG,
+        config=config,
         total_pods=6,
     )
 
@@ -236,16 +236,7 @@ def test_a_role_template_is_merged_over_the_operators_pod() -> None:
 
 def test_node_pods_are_confined_and_get_etcds_client_certificate() -> None:
     config = CONFIG.model_copy(update={"etcd_client_secret": "stalwart-etcd-client"})
-    pod = pods.node_pod(
-        job(),
-        namespace="ml",
-        job_id="ml.demo",
-        node="node-0",
-        role=job().spec.roles[0],
-        owner_uid="u",
-        config=config,
-        total_pods=2,
-    )
+    pod = node_pod(job(), config)
     validate(pod)
     spec = pod["spec"]
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
@@ -261,16 +252,7 @@ def test_node_pods_are_confined_and_get_etcds_client_certificate() -> None:
     assert {"name": pods.ETCD_TLS_VOLUME, "mountPath": pods.ETCD_TLS_PATH, "readOnly": True} in container[
         "volumeMounts"
     ]
-    plain = pods.node_pod(
-        job(),
-        namespace="ml",
-        job_id="ml.demo",
-        node="node-0",
-        role=job().spec.roles[0],
-        owner_uid="u",
-        config=CONFIG,
-        total_pods=2,
-    )
+    plain = node_pod(job())
     assert not [e for e in plain["spec"]["containers"][0]["env"] if e["name"].startswith("STALWART_ETCD_")]
 
 
