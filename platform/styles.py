@@ -10,6 +10,7 @@ PHASE_STYLE: dict[JobPhase, str] = {
     JobPhase.PENDING: "yellow",
     JobPhase.RUNNING: "green",
     JobPhase.RESTARTING: "bold yellow",
+    JobPhase.SUSPENDED: "dim",
     JobPhase.SUCCEEDED: "bold green",
     JobPhase.FAILED: "bold red",
 }

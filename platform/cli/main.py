@@ -145,10 +145,12 @@ def controller(
     """Run the job controller with the local-process cluster backend."""
     from stalwart.cluster import LocalCluster
     from stalwart.controller import JobController
+    from stalwart.faults.controller_faults import commit_hooks
     from stalwart.store import Store
 
     configure("INFO")
-    phase = JobController(Store(etcd), LocalCluster(job, etcd, workdir, job_dir), job).run()
+    cluster = LocalCluster(job, etcd, workdir, job_dir)
+    phase = JobController(Store(etcd), cluster, job, after_commit=commit_hooks()).run()
     raise typer.Exit(0 if phase.value in ("Succeeded", "Failed") else 1)
 
 

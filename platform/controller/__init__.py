@@ -1,4 +1,5 @@
-"""The job controller: state machine, rank assignment, election, incidents and ETTR."""
+"""The job controller: the reconcile loop, its core and detectors, rank assignment, election,
+incidents and ETTR."""
 
 from stalwart.controller.controller import JobController, NotLeader
 from stalwart.controller.ettr import ClassMttr, EttrReport, compute_ettr, mttr_by_class

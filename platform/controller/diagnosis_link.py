@@ -8,14 +8,19 @@ this process, so a hang is never left undiagnosed because a service is down.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stalwart.controller.metric_windows import node_metrics
 from stalwart.controller.stack_collection import collect_stacks, request_stacks
 from stalwart.logs import ContextLogger
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import Assignment, ServiceEndpoint, WorkerStatus
+from stalwart.store.records import Assignment, ServiceEndpoint, StackReport, WorkerStatus
+
+# node -> its recent metric vectors (NodeMetricVector dicts, oldest first), as the controller saw them
+MetricHistory = Mapping[str, Sequence[Mapping[str, Any]]]
 
 STACK_COLLECT_SECONDS = 15.0
 
@@ -55,11 +60,17 @@ def _finding(verdict: Any) -> Finding:
     data = verdict.model_dump(mode="json")
     suspects = list(verdict.flagged) or [s.node for s in verdict.suspects if s.score >= 0.5]
     evidence = [verdict.summary] + [f"{s.node}: {'; '.join(s.reasons[:2])}" for s in verdict.suspects[:4]]
+    evidence += [
+        f"metric outlier: {m.metric} on {m.node}, {m.score:.1f} robust z over {m.windows} windows"
+        for m in verdict.metric_ranking[:4]
+    ]
     return Finding(suspects=suspects, evidence=evidence, verdict=data, runbook=verdict.runbook or None)
 
 
-def _capture(store: Store, job: str, assignment: Assignment, log: ContextLogger) -> tuple[list[Any], list[str]]:
-    """Every worker's stack, now; and the nodes that did not answer."""
+def _capture(
+    store: Store, job: str, assignment: Assignment, log: ContextLogger
+) -> tuple[list[Any], list[str], list[StackReport]]:
+    """Every worker's stack, now; the nodes that did not answer; the agents' reports."""
     from stalwart.diagnosis.models import rank_stacks
 
     request_id = request_stacks(store, job)
@@ -68,17 +79,26 @@ def _capture(store: Store, job: str, assignment: Assignment, log: ContextLogger)
     missing = sorted(set(nodes) - {r.node for r in reports})
     if missing:
         log.warning("no stacks from some nodes", fields={"nodes": missing})
-    return rank_stacks(reports), missing
+    return rank_stacks(reports), missing, reports
 
 
-def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger) -> Finding:
-    """Capture every worker's stack now, group them, and name the node(s) the outliers share."""
+def diagnose_hang(
+    store: Store,
+    job: str,
+    assignment: Assignment,
+    url: str | None,
+    log: ContextLogger,
+    history: MetricHistory | None = None,
+) -> Finding:
+    """Capture every worker's stack now, group them, and name the node(s) the outliers share; each
+    node's recent metrics (its agent's window, else `history`) go with them."""
     from stalwart.diagnosis.models import EvidenceBundle
 
-    stacks, missing = _capture(store, job, assignment, log)
+    stacks, missing, reports = _capture(store, job, assignment, log)
     bundle = EvidenceBundle(
         job=job, generation=assignment.generation, kind="hang", topology=_topology(assignment), stacks=stacks
     )
+    bundle.metrics = node_metrics(reports, history or {})
     finding = _finding(_verdict(bundle, url, log))
     if missing and not finding.suspects:
         # A node that cannot even report its stacks is the likeliest culprit.
@@ -88,21 +108,31 @@ def diagnose_hang(store: Store, job: str, assignment: Assignment, url: str | Non
 
 
 def diagnose_slowdown(
-    store: Store, job: str, assignment: Assignment, url: str | None, log: ContextLogger, rounds: int, interval: float
+    store: Store,
+    job: str,
+    assignment: Assignment,
+    url: str | None,
+    log: ContextLogger,
+    rounds: int,
+    interval: float,
+    history: MetricHistory | None = None,
 ) -> Finding:
     """Rounds of stacks, `interval` seconds apart: the node whose ranks the others keep waiting for
-    is the slow one. A node that stops answering is not judged here (its lease will be)."""
+    is the slow one, and metric outliers (the last round's windows, else `history`) name it when
+    the stacks do not. A node that stops answering is not judged here (its lease will be)."""
     from stalwart.diagnosis.models import EvidenceBundle
 
     captured = []
+    reports: list[StackReport] = []
     for i in range(rounds):
         if i:
             time.sleep(interval)
-        stacks, _missing = _capture(store, job, assignment, log)
+        stacks, _missing, reports = _capture(store, job, assignment, log)
         captured.append(stacks)
     bundle = EvidenceBundle(
         job=job, generation=assignment.generation, kind="slowdown", topology=_topology(assignment), rounds=captured
     )
+    bundle.metrics = node_metrics(reports, history or {})
     return _finding(_verdict(bundle, url, log))
 
 

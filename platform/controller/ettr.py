@@ -1,9 +1,11 @@
 """Effective training time ratio and per-class MTTR, computed from recorded incidents, not estimated.
 
 Window: from the job's first training step to its end (or now), optionally narrowed to
-[since, until] (e.g. the last 24 hours). Unproductive time in it is each incident's downtime
-(failure to first step after recovery) clipped to the window, plus the work it made the job redo
-(steps between the restored checkpoint and the failure, at the mean step time).
+[since, until] (e.g. the last 24 hours), less the time the job was suspended (spec.suspend: the
+user's choice, neither productive nor the platform's fault). Unproductive time in it is each
+incident's downtime (failure to first step after recovery) clipped to the window and outside any
+suspension, plus the work it made the job redo (steps between the restored checkpoint and the
+failure, at the mean step time).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from statistics import mean
 
 from pydantic import BaseModel
 
-from stalwart.store.records import Incident, JobState
+from stalwart.store.records import Incident, JobState, Suspension
 
 
 class EttrReport(BaseModel):
@@ -40,14 +42,14 @@ def compute_ettr(
         return EttrReport(window_seconds=0, downtime_seconds=0, lost_work_seconds=0, productive_seconds=0, ettr=None)
     start = max(state.first_step_at, since if since is not None else state.first_step_at)
     end = min(state.finished_at or now, until if until is not None else now)
-    window = max(0.0, end - start)
+    window = _outside(start, end, state.suspensions, now)
     downtime = 0.0
     lost = 0.0
     for inc in incidents:
         if inc.failed_at < state.first_step_at or inc.failed_at >= end:
             continue
         down_end = inc.first_step_at if inc.first_step_at is not None else end
-        downtime += max(0.0, min(down_end, end) - max(inc.failed_at, start))
+        downtime += _outside(max(inc.failed_at, start), min(down_end, end), state.suspensions, now)
         if inc.failed_at >= start:
             lost += inc.lost_work_seconds
     productive = max(0.0, window - downtime - lost)
@@ -58,6 +60,15 @@ def compute_ettr(
         productive_seconds=productive,
         ettr=(productive / window) if window > 0 else None,
     )
+
+
+def _outside(start: float, end: float, suspensions: list[Suspension], now: float) -> float:
+    """Seconds of [start, end] when the job was not suspended."""
+    inside = sum(
+        max(0.0, min(end, s.ended_at if s.ended_at is not None else now) - max(start, s.started_at))
+        for s in suspensions
+    )
+    return max(0.0, end - start - inside)
 
 
 def mttr_by_class(

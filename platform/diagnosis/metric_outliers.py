@@ -158,10 +158,10 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
             per_node.setdefault(int(i), []).append(
                 MetricScore(metric=name, node=nodes[i], score=round(score, 2), windows=int(run[i]))
             )
-    for scores in per_node.values():
+    for index, scores in per_node.items():
         scores.sort(key=lambda s: -s.score)
         out.ranking.extend(scores)
-        node = nodes[i]
+        node = nodes[index]
         # Each metric weighs by how long it persisted (full weight at FULL_RUN windows in a row): one
         # metric barely past `persist` is a lead, a long run or several agreeing metrics a finding.
         weight = sum(min(1.0, s.windows / (FULL_RUN_FACTOR * cfg.persist)) for s in scores)

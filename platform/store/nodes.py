@@ -1,4 +1,4 @@
-"""A job's nodes as etcd holds them: registrations and heartbeats, read in one go."""
+"""A job's nodes as etcd holds them: registrations, heartbeats and commands, read in one go."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import Heartbeat, NodeRegistration
+from stalwart.store.records import AgentCommand, Heartbeat, NodeRegistration
 
 
 @dataclass
 class NodeRecords:
     registrations: dict[str, NodeRegistration] = field(default_factory=dict)
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
+    commands: dict[str, AgentCommand] = field(default_factory=dict)
 
 
 def read_nodes(store: Store, job: str) -> NodeRecords:
@@ -27,4 +28,6 @@ def read_nodes(store: Store, job: str) -> NodeRecords:
             out.registrations[node] = NodeRegistration.loads(raw)
         elif leaf == "heartbeat":
             out.heartbeats[node] = Heartbeat.loads(raw)
+        elif leaf == "command":
+            out.commands[node] = AgentCommand.loads(raw)
     return out

@@ -7,9 +7,9 @@ NTP keeps them close across hosts.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from stalwart.spec.model import FailureAction, FailureEvent
 
@@ -26,15 +26,74 @@ class Record(BaseModel):
 
 
 class JobPhase(str, Enum):
+    """The phase users see (CLI, operator status, console): a coarse view of the job's `JobStage`."""
+
     PENDING = "Pending"
     RUNNING = "Running"
     RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
     @property
     def terminal(self) -> bool:
         return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+
+
+class JobStage(str, Enum):
+    """Every phase and sub-phase of the controller's state machine. Only the transition table
+    (stalwart.controller.transitions) moves a job from one to another; `phase` is what users see."""
+
+    STARTING = "Starting"  # Pending: the slot nodes start and register
+    PREFLIGHT = "Preflight"  # Pending: pre-flight checks run on the nodes
+    RUNNING = "Running"  # a generation runs
+    RESTARTING = "Restarting"  # old workers stop, replacements register; then the next generation
+    CHECKING = "StopTimeChecks"  # Restarting: stop-time checks on the job's nodes
+    REPLAY_HORIZONTAL = "ReplayHorizontal"  # Restarting: dual-phase replay, horizontal groups
+    REPLAY_VERTICAL = "ReplayVertical"  # Restarting: dual-phase replay, vertical groups
+    SUSPENDING = "Suspending"  # Suspended: workers and nodes stop, the state stays
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def phase(self) -> JobPhase:
+        return _PHASES[self]
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase.terminal
+
+
+_PHASES: dict[JobStage, JobPhase] = {
+    JobStage.STARTING: JobPhase.PENDING,
+    JobStage.PREFLIGHT: JobPhase.PENDING,
+    JobStage.RUNNING: JobPhase.RUNNING,
+    JobStage.RESTARTING: JobPhase.RESTARTING,
+    JobStage.CHECKING: JobPhase.RESTARTING,
+    JobStage.REPLAY_HORIZONTAL: JobPhase.RESTARTING,
+    JobStage.REPLAY_VERTICAL: JobPhase.RESTARTING,
+    JobStage.SUSPENDING: JobPhase.SUSPENDED,
+    JobStage.SUSPENDED: JobPhase.SUSPENDED,
+    JobStage.SUCCEEDED: JobPhase.SUCCEEDED,
+    JobStage.FAILED: JobPhase.FAILED,
+}
+
+
+def _stage_of(data: dict[str, Any]) -> JobStage:
+    """The stage of a state given only its phase: one written before stages existed (its flags
+    say which sub-phase it was in), or one built by hand with `phase=`."""
+    phase = JobPhase(data["phase"])
+    if phase is JobPhase.RESTARTING:
+        replay = data.get("replay") or {}
+        if replay.get("phase") == "vertical":
+            return JobStage.REPLAY_VERTICAL
+        if replay:
+            return JobStage.REPLAY_HORIZONTAL
+        return JobStage.CHECKING if data.get("checks_pending") else JobStage.RESTARTING
+    return {JobPhase.PENDING: JobStage.STARTING, JobPhase.SUSPENDED: JobStage.SUSPENDED}.get(phase) or JobStage(
+        phase.value
+    )
 
 
 class ReplayGroupRun(BaseModel):
@@ -47,29 +106,36 @@ class ReplayGroupRun(BaseModel):
 
 
 class ReplayState(BaseModel):
-    """A dual-phase replay in progress: the horizontal groups, then the vertical ones."""
+    """A dual-phase replay: the horizontal groups, then the vertical ones (the job's stage says
+    which phase runs)."""
 
-    phase: Literal["horizontal", "vertical"] = "horizontal"
     horizontal: list[ReplayGroupRun]
     vertical: list[ReplayGroupRun]
     generation: int | None = None  # the generation running the current phase's groups
     started_at: float | None = None
 
-    def groups(self) -> list[ReplayGroupRun]:
-        return self.horizontal if self.phase == "horizontal" else self.vertical
+    def groups(self, stage: JobStage) -> list[ReplayGroupRun]:
+        return self.vertical if stage is JobStage.REPLAY_VERTICAL else self.horizontal
+
+
+class Suspension(BaseModel):
+    """A time the job was suspended (spec.suspend): not training, and not the platform's fault."""
+
+    started_at: float
+    ended_at: float | None = None
 
 
 class JobState(Record):
     """What the controller must not forget about a job."""
 
     job: str
-    phase: JobPhase = JobPhase.PENDING
+    stage: JobStage = JobStage.STARTING
+    stage_since: float | None = None  # when the job entered its stage
     generation: int = 0
     restarts: int = 0
     # slots[i] is the node holding node rank i; a replacement inherits the lost node's slot.
     slots: list[str] = []
     next_node_index: int = 0
-    preflight_passed: bool = False
     preflight_rounds: int = 0
     # Warm standbys: started, checked, waiting to take a failed node's slot (and its ranks).
     standbys: list[str] = []
@@ -80,8 +146,6 @@ class JobState(Record):
     user_code_failures: int = 0
     # Standbys that passed their checks (pre-flight, or the check run when they joined).
     standbys_checked: list[str] = []
-    # Run the stop-time checks (collectives, compute) before the next generation starts.
-    checks_pending: bool = False
     # Failures in a row that no check explained; at failurePolicy.replayAfter, a replay starts.
     unexplained_failures: int = 0
     replay: ReplayState | None = None
@@ -92,6 +156,7 @@ class JobState(Record):
     code_version: str | None = None
     code_update_seen_at: float | None = None
     open_incident: str | None = None
+    suspensions: list[Suspension] = []
     reason: str | None = None
     message: str | None = None
     created_at: float
@@ -102,6 +167,19 @@ class JobState(Record):
     last_loss: float | None = None
     finished_at: float | None = None
     updated_at: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stage_from_phase(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "stage" not in data and data.get("phase") is not None:
+            return {**data, "stage": _stage_of(data)}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def phase(self) -> JobPhase:
+        """Derived from the stage, and stored with it for readers of the JSON."""
+        return self.stage.phase
 
 
 class NodeRegistration(Record):
@@ -129,6 +207,8 @@ class StackReport(Record):
     generation: int
     captured_at: float
     stacks: list[dict]  # StackDump records, one per worker  # type: ignore[type-arg]
+    # The node's recent metric vectors (stalwart.health.node_vector.NodeMetricVector), oldest first.
+    metrics: list[dict[str, Any]] = []
 
 
 class WorkerState(str, Enum):

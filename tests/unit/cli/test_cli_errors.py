@@ -33,6 +33,8 @@ ON_CALL = {
     ("diagnose",),
     ("check",),
     ("logs",),
+    ("suspend",),
+    ("resume",),
     ("node", "list"),
     ("node", "cordon"),
     ("node", "uncordon"),

@@ -162,7 +162,7 @@ def test_replay_of_a_data_parallel_job_runs_each_node_alone_and_names_the_one_th
 
     replay = plan(["node-0", "node-1", "node-2"])
     # PP = 1: the horizontal group is the whole job, which has just failed; it is not run again.
-    assert replay.phase == "vertical" and [g.nodes for g in replay.vertical] == [["node-0"], ["node-1"], ["node-2"]]
+    assert [g.nodes for g in replay.vertical] == [["node-0"], ["node-1"], ["node-2"]]
     assert [(g.outcome, g.reason) for g in replay.horizontal] == [("failed", WHOLE_JOB)]
     for group, outcome in zip(replay.vertical, ["passed", "failed", "passed"], strict=True):
         group.outcome = outcome  # type: ignore[assignment]
@@ -171,19 +171,3 @@ def test_replay_of_a_data_parallel_job_runs_each_node_alone_and_names_the_one_th
     replay.vertical[2].outcome = "failed"  # two failing groups: no single machine to blame
     node, summary = conclusion(replay)
     assert node is None and "inconclusive" in summary
-
-
-def test_a_recent_peer_loss_symptom_makes_the_controller_ask_the_cluster() -> None:
-    from stalwart.controller.controller import PEER_TROUBLE_SECONDS, JobController
-    from stalwart.store.records import LogMatch
-
-    def worker(cls: str, at: float) -> WorkerStatus:
-        match = LogMatch(failure_class=cls, scope="job", severity="error", line="...", line_number=1, matched_at=at)
-        return WorkerStatus(local_rank=0, rank=0, pid=1, state=WorkerState.RUNNING, started_at=0.0, matches=[match])
-
-    now = 1000.0
-    assert JobController._peer_trouble([worker("peer_closed", now - 0.1)], now)
-    assert JobController._peer_trouble([worker("nccl_timeout", now - 1)], now)
-    # Long past: the cluster is no longer asked every tick (a chatty job would make it list pods for ever).
-    assert not JobController._peer_trouble([worker("peer_closed", now - PEER_TROUBLE_SECONDS - 1)], now)
-    assert not JobController._peer_trouble([worker("python_exception", now)], now)  # not a peer's loss

@@ -1,0 +1,93 @@
+"""Carrying out a decision's effects, after its commit: commands to agents, nodes started and
+stopped, machines cordoned, leases revoked, long work launched, log lines.
+
+Every effect is idempotent and derived from committed state, so one that fails is simply derived
+again next tick; a failing effect is logged and the others still run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from stalwart.cluster import Cluster
+from stalwart.controller.clock import Clock
+from stalwart.controller.decision import (
+    CordonNode,
+    Effect,
+    FenceNode,
+    Launch,
+    Log,
+    SendCommand,
+    StartNode,
+    StopNode,
+    UncordonNode,
+)
+from stalwart.controller.work import Runner
+from stalwart.logs import ContextLogger
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.records import AgentAction, AgentCommand
+
+
+class Actuator:
+    def __init__(self, store: Store, cluster: Cluster, job: str, runner: Runner, clock: Clock) -> None:
+        self.store, self.cluster, self.job, self.runner, self.clock = store, cluster, job, runner, clock
+        self._cordoned: set[str] = set()  # machines this controller cordoned (or saw uncordoned)
+        self._fenced: set[int] = set()  # leases this controller revoked
+        self._stopping: dict[str, threading.Thread] = {}  # nodes being stopped, off the control loop
+
+    def apply(self, effects: Sequence[Effect], log: ContextLogger) -> None:
+        for effect in effects:
+            try:
+                self._apply(effect, log)
+            except Exception as exc:
+                log.warning(
+                    "effect failed; it is derived again next tick", fields={"effect": repr(effect), "error": repr(exc)}
+                )
+
+    def _apply(self, effect: Effect, log: ContextLogger) -> None:
+        if isinstance(effect, Log):
+            getattr(log, effect.level)(effect.message, fields=effect.fields)
+        elif isinstance(effect, SendCommand):
+            command = AgentCommand(generation=effect.generation, action=effect.action, issued_at=self.clock.time())
+            self.store.put(keys.node_command(self.job, effect.node), command)
+        elif isinstance(effect, StartNode):
+            log.info("starting node", fields={"node": effect.node, "standby": effect.standby})
+            self.cluster.start_node(effect.node)
+        elif isinstance(effect, StopNode):
+            self._stop_in_background(effect.node, log)
+        elif isinstance(effect, CordonNode):
+            if effect.node not in self._cordoned:
+                self._cordoned.add(effect.node)
+                self.cluster.cordon(effect.node, effect.reason)
+        elif isinstance(effect, UncordonNode):
+            self._cordoned.add(effect.node)  # uncordoned on request: not cordoned again by this controller
+            self.cluster.uncordon(effect.node)
+        elif isinstance(effect, FenceNode):
+            if effect.lease_id not in self._fenced:
+                self._fenced.add(effect.lease_id)
+                log.warning("fencing node", fields={"node": effect.node, "why": effect.why})
+                self.store.revoke_lease(effect.lease_id)
+        elif isinstance(effect, Launch):
+            self.runner.launch(effect.work)
+
+    def _stop_in_background(self, node: str, log: ContextLogger) -> None:
+        """Stopping a node waits out its grace period: the next generation must not wait with it."""
+        if (thread := self._stopping.get(node)) is not None and thread.is_alive():
+            return
+        log.info("stopping node", fields={"node": node})
+        thread = threading.Thread(target=self.cluster.stop_node, args=(node,), name=f"stop-{node}", daemon=True)
+        self._stopping[node] = thread
+        thread.start()
+
+    def shut_down(self, nodes: Sequence[str], generation: int, wait: float) -> None:
+        """The job is over: let the stops under way finish, tell every agent to exit, wait for them
+        to go, then take whatever is left away."""
+        for thread in self._stopping.values():
+            thread.join(timeout=wait)
+        for node in nodes:
+            self.store.put(
+                keys.node_command(self.job, node),
+                AgentCommand(generation=generation, action=AgentAction.SHUTDOWN, issued_at=self.clock.time()),
+            )

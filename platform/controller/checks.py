@@ -1,0 +1,150 @@
+"""Node checks the stages wait for: pre-flight before the start, stop-time checks after a failure
+with no machine named. Both run off the loop (work.NodeChecks); these functions read their results
+into the decision: evictions, incidents, and the next stage.
+"""
+
+from __future__ import annotations
+
+from stalwart.controller.decision import Needs, Plan
+from stalwart.controller.eviction import evict
+from stalwart.controller.generation import start_generation
+from stalwart.controller.ladder import NewId, fail
+from stalwart.controller.observation import Observation
+from stalwart.controller.replay_run import plan as plan_replay
+from stalwart.controller.replay_run import replayable
+from stalwart.controller.transitions import Trigger
+from stalwart.controller.work import NodeChecks, WorkResult
+from stalwart.spec import TrainingJobSpec
+from stalwart.spec.model import FailureAction
+from stalwart.store import keys
+from stalwart.store.records import FailureClass, Incident, JobStage
+
+MAX_PREFLIGHT_ROUNDS = 3
+REPLAY_RECENT_SECONDS = 3600.0  # failures further apart than this do not add up towards a replay
+
+
+def check_procs(spec: TrainingJobSpec) -> int:
+    """Processes per node for the checks: enough to test intra-node collectives, no more."""
+    return min(2, max(r.processes_per_node for r in spec.roles))
+
+
+def preflight_checks(plan: Plan, obs: Observation) -> NodeChecks:
+    """This round's pre-flight: the slot nodes and the standbys that registered."""
+    state = plan.state
+    standbys = [s for s in state.standbys if s in obs.registrations]
+    return NodeChecks(
+        "preflight", str(state.preflight_rounds + 1), (*state.slots, *standbys), check_procs(obs.spec.spec)
+    )
+
+
+def stop_time_checks(plan: Plan, obs: Observation) -> NodeChecks:
+    state = plan.state
+    return NodeChecks("stop-time", str(state.generation), tuple(state.slots), check_procs(obs.spec.spec))
+
+
+def on_preflight(plan: Plan, obs: Observation, result: WorkResult, job: str, new_id: NewId) -> Needs | None:
+    """Evict the nodes that failed (infrastructure's fault: no restart counted); start when every
+    slot node passed, else check again once the replacements registered, at most
+    MAX_PREFLIGHT_ROUNDS times."""
+    state, spec, now = plan.state, obs.spec.spec, plan.now
+    state.preflight_rounds += 1
+    rounds = state.preflight_rounds
+    if result.error is not None:
+        plan.log("error", "pre-flight checks could not run", error=result.error, round=rounds)
+        if rounds >= MAX_PREFLIGHT_ROUNDS:
+            fail(
+                plan,
+                Trigger.PREFLIGHT_EXHAUSTED,
+                "PreflightFailed",
+                f"pre-flight checks could not run: {result.error}",
+                job,
+            )
+        return None  # still pre-flight: the next tick runs another round
+    failed = [v for v in result.verdicts if not v.passed]
+    bad = {v.node for v in failed}
+    checked = {v.node for v in result.verdicts if v.passed and v.node in state.standbys}
+    state.standbys_checked = sorted(set(state.standbys_checked) | checked)
+    for v in failed:
+        incident = Incident(
+            id=f"inc-pre{rounds}-{new_id()}",
+            job=job,
+            failure_class=FailureClass.PREFLIGHT_FAILED,
+            generation=0,
+            node=v.node,
+            suspects=[v.node],
+            evidence=v.reasons[:20],
+            counted=False,
+            policy_action=FailureAction.EVICT,
+            runbook="preflight_failed",
+            failed_at=now,
+            detected_at=now,
+        )
+        evict(plan, [v.node], incident, obs.registrations, spec, exclude=bad)
+        incident.action = f"evict {v.node} before the start" + (
+            f", replace with {incident.replacements[v.node]}" if v.node in incident.replacements else ""
+        )
+        plan.put(keys.incident(job, incident.id), incident)
+        plan.log("warning", "pre-flight failed; evicting", node=v.node, reasons=v.reasons[:3])
+    passed = {v.node for v in result.verdicts if v.passed}
+    if all(s in passed for s in state.slots):
+        return start_generation(plan, obs, Trigger.GENERATION_STARTED, job)
+    if rounds >= MAX_PREFLIGHT_ROUNDS:
+        fail(
+            plan,
+            Trigger.PREFLIGHT_EXHAUSTED,
+            "PreflightFailed",
+            f"nodes kept failing pre-flight checks after {rounds} rounds",
+            job,
+        )
+    else:
+        plan.enter(Trigger.PREFLIGHT_RETRY)
+    return None
+
+
+def on_stop_time_checks(plan: Plan, obs: Observation, result: WorkResult, job: str) -> None:
+    """Evict what failed (standbys step in); if all passed the fault was transient, and one more
+    unexplained failure counts towards a dual-phase replay."""
+    state = plan.state
+    failed = [v for v in result.verdicts if not v.passed] if result.error is None else []
+    incident = obs.incident.model_copy(deep=True) if obs.incident is not None else None
+    if incident is not None:
+        if result.error is not None:
+            incident.evidence.append(f"stop-time checks could not run: {result.error}"[:500])
+        if failed:
+            incident.evidence += [f"stop-time check failed on {v.node}: {'; '.join(v.reasons[:3])}" for v in failed]
+            incident.suspects = sorted(set(incident.suspects) | {v.node for v in failed})
+            evict(plan, [v.node for v in failed], incident, obs.registrations, obs.spec.spec)
+            incident.action += f"; stop-time checks evicted {', '.join(v.node for v in failed)}"
+        plan.put(keys.incident(job, incident.id), incident)
+    plan.log("info", "stop-time checks done", failed=[v.node for v in failed], error=result.error)
+    _count_unexplained(plan, obs.spec.spec, explained=bool(failed))
+    if state.replay is None:
+        plan.enter(Trigger.CHECKS_DONE)
+    elif all(g.outcome is not None for g in state.replay.groups(JobStage.REPLAY_HORIZONTAL)):
+        plan.enter(Trigger.REPLAY_VERTICAL_DUE)
+    else:
+        plan.enter(Trigger.REPLAY_HORIZONTAL_DUE)
+
+
+def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> None:
+    """A failure the checks cannot explain counts towards a replay; one that recurs within the hour
+    counts on top of the last (a job that ran well for longer starts the count again)."""
+    state, policy = plan.state, spec.failure_policy
+    if explained:
+        state.unexplained_failures = 0
+        return
+    ran = plan.now - (state.generation_started_at or plan.now)
+    state.unexplained_failures = 1 if ran > REPLAY_RECENT_SECONDS else state.unexplained_failures + 1
+    if not policy.replay_after or state.unexplained_failures < policy.replay_after:
+        return
+    why_not = replayable(spec, state.slots)
+    if why_not:
+        plan.log("warning", "failures keep coming with nothing to blame, and the job cannot be replayed", why=why_not)
+        return
+    state.replay = plan_replay(state.slots)
+    plan.log(
+        "warning",
+        "failures keep coming with nothing to blame; dual-phase replay",
+        failures=state.unexplained_failures,
+        vertical=[g.nodes for g in state.replay.vertical],
+    )

@@ -1,0 +1,226 @@
+"""The reconcile core: observation -> decision, one branch per stage, no I/O.
+
+`decide` runs the detectors that watch the job's stage, follows the spec's suspend flag, carries out
+the oldest operator request, then takes the branch of the current stage, which may move the job
+along the transition table. Whatever the stage, the effects that bring the nodes to what the new
+state wants (world.py) are derived last. When a branch needs observation it does not have (the
+cluster's nodes, a rendezvous address), `decide` returns `Needs` and is asked again with it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+
+from stalwart.controller import checks, pool_upkeep, replaying, requests, suspension, world
+from stalwart.controller.decision import Decision, Launch, Needs, Plan
+from stalwart.controller.detectors.base import CodeUpdateSeen, Detector, Failure, Report, RequestFinding, View
+from stalwart.controller.eviction import new_node
+from stalwart.controller.generation import start_generation
+from stalwart.controller.ladder import fail, handle
+from stalwart.controller.observation import Observation
+from stalwart.controller.progress import note_progress, track
+from stalwart.controller.ranks import slot_roles
+from stalwart.controller.standby_pool import standbys_for
+from stalwart.controller.transitions import Trigger
+from stalwart.store.records import JobStage, JobState
+
+STARTUP_TIMEOUT_SECONDS = 300.0
+STANDBY_WAIT_SECONDS = STARTUP_TIMEOUT_SECONDS / 10  # pre-flight waits this long for the standbys to join
+
+Branch = Callable[[Plan, Observation, View, list[tuple[Detector, Report]]], Needs | None]
+
+
+def _short_id() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+class ReconcileCore:
+    def __init__(self, job: str, detectors: Sequence[Detector], new_id: Callable[[], str] = _short_id) -> None:
+        self.job = job
+        self.detectors = list(detectors)
+        self.new_id = new_id
+        self._branches: dict[JobStage, Branch] = {
+            JobStage.STARTING: self._starting,
+            JobStage.PREFLIGHT: self._preflight,
+            JobStage.RUNNING: self._running,
+            JobStage.RESTARTING: self._restarting,
+            JobStage.CHECKING: self._checking,
+            JobStage.REPLAY_HORIZONTAL: self._replaying,
+            JobStage.REPLAY_VERTICAL: self._replaying,
+            JobStage.SUSPENDING: self._suspending,
+            JobStage.SUSPENDED: self._suspended,
+        }
+
+    # -- the decision --------------------------------------------------------------------------
+    def decide(self, obs: Observation) -> Decision | Needs:
+        if obs.state is None:
+            return self._create(obs)
+        plan = Plan(obs.state, obs.revision, obs.now)
+        plan.consumed.update(obs.results)  # every result is used now or no longer matters
+        if obs.state.stage.terminal:
+            return plan.decision()
+        view = View.of(obs, obs.state)
+        reports = [(d, d.look(view)) for d in self.detectors if obs.state.stage in d.stages]
+        needs = Needs()
+        for _, report in reports:
+            needs = needs | report.needs
+        if not obs.satisfies(needs):
+            return needs
+        more = self._decide(plan, obs, view, reports)
+        if more and not obs.satisfies(more):
+            return more
+        world.reconcile(plan, obs)
+        return plan.decision()
+
+    def _decide(self, plan: Plan, obs: Observation, view: View, reports: list[tuple[Detector, Report]]) -> Needs | None:
+        pool_upkeep.apply_standby_checks(plan, view)
+        if suspension.follow(plan, view):
+            return None
+        found = next((f for _, r in reports for f in r.findings if isinstance(f, RequestFinding)), None)
+        if found is not None and requests.carry_out(plan, found, view, self.job, self.new_id):
+            return None
+        return self._branches[plan.state.stage](plan, obs, view, reports)
+
+    def acknowledge(self, decision: Decision, now: float) -> None:
+        """Tell each detector its finding was acted on: the decision that did is committed."""
+        by_name = {d.name: d for d in self.detectors}
+        for name, finding in decision.acks:
+            if name in by_name:
+                by_name[name].handled(finding, now)
+
+    # -- one branch per stage ------------------------------------------------------------------
+    def _starting(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        state, ft = plan.state, obs.spec.spec.fault_tolerance
+        if self._replace_dead_slots(plan, obs):
+            return None
+        if all(s in obs.registrations for s in state.slots):
+            if not ft.preflight:
+                return start_generation(plan, obs, Trigger.GENERATION_STARTED, self.job)
+            waiting = [s for s in state.standbys if s not in obs.registrations]
+            if waiting and plan.now - (state.stage_since or state.created_at) < STANDBY_WAIT_SECONDS:
+                return None  # standbys are checked with the job's nodes when they are up; late ones alone
+            plan.enter(Trigger.NODES_READY)
+            plan.log("info", "pre-flight checks", round=state.preflight_rounds + 1)
+            plan.effect(Launch(checks.preflight_checks(plan, obs)))
+        elif plan.now - (state.stage_since or state.created_at) > STARTUP_TIMEOUT_SECONDS:
+            missing = [s for s in state.slots if s not in obs.registrations]
+            fail(
+                plan,
+                Trigger.NODES_NEVER_READY,
+                "NodesNotReady",
+                f"nodes never registered: {', '.join(missing)}",
+                self.job,
+            )
+        return None
+
+    def _preflight(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        work = checks.preflight_checks(plan, obs)
+        result = view.result(work.key)
+        if result is not None:
+            return checks.on_preflight(plan, obs, result, self.job, self.new_id)
+        if not view.busy(work.key):
+            plan.effect(Launch(work))  # (a controller that restarted mid-check runs it again)
+        return None
+
+    def _running(
+        self, plan: Plan, obs: Observation, view: View, reports: list[tuple[Detector, Report]]
+    ) -> Needs | None:
+        state, workers = plan.state, view.workers
+        track(plan, workers, obs.incident, self.job)
+        if len(workers) == obs.spec.spec.world_size and all(w.exit_code == 0 for w in workers):
+            note_progress(plan, workers, force=True)
+            state.reason, state.message = "Completed", f"all {len(workers)} workers exited 0"
+            plan.enter(Trigger.WORKERS_SUCCEEDED)
+            plan.log("info", "job succeeded")
+            return None
+        failure = next(((d, f) for d, r in reports for f in r.findings if isinstance(f, Failure)), None)
+        if failure is not None:
+            detector, finding = failure
+            handle(plan, finding, view, self.job, self.new_id)
+            plan.acks.append((detector.name, finding))
+            return None
+        for detector, report in reports:
+            for f in report.findings:
+                if isinstance(f, CodeUpdateSeen) and state.code_update_seen_at is None:
+                    state.code_update_seen_at = plan.now
+                    plan.acks.append((detector.name, f))
+                    plan.log("info", "new code version; applying at the next restart", code_version=f.version)
+            for work in report.work:
+                if not view.busy(work.key):
+                    plan.effect(Launch(work))
+        if view.cluster is not None:
+            pool_upkeep.upkeep(plan, view)
+        return None
+
+    def _restarting(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        if self._replace_dead_slots(plan, obs) or not all(s in obs.registrations for s in plan.state.slots):
+            return None
+        return start_generation(plan, obs, Trigger.GENERATION_STARTED, self.job)
+
+    def _checking(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        state = plan.state
+        work = checks.stop_time_checks(plan, obs)
+        result = view.result(work.key)
+        if result is not None:
+            checks.on_stop_time_checks(plan, obs, result, self.job)
+            return None
+        if view.busy(work.key) or self._replace_dead_slots(plan, obs):
+            return None
+        if not all(s in obs.registrations for s in state.slots):
+            return None
+        still = [n for n in state.slots if (b := obs.beats.get(n)) and any(w.exit_code is None for w in b.workers)]
+        if still:
+            return None  # the checks need the machines to themselves
+        plan.log("info", "stop-time checks", nodes=state.slots)
+        plan.effect(Launch(work))
+        return None
+
+    def _replaying(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        replay = plan.state.replay
+        if replay is not None and replay.generation is not None:
+            replaying.judge_phase(plan, obs, self.job)
+            return None
+        if self._replace_dead_slots(plan, obs) or not all(s in obs.registrations for s in plan.state.slots):
+            return None
+        return replaying.launch_phase(plan, obs, self.job)
+
+    def _suspending(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        suspension.stopped(plan, view)
+        return None
+
+    def _suspended(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        return None  # nothing runs; world.py stops any node that comes back
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _create(self, obs: Observation) -> Decision:
+        spec = obs.spec.spec
+        count = len(slot_roles(spec))
+        slots = [f"node-{i}" for i in range(count)]
+        standbys = [f"node-{count + i}" for i in range(standbys_for(spec.standbys, count))]
+        state = JobState(
+            job=self.job,
+            slots=slots,
+            standbys=standbys,
+            next_node_index=count + len(standbys),
+            code_version=spec.code_version,
+            created_at=obs.now,
+            updated_at=obs.now,
+        )
+        plan = Plan(state, 0, obs.now, new=True)
+        plan.begin()
+        plan.log("info", "job created", slots=slots, standbys=standbys)
+        return plan.decision()
+
+    def _replace_dead_slots(self, plan: Plan, obs: Observation) -> bool:
+        """A slot node the cluster reports dead before it (re)joined gets a new node in its slot.
+        True if any did."""
+        state, known = plan.state, obs.cluster
+        if known is None:
+            return False
+        dead = [s for s in state.slots if s in known and not known[s].alive and s not in obs.registrations]
+        for slot in dead:
+            replacement = new_node(state)
+            state.slots = [replacement if s == slot else s for s in state.slots]
+            plan.log("warning", "node died before joining; replacing it", node=slot, replacement=replacement)
+        return bool(dead)

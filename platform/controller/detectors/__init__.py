@@ -1,0 +1,35 @@
+"""The detectors, in priority order: when several find a failure in one tick, the first one's is
+handled (one incident per decision). Adding a detector is a new module and one line here; the
+interface is in base.py and docs/control-plane.md."""
+
+from __future__ import annotations
+
+from stalwart.controller.detectors.base import Detector
+from stalwart.controller.detectors.code_updates import CodeUpdates
+from stalwart.controller.detectors.crashes import Crashes
+from stalwart.controller.detectors.hangs import Hangs
+from stalwart.controller.detectors.loss_spikes import LossSpikes
+from stalwart.controller.detectors.lost_nodes import LostNodes
+from stalwart.controller.detectors.machine_faults import MachineFaults
+from stalwart.controller.detectors.metric_outliers import MetricOutliers
+from stalwart.controller.detectors.requests import OperatorRequests
+from stalwart.controller.detectors.slowdowns import Slowdowns
+
+DETECTORS: tuple[type[Detector], ...] = (
+    OperatorRequests,
+    CodeUpdates,
+    MachineFaults,
+    LostNodes,
+    Crashes,
+    LossSpikes,
+    Hangs,
+    Slowdowns,
+    MetricOutliers,
+)
+
+
+def default_detectors() -> list[Detector]:
+    return [detector() for detector in DETECTORS]
+
+
+__all__ = ["DETECTORS", "Detector", "default_detectors"]

@@ -1,0 +1,181 @@
+"""The detector interface: a plug-in that watches the job and reports what it finds.
+
+A detector owns its history (a loss series, a pace, a NIC's flaps...) and, each tick of the stages
+it watches, looks at a `View` of the observation and returns a `Report`: findings for the core to
+act on, long work it wants done off the loop (a stack capture), and observation it needs this tick
+(a listing of the cluster's nodes). It never writes anything: the core turns its findings into
+ladder decisions (stalwart.controller.policy.decide) and commits them.
+
+Contract:
+- `observe` may be called more than once per tick with the same view (when the core fetches what
+  some detector needs and decides again): it must be idempotent for a given view.
+- A finding is reported on every tick until the core handled it: `handled` is called once the
+  decision that acted on it is committed. A commit that fails loses nothing.
+- The detector resets itself when the job's generation changes (`reset`).
+- Results of the work it asked for arrive in `view.results` under the work's key (until consumed).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, ClassVar
+
+from stalwart.cluster import NodeInfo
+from stalwart.controller.decision import Needs
+from stalwart.controller.observation import Observation
+from stalwart.controller.policy import Classified
+from stalwart.controller.work import Work, WorkKey, WorkResult
+from stalwart.diagnosis.log_classify import SYMPTOMS
+from stalwart.spec import TrainingJobSpec
+from stalwart.store.records import (
+    Heartbeat,
+    JobStage,
+    JobState,
+    NodeRegistration,
+    OperatorRequest,
+    WorkerStatus,
+)
+
+PEER_TROUBLE_SECONDS = 5.0  # how long a worker's peer-loss symptom makes the core list the cluster
+
+
+@dataclass
+class Failure:
+    """A failure for the ladder: what happened (classified, with suspects and evidence) and when."""
+
+    what: Classified
+    failed_at: float
+    detected_at: float | None = None  # default: the tick that handles it
+    # Nodes to fence once the decision holds: node -> (its lease, why it is fenced).
+    fence: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestFinding:
+    """An operator request to carry out (evict, cordon, uncordon, check), with its revision."""
+
+    request: OperatorRequest
+    revision: int
+
+
+@dataclass(frozen=True)
+class CodeUpdateSeen:
+    """The spec names a new codeVersion: applied at the next restart (or at the deadline)."""
+
+    version: str | None
+
+
+Finding = Failure | RequestFinding | CodeUpdateSeen
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    work: list[Work] = field(default_factory=list)
+    needs: Needs = field(default_factory=Needs)
+
+
+@dataclass(frozen=True)
+class View:
+    """What detectors see: the observation, with the running generation's workers picked out."""
+
+    obs: Observation
+    state: JobState
+    spec: TrainingJobSpec
+
+    @classmethod
+    def of(cls, obs: Observation, state: JobState) -> View:
+        return cls(obs, state, obs.spec.spec)
+
+    @property
+    def now(self) -> float:
+        return self.obs.now
+
+    @property
+    def registrations(self) -> Mapping[str, NodeRegistration]:
+        return self.obs.registrations
+
+    @property
+    def beats(self) -> Mapping[str, Heartbeat]:
+        return self.obs.beats
+
+    @property
+    def cluster(self) -> Mapping[str, NodeInfo] | None:
+        return self.obs.cluster
+
+    @property
+    def vectors(self) -> Mapping[str, Sequence[Mapping[str, Any]]]:
+        return self.obs.vectors
+
+    @cached_property
+    def workers(self) -> list[WorkerStatus]:
+        """The current generation's workers on the slot nodes, as their last heartbeats say."""
+        return [
+            w
+            for n in self.state.slots
+            if (b := self.obs.beats.get(n)) and b.generation == self.state.generation
+            for w in b.workers
+        ]
+
+    @cached_property
+    def owners(self) -> dict[int, str]:
+        """Rank -> the slot node whose heartbeat reports it."""
+        return {w.rank: n for n in self.state.slots if (b := self.obs.beats.get(n)) for w in b.workers}
+
+    def crashed(self) -> list[WorkerStatus]:
+        """Workers that exited non-zero, in exit order (the first is usually the root)."""
+        return sorted((w for w in self.workers if w.exit_code not in (None, 0)), key=lambda w: w.exited_at or 0)
+
+    def lost(self) -> list[str]:
+        """Slot nodes whose lease lapsed (no registration)."""
+        return [n for n in self.state.slots if n not in self.obs.registrations]
+
+    def silent_since(self, t: float) -> list[str]:
+        """Slot nodes with no heartbeat sent after `t`. Agents beat at once when a worker exits,
+        and every interval otherwise, so a live node is heard from soon after any crash."""
+        return [n for n in self.state.slots if (b := self.obs.beats.get(n)) is None or b.sent_at < t]
+
+    def peer_trouble(self) -> bool:
+        """A worker reported, in the last few seconds, a symptom of another rank's failure (its
+        peer's socket closed, a collective timed out): the first sign of a dead machine."""
+        return any(
+            m.failure_class in SYMPTOMS and self.now - m.matched_at < PEER_TROUBLE_SECONDS
+            for w in self.workers
+            for m in w.matches
+        )
+
+    def result(self, key: WorkKey) -> WorkResult | None:
+        return self.obs.results.get(key)
+
+    def busy(self, key: WorkKey) -> bool:
+        """The work is running, or its result waits to be used."""
+        return key in self.obs.in_flight or key in self.obs.results
+
+
+class Detector(ABC):
+    """Subclass, give it a `name`, list it in stalwart.controller.detectors.DETECTORS."""
+
+    name: ClassVar[str]
+    stages: ClassVar[frozenset[JobStage]] = frozenset({JobStage.RUNNING})
+
+    def __init__(self) -> None:
+        self._generation: int | None = None
+
+    def look(self, view: View) -> Report:
+        if view.state.generation != self._generation:
+            self._generation = view.state.generation
+            self.reset()
+        return self.observe(view)
+
+    @abstractmethod
+    def observe(self, view: View) -> Report:
+        """What this detector finds now."""
+
+    def reset(self) -> None:
+        """A new generation started: forget what watched the old one."""
+
+    def handled(self, finding: Finding, now: float) -> None:
+        """The core committed a decision on `finding` (whatever the rung, Ignore included)."""

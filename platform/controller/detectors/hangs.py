@@ -1,0 +1,86 @@
+"""Rung 4, hangs: no rank progressed for longer than the adaptive timeout (a multiple of the recent
+step time, never NCCL's 30 minutes). Every rank's stack is captured off the loop, with the nodes'
+metric windows, and diagnosis names the node the outliers share. A capture that blames no one is
+looked at again one timeout later before anything restarts; progress in the meantime ends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.policy import Classified, hang_timeout
+from stalwart.controller.work import StackDiagnosis, WorkResult
+from stalwart.spec.model import FailureEvent
+
+
+@dataclass
+class _Stall:
+    since: float  # the last progress
+    timeout: float
+    detected_at: float  # when the first capture was asked for
+    first: int  # the first capture's number
+    capture: int  # the capture followed now
+    judged: WorkResult | None = None
+
+
+class Hangs(Detector):
+    name = "hangs"
+
+    def reset(self) -> None:
+        self._stall: _Stall | None = None
+        self._captures = 0  # numbers the captures of this generation (their work keys)
+        self._quiet_until = 0.0  # after a hang was handled without a restart (an Ignore rule)
+
+    def observe(self, view: View) -> Report:
+        running = [w for w in view.workers if w.exit_code is None]
+        ft = view.spec.fault_tolerance
+        progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
+        if progress:
+            steps = [w.step_time for w in running if w.step_time]
+            timeout = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds)
+            since = max(progress)
+        else:
+            timeout = ft.first_step_timeout_seconds
+            since = view.state.generation_started_at or view.state.updated_at
+        if self._stall is not None and (not running or since > self._stall.since):
+            self._stall = None  # progress again, or nothing left running: that stall is over
+        if not running:
+            return Report()
+        if self._stall is None:
+            if view.now - since <= timeout or view.now < self._quiet_until:
+                return Report()
+            self._stall = _Stall(since, timeout, view.now, first=self._captures, capture=self._captures)
+            self._captures += 1
+        return self._follow(view, self._stall)
+
+    def _follow(self, view: View, stall: _Stall) -> Report:
+        work = StackDiagnosis("hang", view.state.generation, stall.capture, history=view.vectors)
+        stall.judged = stall.judged or view.result(work.key)
+        if stall.judged is None:
+            return Report(work=[] if view.busy(work.key) else [work])
+        diagnosis = stall.judged.diagnosis
+        suspects = list(diagnosis.suspects) if diagnosis else []
+        if not suspects and stall.capture == stall.first:
+            # No suspect (stacks unusable, or the workers are finishing): look again after another
+            # timeout before restarting anything.
+            if view.now < stall.judged.finished_at + stall.timeout:
+                return Report()
+            stall.capture, stall.judged = self._captures, None
+            self._captures += 1
+            return self._follow(view, stall)
+        what = Classified(
+            FailureEvent.HANG,
+            suspects,
+            [f"no progress for {stall.detected_at - stall.since:.1f}s (timeout {stall.timeout:.1f}s)"]
+            + (diagnosis.evidence if diagnosis else [f"no diagnosis: {stall.judged.error or 'none'}"]),
+            runbook=(diagnosis.runbook if diagnosis else None) or "hang",
+        )
+        what.verdict = diagnosis.verdict if diagnosis else None
+        what.diagnosed_at = stall.judged.finished_at
+        return Report([Failure(what, failed_at=stall.since, detected_at=stall.detected_at)])
+
+    def handled(self, finding: Finding, now: float) -> None:
+        if self._stall is not None:
+            self._quiet_until = now + self._stall.timeout
+            self._stall = None

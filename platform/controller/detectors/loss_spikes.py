@@ -1,0 +1,41 @@
+"""Rung 3: a loss spike in the reported series, rank 0's loss `lossSpikeFactor` times its recent
+mean. (NaN is the worker's own failure: the SDK raises it, and crash classification reads it.)"""
+
+from __future__ import annotations
+
+from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.policy import Classified, is_loss_spike
+from stalwart.spec.model import FailureEvent
+
+LOSS_HISTORY = 20
+
+
+class LossSpikes(Detector):
+    name = "loss-spikes"
+
+    def reset(self) -> None:
+        self._losses: list[float] = []  # rank 0's loss, one value per change
+        self._spike: tuple[int, float] | None = None  # (step, loss) reported and not yet handled
+        self._handled_step: int | None = None
+
+    def observe(self, view: View) -> Report:
+        rank0 = next((w for w in view.workers if w.rank == 0), None)
+        if rank0 is None or rank0.loss is None or rank0.step is None:
+            return Report()
+        recent = self._losses[-LOSS_HISTORY:]
+        if rank0.step != self._handled_step and is_loss_spike(
+            rank0.loss, recent, view.spec.fault_tolerance.loss_spike_factor
+        ):
+            self._spike = (rank0.step, rank0.loss)
+            evidence = [f"loss {rank0.loss:.4g} at step {rank0.step}, recent mean {sum(recent) / len(recent):.4g}"]
+            return Report([Failure(Classified(FailureEvent.LOSS_SPIKE, [], evidence), failed_at=view.now)])
+        if not self._losses or self._losses[-1] != rank0.loss:
+            self._losses.append(rank0.loss)
+        return Report()
+
+    def handled(self, finding: Finding, now: float) -> None:
+        """Tolerated (an Ignore rule) or rolled back: the spike joins the baseline, once."""
+        if self._spike is not None:
+            self._handled_step = self._spike[0]
+            self._losses.append(self._spike[1])
+            self._spike = None

@@ -1,0 +1,56 @@
+"""Lost nodes: a slot node whose lease lapsed; whose machine the cluster reports dead (its processes
+exited, its pod failed); or that stays silent after its peers crashed on its closed sockets.
+
+The last two are fenced (the decision revokes their lease) instead of waiting out the TTL. The
+cluster is listed only when it matters: a worker just reported a peer's connection closed (often a
+few hundred ms before any worker exits), or a crash left a node silent; and at every pool check.
+"""
+
+from __future__ import annotations
+
+from stalwart.controller.decision import Needs
+from stalwart.controller.detectors.base import Detector, Failure, Report, View
+from stalwart.controller.policy import Classified
+from stalwart.spec.model import FailureEvent
+
+GONE_PER_CLUSTER = "its machine is gone (the cluster reports it dead)"  # why a node was fenced at once
+MISSED_BEATS_AFTER_CRASH = 3  # with half the lease TTL: how long a node may stay silent after a crash
+
+
+class LostNodes(Detector):
+    name = "lost-nodes"
+
+    def observe(self, view: View) -> Report:
+        ft = view.spec.fault_tolerance
+        lapsed = f"node lease lapsed (no heartbeat for {ft.lease_ttl_seconds}s)"
+        why: dict[str, str] = dict.fromkeys(view.lost(), lapsed)
+        fence: dict[str, tuple[int, str]] = {}
+        crashed = view.crashed()
+        first_exit = (crashed[0].exited_at or view.now) if crashed else view.now
+        silent = view.silent_since(first_exit) if crashed and not why else []
+        needs = Needs(cluster=bool(silent) or view.peer_trouble())
+        if needs.cluster and view.cluster is None:
+            return Report(needs=needs)
+        registered = view.registrations
+        if view.cluster is not None:
+            for node in view.state.slots:
+                info = view.cluster.get(node)
+                if node in registered and info is not None and not info.alive:
+                    why[node] = f"{GONE_PER_CLUSTER}; lease revoked"
+                    fence[node] = (registered[node].lease_id, GONE_PER_CLUSTER)
+        patience = max(MISSED_BEATS_AFTER_CRASH * ft.heartbeat_interval_seconds, ft.lease_ttl_seconds / 2)
+        if silent and not fence and view.now - first_exit > patience:
+            # Its peers just lost their connections to it, so a few missed heartbeats are evidence
+            # enough: fence it rather than wait out the TTL.
+            reason = f"silent for {patience:g}s since its peers crashed"
+            for node in silent:
+                if node in registered:
+                    why[node] = f"{reason}; lease revoked"
+                    fence[node] = (registered[node].lease_id, reason)
+        if not why:
+            return Report(needs=needs)
+        lost = [n for n in view.state.slots if n in why]
+        last = [b.sent_at for n in lost if (b := view.beats.get(n)) is not None]
+        failed_at = min(last) if last else view.now - ft.lease_ttl_seconds
+        what = Classified(FailureEvent.LOST_NODE, lost, [f"{n}: {why[n]}" for n in lost])
+        return Report([Failure(what, failed_at=failed_at, detected_at=view.now, fence=fence)], needs=needs)

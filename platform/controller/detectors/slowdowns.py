@@ -1,0 +1,88 @@
+"""Rung 4, slowdowns: the generation's pace (one step-time sample per step seen) against its own
+baseline. Past `slowdownFactor` x the baseline, `slowdownRounds` rounds of stacks are taken off the
+loop, with the nodes' metric windows; the node the others keep waiting for, or the one its metrics
+single out, is the finding. In synchronous training every rank reports the same step time, so the
+pace says that someone is slow and the stacks and metrics say who.
+
+Whatever the rounds find, the pace starts over: a slowdown nobody is to blame for (a data change, a
+shared filesystem) drops its slow samples and is looked at again only after a pause that doubles
+each time, so a slowdown that lasts becomes the baseline by itself.
+"""
+
+from __future__ import annotations
+
+from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.policy import Classified, slowdown_onset
+from stalwart.controller.work import StackDiagnosis
+from stalwart.spec.model import FailureEvent
+
+PACE_HISTORY = 200
+PACE_QUIET_SECONDS = 10.0  # after rounds that blame no one; doubles each time
+
+
+class Slowdowns(Detector):
+    name = "slowdowns"
+
+    def reset(self) -> None:
+        self._pace: list[tuple[float, float]] = []  # (time, the ranks' median step time), one per step
+        self._paced_step: int | None = None
+        self._quiet_until, self._backoff = 0.0, PACE_QUIET_SECONDS
+        self._rounds = 0  # numbers the rounds of stacks (their work keys)
+        self._asked: tuple[float, float, float] | None = None  # (onset, recent step time, asked at)
+
+    def observe(self, view: View) -> Report:
+        running = [w for w in view.workers if w.exit_code is None]
+        if self._asked is not None:
+            return self._follow(view)
+        steps = [w.step for w in running if w.step is not None]
+        times = sorted(w.step_time for w in running if w.step_time)
+        if not steps or not times or max(steps) == self._paced_step or view.now < self._quiet_until:
+            return Report()  # (nothing sampled while quiet, so a pause cannot turn into the baseline)
+        self._paced_step = max(steps)
+        self._pace = [*self._pace[-PACE_HISTORY + 1 :], (view.now, times[len(times) // 2])]
+        onset = slowdown_onset(self._pace, view.spec.fault_tolerance.slowdown_factor)
+        if onset is None:
+            return Report()
+        self._asked = (onset, self._pace[-1][1], view.now)
+        return self._follow(view)
+
+    def _work(self, view: View) -> StackDiagnosis:
+        assert self._asked is not None
+        ft = view.spec.fault_tolerance
+        return StackDiagnosis(
+            "slowdown",
+            view.state.generation,
+            self._rounds,
+            rounds=ft.slowdown_rounds,
+            interval=max(0.5, 1.5 * self._asked[1]),
+            history=view.vectors,
+        )
+
+    def _follow(self, view: View) -> Report:
+        assert self._asked is not None
+        onset, recent, asked_at = self._asked
+        work = self._work(view)
+        result = view.result(work.key)
+        if result is None:
+            return Report(work=[] if view.busy(work.key) else [work])
+        diagnosis = result.diagnosis
+        if diagnosis is None or not diagnosis.suspects:
+            # Everyone slowed down together: forget the slow samples, keep the baseline, pause.
+            self._pace = [p for p in self._pace if p[0] < onset]
+            self._quiet_until, self._backoff = result.finished_at + self._backoff, 2 * self._backoff
+            self._rounds, self._asked = self._rounds + 1, None
+            return Report()
+        factor = view.spec.fault_tolerance.slowdown_factor
+        what = Classified(
+            FailureEvent.SLOWDOWN,
+            list(diagnosis.suspects),
+            [f"step time {recent:.3g}s, more than {factor:g}x this generation's baseline", *diagnosis.evidence],
+            runbook=diagnosis.runbook or "slowdown",
+        )
+        what.verdict, what.diagnosed_at = diagnosis.verdict, result.finished_at
+        return Report([Failure(what, failed_at=onset, detected_at=asked_at)])
+
+    def handled(self, finding: Finding, now: float) -> None:
+        """Handled, or tolerated by an Ignore rule: the pace starts a new baseline."""
+        self._pace, self._paced_step = [], None
+        self._rounds, self._asked = self._rounds + 1, None

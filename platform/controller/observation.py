@@ -1,0 +1,164 @@
+"""What a tick sees: the job's records in etcd, the cluster's nodes when they matter, and the results
+of long work that finished. The `Observer` does the reading; the core only ever sees an
+`Observation`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from stalwart.cluster import Cluster, NodeInfo
+from stalwart.controller.clock import Clock
+from stalwart.controller.decision import Needs
+from stalwart.controller.work import WorkKey, WorkResult
+from stalwart.logs import ContextLogger
+from stalwart.spec import TrainingJob, parse_job
+from stalwart.store import keys
+from stalwart.store.client import Store
+from stalwart.store.nodes import read_nodes
+from stalwart.store.records import (
+    AgentCommand,
+    Heartbeat,
+    Incident,
+    JobStage,
+    JobState,
+    NodeRegistration,
+    OperatorRequest,
+    RequestStatus,
+)
+
+# Stages whose every tick may start, stop or replace nodes: they list the cluster every tick.
+# (Running and Suspended list it once per heartbeat interval, and when the core asks.)
+VECTOR_WINDOW = 120  # heartbeat metric vectors kept per node
+
+LISTED_EVERY_TICK = frozenset(
+    {
+        JobStage.STARTING,
+        JobStage.PREFLIGHT,
+        JobStage.RESTARTING,
+        JobStage.CHECKING,
+        JobStage.REPLAY_HORIZONTAL,
+        JobStage.REPLAY_VERTICAL,
+        JobStage.SUSPENDING,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    state: JobState | None
+    revision: int  # the state's mod revision (0: no state yet)
+    spec: TrainingJob  # as etcd holds it now
+    registrations: Mapping[str, NodeRegistration]  # nodes whose lease is alive
+    beats: Mapping[str, Heartbeat]  # each node's last heartbeat, including nodes whose lease lapsed
+    commands: Mapping[str, AgentCommand]
+    # Each node's recent metric vectors (NodeMetricVector dicts from its heartbeats), oldest first.
+    vectors: Mapping[str, Sequence[Mapping[str, Any]]]
+    request: tuple[OperatorRequest, int] | None  # the oldest pending operator request and its revision
+    incident: Incident | None  # the state's open incident
+    cluster: Mapping[str, NodeInfo] | None = None  # None: not listed this tick
+    rendezvous: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    results: Mapping[WorkKey, WorkResult] = field(default_factory=dict)
+    in_flight: frozenset[WorkKey] = frozenset()
+
+    def satisfies(self, needs: Needs) -> bool:
+        return (not needs.cluster or self.cluster is not None) and needs.rendezvous <= set(self.rendezvous)
+
+
+class Observer:
+    """Reads an observation. Keeps the last heartbeat of every node (a lapsed lease takes the
+    heartbeat key with it) and the parsed spec (parsed again only when it changes)."""
+
+    def __init__(self, store: Store, cluster: Cluster, job: str, clock: Clock, log: ContextLogger) -> None:
+        self.store, self.cluster, self.job, self.clock, self.log = store, cluster, job, clock, log
+        self._last_beats: dict[str, Heartbeat] = {}
+        self._vectors: dict[str, deque[dict[str, Any]]] = {}
+        self._spec: tuple[bytes, TrainingJob] | None = None
+        self._listed_at = -math.inf
+
+    def spec(self) -> TrainingJob:
+        """The job's spec; a spec that no longer parses is reported and the last good one kept."""
+        key = keys.job_spec(self.job)
+        raw = self.store.get_raw(key)
+        if raw is None:
+            if self._spec is None:
+                raise ValueError(f"job {self.job!r} not found in etcd ({key})")
+            return self._spec[1]
+        if self._spec is None or self._spec[0] != raw:
+            try:
+                self._spec = (raw, parse_job(json.loads(raw), key))
+            except ValueError as exc:
+                if self._spec is None:
+                    raise
+                self.log.error(
+                    "the job's spec in etcd is invalid; keeping the last good one", fields={"error": str(exc)}
+                )
+                self._spec = (raw, self._spec[1])
+        return self._spec[1]
+
+    def observe(self, results: Mapping[WorkKey, WorkResult], in_flight: frozenset[WorkKey]) -> Observation:
+        now = self.clock.time()
+        state, revision = self.store.get_with_revision(keys.job_state(self.job), JobState)
+        spec = self.spec()
+        nodes = read_nodes(self.store, self.job)
+        self._last_beats.update(nodes.heartbeats)
+        self._keep_vectors(nodes.heartbeats)
+        incident = None
+        if state is not None and state.open_incident is not None:
+            incident = self.store.get(keys.incident(self.job, state.open_incident), Incident)
+        obs = Observation(
+            now=now,
+            state=state,
+            revision=revision,
+            spec=spec,
+            registrations=nodes.registrations,
+            beats=dict(self._last_beats),
+            commands=nodes.commands,
+            vectors={n: list(v) for n, v in self._vectors.items()},
+            request=self._oldest_request() if state is not None and not state.stage.terminal else None,
+            incident=incident,
+            results=dict(results),
+            in_flight=in_flight,
+        )
+        interval = spec.spec.fault_tolerance.heartbeat_interval_seconds
+        if state is not None and (state.stage in LISTED_EVERY_TICK or now - self._listed_at >= interval):
+            obs = self.complete(obs, Needs(cluster=True))
+        return obs
+
+    def _keep_vectors(self, beats: Mapping[str, Heartbeat]) -> None:
+        for node, beat in beats.items():
+            window = self._vectors.setdefault(node, deque(maxlen=VECTOR_WINDOW))
+            if beat.vector and (not window or window[-1].get("at") != beat.vector.get("at")):
+                window.append(beat.vector)
+
+    def complete(self, obs: Observation, needs: Needs) -> Observation:
+        """`obs` with what `needs` asks for added."""
+        cluster = obs.cluster
+        if needs.cluster and cluster is None:
+            cluster = {n.name: n for n in self.cluster.list_nodes()}
+            self._listed_at = obs.now
+        rendezvous = dict(obs.rendezvous)
+        for node in sorted(needs.rendezvous - set(rendezvous)):
+            rendezvous[node] = self.cluster.rendezvous(node)
+        return replace(obs, cluster=cluster, rendezvous=rendezvous)
+
+    def _oldest_request(self) -> tuple[OperatorRequest, int] | None:
+        """The oldest pending request, re-read with its revision (its commit is guarded by it)."""
+        pending = [
+            r
+            for r in self.store.get_prefix(keys.requests_prefix(self.job), OperatorRequest)
+            if r.status is RequestStatus.PENDING
+        ]
+        if not pending:
+            return None
+        oldest = min(pending, key=lambda r: r.requested_at)
+        request, revision = self.store.get_with_revision(keys.request(self.job, oldest.id), OperatorRequest)
+        if request is None or request.status is not RequestStatus.PENDING:
+            return None  # withdrawn or done since the listing
+        return request, revision

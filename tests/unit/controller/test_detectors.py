@@ -1,0 +1,333 @@
+"""Each detector, through real controller ticks on the in-memory fakes: what it finds, when it waits,
+and that a finding acted on is not reported again."""
+
+from __future__ import annotations
+
+from support.controller_harness import Harness, worker
+
+from stalwart.controller.decision import FenceNode
+from stalwart.controller.detectors.base import PEER_TROUBLE_SECONDS, View
+from stalwart.controller.detectors.lost_nodes import GONE_PER_CLUSTER
+from stalwart.controller.diagnosis_link import Finding
+from stalwart.controller.observation import Observation
+from stalwart.store.records import JobStage, LogMatch, RequestKind, RequestStatus
+
+S = JobStage
+
+
+def running(h: Harness, slots: tuple[str, ...] = ("node-0", "node-1"), **fields: object) -> None:
+    h.put_state(stage=S.RUNNING, generation=1, slots=list(slots), generation_started_at=h.clock.now - 50, **fields)
+    h.join(*slots, generation=1)
+    h.run_generation(1, list(slots))
+
+
+def peer_closed(at: float, cls: str = "peer_closed") -> list[LogMatch]:
+    return [LogMatch(failure_class=cls, scope="job", severity="error", line="...", line_number=1, matched_at=at)]
+
+
+# -- lost nodes ----------------------------------------------------------------------------------
+def test_a_peer_loss_symptom_lists_the_cluster_and_fences_the_dead_machine_in_the_same_tick() -> None:
+    h = Harness(standbys={"count": 1})
+    running(h, standbys=["node-2"], next_node_index=3)
+    h.join("node-2")
+    h.tick()  # the pool check lists the cluster now; the next ticks would not, for a heartbeat interval
+    h.clock.advance(0.1)
+    h.cluster.kill("node-1")
+    h.tick()
+    assert h.state().stage is S.RUNNING  # nothing says so yet: the cluster was not asked
+    h.clock.advance(0.1)
+    h.beat("node-0", 1, [worker(0, matches=peer_closed(h.clock.now)), worker(1)])
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.evidence == [f"node-1: {GONE_PER_CLUSTER}; lease revoked"]
+    assert incident.replacements == {"node-1": "node-2"} and h.state().stage is S.RESTARTING
+    assert [e for e in h.decision.effects if isinstance(e, FenceNode)] == [
+        FenceNode("node-1", h.leases["node-1"].id, GONE_PER_CLUSTER)
+    ]
+    assert "node-1" not in h.controller.observer.observe({}, frozenset()).registrations  # its lease is revoked
+
+
+def test_a_peer_loss_symptom_is_recent_or_ignored() -> None:
+    """A chatty job must not make the controller list the cluster's nodes (pods) every tick for ever."""
+    h = Harness()
+    running(h)
+    obs = h.controller.observer.observe({}, frozenset())
+    assert obs.state is not None
+
+    def trouble(*matches: LogMatch) -> bool:
+        h.beat("node-0", 1, [worker(0, matches=list(matches)), worker(1)])
+        return View.of(h.controller.observer.observe({}, frozenset()), obs.state).peer_trouble()  # type: ignore[arg-type]
+
+    now = h.clock.now
+    assert trouble(*peer_closed(now - 0.1)) and trouble(*peer_closed(now - 1, "nccl_timeout"))
+    assert not trouble(*peer_closed(now, "python_exception"))  # not a peer's loss
+    assert not trouble(*peer_closed(now - PEER_TROUBLE_SECONDS - 1))
+    h.tick()
+    h.clock.advance(0.1)
+    h.beat("node-0", 1, [worker(0, matches=peer_closed(h.clock.now - PEER_TROUBLE_SECONDS - 1)), worker(1)])
+    h.tick()
+    assert h.controller.last is not None and h.controller.observer._listed_at < h.clock.now  # not listed again
+    h.beat("node-0", 1, [worker(0, matches=peer_closed(h.clock.now)), worker(1)])
+    h.tick()
+    assert h.controller.observer._listed_at == h.clock.now
+
+
+def test_a_node_silent_after_its_peers_crashed_is_fenced_once_its_patience_is_out() -> None:
+    """node-1's workers crash on node-0's closed sockets; node-0 says nothing. Patience: three
+    heartbeats and half the lease TTL (here max(3 x 1 s, 2.5 s) = 3 s)."""
+    h = Harness()
+    running(h)
+    h.clock.advance(0.5)
+    died = h.clock.now
+    h.beat("node-1", 1, [worker(2, exit_code=1, exited_at=died), worker(3, exit_code=1, exited_at=died)])
+    h.tick()
+    assert h.incidents() == [] and h.runner.launched == []  # neither the crash nor the silence is judged yet
+    h.clock.advance(3.1)
+    h.beat("node-1", 1, [worker(2, exit_code=1, exited_at=died), worker(3, exit_code=1, exited_at=died)])
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "LostNode"
+    assert incident.evidence == ["node-0: silent for 3s since its peers crashed; lease revoked"]
+
+
+# -- crashes -------------------------------------------------------------------------------------
+def test_diagnosis_naming_a_machine_upgrades_a_plain_crash_to_an_eviction() -> None:
+    h = Harness(standbys={"count": 1})
+    running(h, standbys=["node-2"], next_node_index=3)
+    h.join("node-2")
+    h.beat("node-1", 1, [worker(2), worker(3, exit_code=-11, exited_at=h.clock.now)])
+    h.tick()
+    [crash] = [w for w in h.runner.launched if w.key[0] == "crash"]
+    verdict = {"failure_class": "xid", "summary": "Xid 79 on node-1"}
+    h.runner.finish(crash.key, diagnosis=Finding(["node-1"], ["Xid 79: GPU fell off the bus"], verdict, "xid"))
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "MachineFault" and incident.evicted == ["node-1"]
+    assert incident.runbook == "xid" and incident.verdict == verdict
+    assert "Xid 79: GPU fell off the bus" in incident.evidence
+
+
+def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback() -> None:
+    h = Harness()
+    running(h)
+    tail = ["Traceback (most recent call last):", "ValueError: shapes do not match"]
+    crashed = [worker(0, exit_code=1, exited_at=h.clock.now, blame_scope="user_code", log_tail=tail), worker(1)]
+    h.beat("node-0", 1, crashed)
+    h.tick()
+    h.runner.finish(h.runner.launched[0].key, diagnosis=None)
+    h.tick()
+    assert h.state().stage is S.RESTARTING and h.state().user_code_failures == 1
+    running(h, restarts=1, user_code_failures=1)
+    h.beat("node-0", 1, crashed)
+    h.tick()
+    h.runner.finish(h.runner.launched[-1].key, diagnosis=None)
+    h.tick()
+    assert h.state().reason == "UserCodeError" and "shapes do not match" in (h.state().message or "")
+
+
+# -- machine faults ------------------------------------------------------------------------------
+def test_a_machine_fault_evicts_at_once_and_an_ignored_one_is_recorded_once() -> None:
+    h = Harness(failurePolicy={"rules": [{"event": "MachineFault", "action": "Ignore"}]})
+    running(h)
+    h.beat("node-1", 1, [worker(2), worker(3)], machine_faults=["gpu: Xid 79 on GPU 3"])
+    h.tick(3)
+    [incident] = h.incidents()
+    assert incident.action == "ignored (failure policy)" and incident.evidence == ["node-1: gpu: Xid 79 on GPU 3"]
+    h.beat("node-1", 1, [worker(2), worker(3)], machine_faults=["gpu: Xid 79 on GPU 3", "disk: / is full"])
+    h.tick()
+    assert len(h.incidents()) == 2  # a new fault is news
+
+
+# -- loss spikes ---------------------------------------------------------------------------------
+def test_a_loss_spike_rolls_back_past_the_newest_checkpoint() -> None:
+    h = Harness()
+    running(h)
+    for step, loss in enumerate([2.0, 2.1, 1.9, 2.2, 2.0, 12.0], start=31):
+        h.run_generation(1, ["node-0", "node-1"], step=step, loss=loss)
+        h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "LossSpike" and h.state().resume_max_step == 20
+    assert h.state().stage is S.CHECKING  # a rollback runs the stop-time checks first
+
+
+# -- hangs ---------------------------------------------------------------------------------------
+def test_a_stall_with_no_suspect_is_looked_at_again_then_restarted() -> None:
+    h = Harness(faultTolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10})
+    running(h)
+    h.clock.advance(6)
+    h.tick()
+    [first] = h.runner.launched
+    h.runner.finish(first.key, diagnosis=Finding(suspects=[], evidence=["stacks unusable"]))
+    h.tick()
+    assert h.incidents() == [] and len(h.runner.launched) == 1  # it waits a timeout before the second look
+    h.clock.advance(5.5)
+    h.tick()
+    second = h.runner.launched[-1]
+    assert second.key != first.key
+    h.runner.finish(second.key, diagnosis=Finding(suspects=[], evidence=["stacks unusable"]))
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "Hang" and incident.evicted == [] and h.state().stage is S.RESTARTING
+
+
+def test_progress_during_a_capture_ends_the_stall() -> None:
+    h = Harness(faultTolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10})
+    running(h)
+    h.clock.advance(6)
+    h.tick()
+    [capture] = h.runner.launched
+    h.run_generation(1, ["node-0", "node-1"], step=6)  # the job moves again
+    h.runner.finish(capture.key, diagnosis=Finding(suspects=["node-0"]))
+    h.tick()
+    assert h.incidents() == [] and h.state().stage is S.RUNNING
+
+
+# -- slowdowns -----------------------------------------------------------------------------------
+def _pace(h: Harness, step_times: list[float], first_step: int = 1) -> None:
+    for i, t in enumerate(step_times):
+        h.clock.advance(t)
+        h.run_generation(1, ["node-0", "node-1"], step=first_step + i, step_time=t, last_progress_at=h.clock.now)
+        h.tick()
+
+
+def test_a_slowdown_nobody_is_to_blame_for_pauses_then_a_culprit_is_evicted() -> None:
+    h = Harness(faultTolerance={"slowdownFactor": 2, "slowdownRounds": 2}, standbys={"count": 1})
+    running(h, standbys=["node-2"], next_node_index=3)
+    h.join("node-2")
+    _pace(h, [0.1] * 8 + [0.5] * 5)
+    [rounds] = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
+    h.runner.finish(rounds.key, diagnosis=Finding(suspects=[]))
+    h.tick()
+    assert h.incidents() == []
+    _pace(h, [0.5] * 5, first_step=14)  # paused: nothing sampled, nothing asked
+    assert len([w for w in h.runner.launched if w.key[0] == "stacks"]) == 1
+    h.clock.advance(10)
+    _pace(h, [0.5] * 5, first_step=19)
+    second = h.runner.launched[-1]
+    assert second.key[:2] == ("stacks", "slowdown") and second.key != rounds.key
+    h.runner.finish(second.key, diagnosis=Finding(suspects=["node-1"], evidence=["node-1 is waited for"]))
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "Slowdown" and incident.evicted == ["node-1"]
+    assert incident.evidence[0].startswith("step time 0.5s, more than 2x")
+
+
+# -- metric outliers -----------------------------------------------------------------------------
+def _vectors(h: Harness, step_time: dict[str, float], samples: int) -> None:
+    for _ in range(samples):
+        h.clock.advance(1)
+        for i, (node, t) in enumerate(step_time.items()):
+            vector = {
+                "node": node,
+                "at": h.clock.now,
+                "workers_running": 2,
+                "step_time_s": t,
+                "tokens_per_second": 1 / t,
+            }
+            h.beat(node, 1, [worker(2 * i), worker(2 * i + 1, last_progress_at=h.clock.now)], vector=vector)
+        h.tick()
+
+
+def test_a_node_whose_own_pace_is_an_outlier_among_its_role_is_evicted() -> None:
+    h = Harness(roles=[{"name": "rollout", "replicas": 4, "processesPerNode": 2, "command": ["python", "r.py"]}])
+    slots = ("node-0", "node-1", "node-2", "node-3")
+    running(h, slots=slots, next_node_index=4)
+    _vectors(h, {"node-0": 0.10, "node-1": 0.11, "node-2": 0.10, "node-3": 0.10}, 8)
+    assert h.incidents() == []
+    _vectors(h, {"node-0": 0.10, "node-1": 0.11, "node-2": 0.35, "node-3": 0.10}, 16)
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "Slowdown" and incident.suspects == ["node-2"]
+    assert incident.evidence[0].startswith("node-2 is a persistent outlier among the 4 rollout nodes")
+
+
+def test_metric_outliers_need_three_nodes_of_a_role() -> None:
+    h = Harness()
+    running(h)
+    _vectors(h, {"node-0": 0.1, "node-1": 0.5}, 20)
+    assert h.incidents() == []
+
+
+# -- code updates --------------------------------------------------------------------------------
+def test_a_new_code_version_is_applied_at_the_next_restart_or_forced_at_its_deadline() -> None:
+    h = Harness(codeVersion="v1")
+    running(h, code_version="v1")
+    h.set_spec(codeVersion="v2", hotUpdateDeadlineSeconds=60)
+    h.tick()
+    assert h.state().code_update_seen_at == h.clock.now and h.incidents() == []
+    h.clock.advance(61)
+    h.run_generation(1, ["node-0", "node-1"], last_progress_at=h.clock.now)
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "CodeUpdate" and not incident.counted
+    h.tick()
+    assert h.state().generation == 2 and h.state().code_version == "v2" and h.state().code_update_seen_at is None
+    assignment = h.assignment(2)
+    assert assignment is not None and assignment.code_version == "v2"
+
+
+# -- operator requests ---------------------------------------------------------------------------
+def test_requests_cordon_uncordon_and_refuse_unknown_nodes() -> None:
+    h = Harness(standbys={"count": 1})
+    running(h, standbys=["node-2"], next_node_index=3)
+    h.request(RequestKind.CORDON, "node-2", "r1")
+    h.tick()
+    assert h.request_record("r1").status is RequestStatus.DONE
+    assert h.state().standbys == ["node-3"] and "node-2" in h.state().evicted
+    h.request(RequestKind.UNCORDON, "node-2", "r2")
+    h.tick()
+    assert h.request_record("r2").status is RequestStatus.DONE and ("uncordon", "node-2") in h.cluster.calls
+    h.request(RequestKind.EVICT, "node-9", "r3")
+    h.tick()
+    record = h.request_record("r3")
+    assert record.status is RequestStatus.FAILED and "node-9" in (record.message or "")
+
+
+def test_a_check_request_runs_off_the_loop_and_answers_when_done() -> None:
+    h = Harness()
+    running(h)
+    h.cluster.failing["node-1"] = ["all-reduce: wrong result"]
+    h.request(RequestKind.CHECK, None)
+    h.tick()
+    assert h.request_record().status is RequestStatus.PENDING and h.state().stage is S.RUNNING
+    h.runner.finish_checks(h.cluster)
+    h.tick()
+    record = h.request_record()
+    assert record.status is RequestStatus.DONE and record.message == "1/2 nodes passed; failed: node-1"
+
+
+def test_an_eviction_waits_for_the_recovery_under_way() -> None:
+    h = Harness()
+    h.put_state(stage=S.RESTARTING, generation=1)
+    h.request(RequestKind.EVICT, "node-1")
+    h.tick()
+    assert h.request_record().status is RequestStatus.PENDING
+
+
+def test_a_request_withdrawn_meanwhile_is_left_alone() -> None:
+    """The request's revision guards the commit: a request changed after it was read is not
+    answered with stale data."""
+    h = Harness()
+    running(h)
+    h.request(RequestKind.CHECK, "node-0")
+    observe = h.controller.observer.observe
+
+    def withdraw_after_reading(*args: object) -> Observation:
+        obs = observe(*args)  # type: ignore[arg-type]
+        h.store.delete("/stalwart/v1/jobs/unit-job/requests/req-1")
+        return obs
+
+    h.tick()
+    h.runner.finish_checks(h.cluster)
+    h.controller.observer.observe = withdraw_after_reading  # type: ignore[method-assign]
+    h.tick()
+    assert not h.controller.committed and h.store.get_raw("/stalwart/v1/jobs/unit-job/requests/req-1") is None
+
+
+def test_the_view_picks_the_running_generation_off_the_heartbeats() -> None:
+    h = Harness()
+    running(h)
+    h.beat("node-1", 0, [worker(2, exit_code=1)])  # an old generation's report: not this one's
+    obs = h.controller.observer.observe({}, frozenset())
+    assert obs.state is not None
+    view = View.of(obs, obs.state)
+    assert [w.rank for w in view.workers] == [0, 1] and view.crashed() == []

@@ -1,0 +1,76 @@
+"""Metrics into diagnosis: each node's window of metric vectors becomes its series, and a slow node
+the stacks do not single out is named by its metrics, in the finding's evidence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stalwart.controller import diagnosis_link
+from stalwart.controller.metric_windows import node_metrics, series_of
+from stalwart.logs import get_logger
+from stalwart.store.records import Assignment, NodeAssignment, StackReport
+
+
+def vector(node: str, at: float, **metrics: float) -> dict[str, Any]:
+    return {"node": node, "at": at, "step": 7, "workers_running": 2, **metrics}
+
+
+DUMP = """Thread 4242 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2100)
+    step (train.py:9)
+    <module> (train.py:20)
+"""
+
+
+def report(node: str, window: list[dict[str, Any]]) -> StackReport:
+    """Every rank waits in the same all-reduce: the stacks single no one out."""
+    first = int(node.rsplit("-", 1)[1]) * 2
+    stacks = [{"rank": first + i, "text": DUMP, "method": "py-spy"} for i in range(2)]
+    return StackReport(request_id="r", node=node, generation=1, captured_at=0.0, stacks=stacks, metrics=window)
+
+
+def test_a_window_becomes_series_of_its_measurements() -> None:
+    window = [vector("n", 1, step_time_s=0.1, gpu_count=8), vector("n", 2, step_time_s=0.2, data_time_s=0.05)]
+    assert series_of(window) == {"data_time_s": [None, 0.05], "step_time_s": [0.1, 0.2]}
+
+
+def test_agents_windows_win_and_the_controllers_history_fills_in() -> None:
+    reports = [report("node-0", [vector("node-0", 1, step_time_s=0.1)]), report("node-1", [])]
+    history = {"node-1": [vector("node-1", 1, step_time_s=0.3)], "node-0": [vector("node-0", 1, step_time_s=9.0)]}
+    series = {m.node: m.series for m in node_metrics(reports, history)}
+    assert series == {"node-0": {"step_time_s": [0.1]}, "node-1": {"step_time_s": [0.3]}}
+    assert node_metrics([report("node-0", [])], {}) == []  # no window anywhere: no series, no error
+
+
+@pytest.mark.parametrize("metric", ["data_time_s", "step_time_max_s"])
+def test_a_slow_node_is_named_by_its_metrics_when_every_stack_looks_the_same(
+    metric: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = [f"node-{i}" for i in range(4)]
+    windows = {
+        n: [vector(n, t, **{metric: (0.4 if n == "node-2" else 0.02) + 0.001 * (t % 3)}) for t in range(30)]
+        for n in nodes
+    }
+    monkeypatch.setattr(diagnosis_link, "request_stacks", lambda store, job: "r")
+    monkeypatch.setattr(diagnosis_link, "collect_stacks", lambda *a, **k: [report(n, windows[n]) for n in nodes])
+    assignment = Assignment(
+        job="j",
+        generation=1,
+        world_size=8,
+        master_addr="h",
+        master_port=1,
+        nodes=[
+            NodeAssignment(node=n, node_rank=i, role="trainer", first_rank=2 * i, local_world_size=2)
+            for i, n in enumerate(nodes)
+        ],
+        created_at=0.0,
+    )
+    log = get_logger("test")
+    found = diagnosis_link.diagnose_slowdown(None, "j", assignment, None, log, rounds=1, interval=0.0)  # type: ignore[arg-type]
+    assert found.suspects == ["node-2"]
+    assert any(line.startswith(f"metric outlier: {metric} on node-2") for line in found.evidence), found.evidence
+    # A hang weighs metrics at half (the stacks are the measurement there): named in the evidence.
+    hang = diagnosis_link.diagnose_hang(None, "j", assignment, None, log)  # type: ignore[arg-type]
+    assert any(line.startswith(f"metric outlier: {metric} on node-2") for line in hang.evidence), hang.evidence
