@@ -120,7 +120,7 @@ class Observer:
             registrations=nodes.registrations,
             beats=dict(self._last_beats),
             commands=nodes.commands,
-            vectors={n: list(v) for n, v in self._vectors.items()},
+            vectors=self._vectors,  # read-only to the core; work that runs off the loop copies what it needs
             request=self._oldest_request() if state is not None and not state.stage.terminal else None,
             incident=incident,
             results=dict(results),

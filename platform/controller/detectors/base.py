@@ -147,6 +147,10 @@ class View:
             for m in w.matches
         )
 
+    def slot_vectors(self) -> dict[str, list[Mapping[str, Any]]]:
+        """A copy of the slot nodes' metric windows, for work that runs off the loop."""
+        return {n: list(self.obs.vectors.get(n, ())) for n in self.state.slots}
+
     def result(self, key: WorkKey) -> WorkResult | None:
         return self.obs.results.get(key)
 

@@ -6,7 +6,7 @@ looked at again one timeout later before anything restarts; progress in the mean
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.policy import Classified, hang_timeout
@@ -55,10 +55,10 @@ class Hangs(Detector):
         return self._follow(view, self._stall)
 
     def _follow(self, view: View, stall: _Stall) -> Report:
-        work = StackDiagnosis("hang", view.state.generation, stall.capture, history=view.vectors)
+        work = StackDiagnosis("hang", view.state.generation, stall.capture)
         stall.judged = stall.judged or view.result(work.key)
         if stall.judged is None:
-            return Report(work=[] if view.busy(work.key) else [work])
+            return Report(work=[] if view.busy(work.key) else [replace(work, history=view.slot_vectors())])
         diagnosis = stall.judged.diagnosis
         suspects = list(diagnosis.suspects) if diagnosis else []
         if not suspects and stall.capture == stall.first:

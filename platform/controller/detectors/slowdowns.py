@@ -11,6 +11,8 @@ each time, so a slowdown that lasts becomes the baseline by itself.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.policy import Classified, slowdown_onset
 from stalwart.controller.work import StackDiagnosis
@@ -55,7 +57,6 @@ class Slowdowns(Detector):
             self._rounds,
             rounds=ft.slowdown_rounds,
             interval=max(0.5, 1.5 * self._asked[1]),
-            history=view.vectors,
         )
 
     def _follow(self, view: View) -> Report:
@@ -64,7 +65,7 @@ class Slowdowns(Detector):
         work = self._work(view)
         result = view.result(work.key)
         if result is None:
-            return Report(work=[] if view.busy(work.key) else [work])
+            return Report(work=[] if view.busy(work.key) else [replace(work, history=view.slot_vectors())])
         diagnosis = result.diagnosis
         if diagnosis is None or not diagnosis.suspects:
             # Everyone slowed down together: forget the slow samples, keep the baseline, pause.
