@@ -168,6 +168,15 @@ class Harness:
         beat = Heartbeat(node=node, generation=generation, sent_at=self.clock.now, workers=workers, **fields)
         self.store.put(keys.node_heartbeat(JOB, node), beat, lease=self.leases[node])
 
+    def running(self, generation: int = 1, slots: tuple[str, ...] = ("node-0", "node-1"), **fields: Any) -> None:
+        """A job in generation `generation`, its slot nodes registered and stepping."""
+        started = self.clock.now - 50
+        self.put_state(
+            stage="Running", generation=generation, slots=list(slots), generation_started_at=started, **fields
+        )
+        self.join(*slots, generation=generation)
+        self.run_generation(generation, list(slots))
+
     def run_generation(self, generation: int, slots: list[str], **worker_fields: Any) -> None:
         """Every slot node reports its two workers of `generation` running."""
         for i, node in enumerate(slots):

@@ -15,12 +15,6 @@ from stalwart.store.records import JobStage, LogMatch, RequestKind, RequestStatu
 S = JobStage
 
 
-def running(h: Harness, slots: tuple[str, ...] = ("node-0", "node-1"), **fields: object) -> None:
-    h.put_state(stage=S.RUNNING, generation=1, slots=list(slots), generation_started_at=h.clock.now - 50, **fields)
-    h.join(*slots, generation=1)
-    h.run_generation(1, list(slots))
-
-
 def peer_closed(at: float, cls: str = "peer_closed") -> list[LogMatch]:
     return [LogMatch(failure_class=cls, scope="job", severity="error", line="...", line_number=1, matched_at=at)]
 
@@ -28,7 +22,7 @@ def peer_closed(at: float, cls: str = "peer_closed") -> list[LogMatch]:
 # -- lost nodes ----------------------------------------------------------------------------------
 def test_a_peer_loss_symptom_lists_the_cluster_and_fences_the_dead_machine_in_the_same_tick() -> None:
     h = Harness(standbys={"count": 1})
-    running(h, standbys=["node-2"], next_node_index=3)
+    h.running(standbys=["node-2"], next_node_index=3)
     h.join("node-2")
     h.tick()  # the pool check lists the cluster now; the next ticks would not, for a heartbeat interval
     h.clock.advance(0.1)
@@ -50,7 +44,7 @@ def test_a_peer_loss_symptom_lists_the_cluster_and_fences_the_dead_machine_in_th
 def test_a_peer_loss_symptom_is_recent_or_ignored() -> None:
     """A chatty job must not make the controller list the cluster's nodes (pods) every tick for ever."""
     h = Harness()
-    running(h)
+    h.running()
     obs = h.controller.observer.observe({}, frozenset())
     assert obs.state is not None
 
@@ -76,7 +70,7 @@ def test_a_node_silent_after_its_peers_crashed_is_fenced_once_its_patience_is_ou
     """node-1's workers crash on node-0's closed sockets; node-0 says nothing. Patience: three
     heartbeats and half the lease TTL (here max(3 x 1 s, 2.5 s) = 3 s)."""
     h = Harness()
-    running(h)
+    h.running()
     h.clock.advance(0.5)
     died = h.clock.now
     h.beat("node-1", 1, [worker(2, exit_code=1, exited_at=died), worker(3, exit_code=1, exited_at=died)])
@@ -93,7 +87,7 @@ def test_a_node_silent_after_its_peers_crashed_is_fenced_once_its_patience_is_ou
 # -- crashes -------------------------------------------------------------------------------------
 def test_diagnosis_naming_a_machine_upgrades_a_plain_crash_to_an_eviction() -> None:
     h = Harness(standbys={"count": 1})
-    running(h, standbys=["node-2"], next_node_index=3)
+    h.running(standbys=["node-2"], next_node_index=3)
     h.join("node-2")
     h.beat("node-1", 1, [worker(2), worker(3, exit_code=-11, exited_at=h.clock.now)])
     h.tick()
@@ -109,7 +103,7 @@ def test_diagnosis_naming_a_machine_upgrades_a_plain_crash_to_an_eviction() -> N
 
 def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback() -> None:
     h = Harness()
-    running(h)
+    h.running()
     tail = ["Traceback (most recent call last):", "ValueError: shapes do not match"]
     crashed = [worker(0, exit_code=1, exited_at=h.clock.now, blame_scope="user_code", log_tail=tail), worker(1)]
     h.beat("node-0", 1, crashed)
@@ -117,7 +111,7 @@ def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback
     h.runner.finish(h.runner.launched[0].key, diagnosis=None)
     h.tick()
     assert h.state().stage is S.RESTARTING and h.state().user_code_failures == 1
-    running(h, restarts=1, user_code_failures=1)
+    h.running(restarts=1, user_code_failures=1)
     h.beat("node-0", 1, crashed)
     h.tick()
     h.runner.finish(h.runner.launched[-1].key, diagnosis=None)
@@ -128,7 +122,7 @@ def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback
 # -- machine faults ------------------------------------------------------------------------------
 def test_a_machine_fault_evicts_at_once_and_an_ignored_one_is_recorded_once() -> None:
     h = Harness(failurePolicy={"rules": [{"event": "MachineFault", "action": "Ignore"}]})
-    running(h)
+    h.running()
     h.beat("node-1", 1, [worker(2), worker(3)], machine_faults=["gpu: Xid 79 on GPU 3"])
     h.tick(3)
     [incident] = h.incidents()
@@ -141,7 +135,7 @@ def test_a_machine_fault_evicts_at_once_and_an_ignored_one_is_recorded_once() ->
 # -- loss spikes ---------------------------------------------------------------------------------
 def test_a_loss_spike_rolls_back_past_the_newest_checkpoint() -> None:
     h = Harness()
-    running(h)
+    h.running()
     for step, loss in enumerate([2.0, 2.1, 1.9, 2.2, 2.0, 12.0], start=31):
         h.run_generation(1, ["node-0", "node-1"], step=step, loss=loss)
         h.tick()
@@ -151,9 +145,24 @@ def test_a_loss_spike_rolls_back_past_the_newest_checkpoint() -> None:
 
 
 # -- hangs ---------------------------------------------------------------------------------------
+def test_a_hung_rank_is_diagnosed_off_the_loop_and_its_node_evicted() -> None:
+    """A Running tick never waits for diagnosis: the capture is launched, the tick returns."""
+    h = Harness(faultTolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10})
+    h.running()
+    h.clock.advance(6)
+    h.tick()
+    [capture] = h.runner.launched
+    assert capture.key[:2] == ("stacks", "hang") and h.state().stage is S.RUNNING
+    h.runner.finish(capture.key, diagnosis=Finding(suspects=["node-0"], evidence=["rank 1 is the outlier"]))
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "Hang" and incident.evicted == ["node-0"]
+    assert incident.failed_at == h.clock.now - 6 and incident.detected_at == h.clock.now
+
+
 def test_a_stall_with_no_suspect_is_looked_at_again_then_restarted() -> None:
     h = Harness(faultTolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10})
-    running(h)
+    h.running()
     h.clock.advance(6)
     h.tick()
     [first] = h.runner.launched
@@ -172,7 +181,7 @@ def test_a_stall_with_no_suspect_is_looked_at_again_then_restarted() -> None:
 
 def test_progress_during_a_capture_ends_the_stall() -> None:
     h = Harness(faultTolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10})
-    running(h)
+    h.running()
     h.clock.advance(6)
     h.tick()
     [capture] = h.runner.launched
@@ -192,7 +201,7 @@ def _pace(h: Harness, step_times: list[float], first_step: int = 1) -> None:
 
 def test_a_slowdown_nobody_is_to_blame_for_pauses_then_a_culprit_is_evicted() -> None:
     h = Harness(faultTolerance={"slowdownFactor": 2, "slowdownRounds": 2}, standbys={"count": 1})
-    running(h, standbys=["node-2"], next_node_index=3)
+    h.running(standbys=["node-2"], next_node_index=3)
     h.join("node-2")
     _pace(h, [0.1] * 8 + [0.5] * 5)
     [rounds] = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
@@ -231,7 +240,7 @@ def _vectors(h: Harness, step_time: dict[str, float], samples: int) -> None:
 def test_a_node_whose_own_pace_is_an_outlier_among_its_role_is_evicted() -> None:
     h = Harness(roles=[{"name": "rollout", "replicas": 4, "processesPerNode": 2, "command": ["python", "r.py"]}])
     slots = ("node-0", "node-1", "node-2", "node-3")
-    running(h, slots=slots, next_node_index=4)
+    h.running(slots=slots, next_node_index=4)
     _vectors(h, {"node-0": 0.10, "node-1": 0.11, "node-2": 0.10, "node-3": 0.10}, 8)
     assert h.incidents() == []
     _vectors(h, {"node-0": 0.10, "node-1": 0.11, "node-2": 0.35, "node-3": 0.10}, 16)
@@ -242,7 +251,7 @@ def test_a_node_whose_own_pace_is_an_outlier_among_its_role_is_evicted() -> None
 
 def test_metric_outliers_need_three_nodes_of_a_role() -> None:
     h = Harness()
-    running(h)
+    h.running()
     _vectors(h, {"node-0": 0.1, "node-1": 0.5}, 20)
     assert h.incidents() == []
 
@@ -250,7 +259,7 @@ def test_metric_outliers_need_three_nodes_of_a_role() -> None:
 # -- code updates --------------------------------------------------------------------------------
 def test_a_new_code_version_is_applied_at_the_next_restart_or_forced_at_its_deadline() -> None:
     h = Harness(codeVersion="v1")
-    running(h, code_version="v1")
+    h.running(code_version="v1")
     h.set_spec(codeVersion="v2", hotUpdateDeadlineSeconds=60)
     h.tick()
     assert h.state().code_update_seen_at == h.clock.now and h.incidents() == []
@@ -268,7 +277,7 @@ def test_a_new_code_version_is_applied_at_the_next_restart_or_forced_at_its_dead
 # -- operator requests ---------------------------------------------------------------------------
 def test_requests_cordon_uncordon_and_refuse_unknown_nodes() -> None:
     h = Harness(standbys={"count": 1})
-    running(h, standbys=["node-2"], next_node_index=3)
+    h.running(standbys=["node-2"], next_node_index=3)
     h.request(RequestKind.CORDON, "node-2", "r1")
     h.tick()
     assert h.request_record("r1").status is RequestStatus.DONE
@@ -284,7 +293,7 @@ def test_requests_cordon_uncordon_and_refuse_unknown_nodes() -> None:
 
 def test_a_check_request_runs_off_the_loop_and_answers_when_done() -> None:
     h = Harness()
-    running(h)
+    h.running()
     h.cluster.failing["node-1"] = ["all-reduce: wrong result"]
     h.request(RequestKind.CHECK, None)
     h.tick()
@@ -307,7 +316,7 @@ def test_a_request_withdrawn_meanwhile_is_left_alone() -> None:
     """The request's revision guards the commit: a request changed after it was read is not
     answered with stale data."""
     h = Harness()
-    running(h)
+    h.running()
     h.request(RequestKind.CHECK, "node-0")
     observe = h.controller.observer.observe
 
@@ -325,7 +334,7 @@ def test_a_request_withdrawn_meanwhile_is_left_alone() -> None:
 
 def test_the_view_picks_the_running_generation_off_the_heartbeats() -> None:
     h = Harness()
-    running(h)
+    h.running()
     h.beat("node-1", 0, [worker(2, exit_code=1)])  # an old generation's report: not this one's
     obs = h.controller.observer.observe({}, frozenset())
     assert obs.state is not None

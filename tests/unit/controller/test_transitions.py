@@ -12,7 +12,6 @@ from collections.abc import Callable
 import pytest
 from support.controller_harness import JOB, Harness, worker
 
-from stalwart.controller.diagnosis_link import Finding
 from stalwart.controller.transitions import ACTIVE, TABLE, Row, Trigger
 from stalwart.spec.model import FailureEvent
 from stalwart.store import keys
@@ -20,15 +19,6 @@ from stalwart.store.records import Incident, JobStage, ReplayGroupRun, ReplaySta
 
 S = JobStage
 Scenario = Callable[[], Harness]
-
-
-def running(h: Harness, generation: int = 1, slots: tuple[str, ...] = ("node-0", "node-1"), **fields: object) -> None:
-    """A job in generation `generation`, its slot nodes registered and stepping."""
-    h.put_state(
-        stage=S.RUNNING, generation=generation, slots=list(slots), generation_started_at=h.clock.now - 50, **fields
-    )
-    h.join(*slots, generation=generation)
-    h.run_generation(generation, list(slots))
 
 
 # -- Pending -------------------------------------------------------------------------------------
@@ -110,7 +100,7 @@ def preflight_exhausted() -> Harness:
 # -- Running -------------------------------------------------------------------------------------
 def succeeded() -> Harness:
     h = Harness()
-    running(h)
+    h.running()
     for i, node in enumerate(["node-0", "node-1"]):
         h.beat(node, 1, [worker(r, step=60, exit_code=0, loss=1.5) for r in (2 * i, 2 * i + 1)])
     h.tick()
@@ -122,7 +112,7 @@ def succeeded() -> Harness:
 def failure_handled() -> Harness:
     """A lost node, hot-swapped: the standby takes its slot, the incident is committed with it."""
     h = Harness(standbys={"count": 1})
-    running(h, standbys=["node-2"], next_node_index=3, standbys_checked=["node-2"])
+    h.running(standbys=["node-2"], next_node_index=3, standbys_checked=["node-2"])
     h.join("node-2")
     h.clock.advance(1)
     h.lapse("node-1")
@@ -139,7 +129,7 @@ def failure_handled() -> Harness:
 def failure_checked() -> Harness:
     """A worker killed with no message: restart, after stop-time checks."""
     h = Harness()
-    running(h)
+    h.running()
     h.clock.advance(1)
     h.beat("node-0", 1, [worker(0, at=h.clock.now), worker(1, exit_code=-9, exited_at=h.clock.now - 0.5)])
     h.beat("node-1", 1, [worker(2, at=h.clock.now), worker(3, at=h.clock.now)])
@@ -158,7 +148,7 @@ def failure_checked() -> Harness:
 
 def failure_fatal() -> Harness:
     h = Harness(failurePolicy={"maxRestarts": 0})
-    running(h)
+    h.running()
     died = h.clock.now - 1
     h.beat("node-0", 1, [worker(0), worker(1, exit_code=-9, exited_at=died)])
     h.tick()  # diagnosis is asked to read the logs; it does not answer within CRASH_DIAGNOSIS_WAIT
@@ -174,7 +164,7 @@ def failure_fatal() -> Harness:
 
 def evict_requested() -> Harness:
     h = Harness(standbys={"count": 1})
-    running(h, standbys=["node-2"], next_node_index=3)
+    h.running(standbys=["node-2"], next_node_index=3)
     h.join("node-2")
     h.request(RequestKind.EVICT, "node-1")
     h.tick()
@@ -296,7 +286,7 @@ def suspend_from(stage: JobStage) -> Scenario:
     def scenario() -> Harness:
         h = Harness(suspend=True)
         if stage is S.RUNNING:
-            running(h)
+            h.running()
         else:
             h.put_state(stage=stage, generation=1 if stage is not S.STARTING else 0)
             h.join("node-0", "node-1")
@@ -380,18 +370,3 @@ def test_row(row: Row, monkeypatch: pytest.MonkeyPatch) -> None:
     assert h.state().stage is taken[-1][2]
     assert h.state().phase is taken[-1][2].phase
     assert h.state().stage_since == h.clock.now
-
-
-def test_a_hung_rank_is_diagnosed_off_the_loop() -> None:
-    """A Running tick never waits for diagnosis: the capture is launched, the tick returns."""
-    h = Harness(faultTolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10})
-    running(h)
-    h.clock.advance(6)
-    h.tick()
-    [capture] = h.runner.launched
-    assert capture.key[:2] == ("stacks", "hang") and h.state().stage is S.RUNNING
-    h.runner.finish(capture.key, diagnosis=Finding(suspects=["node-0"], evidence=["rank 1 is the outlier"]))
-    h.tick()
-    [incident] = h.incidents()
-    assert incident.failure_class.value == "Hang" and incident.evicted == ["node-0"]
-    assert incident.failed_at == h.clock.now - 6 and incident.detected_at == h.clock.now
