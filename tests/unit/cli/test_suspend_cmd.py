@@ -30,10 +30,10 @@ def spec_suspend(store: Store, name: str) -> object:
 
 def test_suspend_and_resume_set_the_flag_and_keep_the_rest_of_the_spec(store: Store) -> None:
     name = job(store)
-    result = runner.invoke(app, ["suspend", name, "--no-wait", "--etcd", store.endpoint, "-o", "json"])
+    result = runner.invoke(app, ["suspend", name, "--yes", "--no-wait", "--etcd", store.endpoint, "-o", "json"])
     assert result.exit_code == 0, result.output
     assert spec_suspend(store, name) is True and json.loads(result.stdout)["suspend"] is True
-    again = runner.invoke(app, ["suspend", name, "--no-wait", "--etcd", store.endpoint])
+    again = runner.invoke(app, ["suspend", name, "-y", "--no-wait", "--etcd", store.endpoint])
     assert again.exit_code == 0 and "already true" in again.output
     result = runner.invoke(app, ["resume", name, "--no-wait", "--etcd", store.endpoint])
     assert result.exit_code == 0, result.output
@@ -42,15 +42,21 @@ def test_suspend_and_resume_set_the_flag_and_keep_the_rest_of_the_spec(store: St
     assert raw is not None and json.loads(raw)["spec"]["codeVersion"] == "v1"
 
 
+def test_suspend_asks_first(store: Store) -> None:
+    name = job(store)
+    result = runner.invoke(app, ["suspend", name, "--etcd", store.endpoint], input="n\n")
+    assert result.exit_code != 0 and "nothing was done" in result.output and spec_suspend(store, name) is None
+
+
 def test_waiting_for_a_controller_that_does_not_come_is_a_clear_error(store: Store) -> None:
     name = job(store)
-    result = runner.invoke(app, ["suspend", name, "--timeout", "1", "--etcd", store.endpoint])
+    result = runner.invoke(app, ["suspend", name, "-y", "--timeout", "1", "--etcd", store.endpoint])
     assert result.exit_code != 0 and "still Running (Running) after 1s" in result.output
 
 
 def test_a_finished_or_unknown_job_cannot_be_suspended(store: Store) -> None:
     done = job(store, JobStage.SUCCEEDED)
-    result = runner.invoke(app, ["suspend", done, "--etcd", store.endpoint])
+    result = runner.invoke(app, ["suspend", done, "-y", "--etcd", store.endpoint])
     assert result.exit_code != 0 and "has finished (Succeeded)" in result.output
     result = runner.invoke(app, ["resume", "no-such-job", "--etcd", store.endpoint])
     assert result.exit_code != 0 and "no job 'no-such-job'" in result.output
