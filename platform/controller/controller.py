@@ -78,6 +78,7 @@ from stalwart.store.records import JobPhase, JobState
 TICK_SECONDS = 0.1
 MAX_HURRIED_TICKS = 4  # ticks run back to back while each one commits a step of a recovery
 MAX_DECIDE_ROUNDS = 3  # a decision may ask for more observation (the cluster, then a rendezvous)
+RESULT_TTL_SECONDS = 600.0  # a result no decision read by then is for a stage long gone
 SHUTDOWN_WAIT_SECONDS = 30.0
 AfterCommit = Callable[[Decision], None]
 
@@ -147,6 +148,8 @@ class JobController:
         self.committed = False
         for result in self.runner.take():
             self._results[result.key] = result
+        now = self.clock.time()
+        self._results = {k: r for k, r in self._results.items() if now - r.finished_at < RESULT_TTL_SECONDS}
         obs = self.observer.observe(self._results, self.runner.in_flight())
         decision = self.core.decide(obs)
         for _ in range(MAX_DECIDE_ROUNDS):

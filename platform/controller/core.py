@@ -57,7 +57,6 @@ class ReconcileCore:
         if obs.state is None:
             return self._create(obs)
         plan = Plan(obs.state, obs.revision, obs.now)
-        plan.consumed.update(obs.results)  # every result is used now or no longer matters
         if obs.state.stage.terminal:
             return plan.decision()
         view = View.of(obs, obs.state)
@@ -71,6 +70,7 @@ class ReconcileCore:
         if more and not obs.satisfies(more):
             return more
         world.reconcile(plan, obs)
+        plan.consumed.update(view.taken)
         return plan.decision()
 
     def _decide(self, plan: Plan, obs: Observation, view: View, reports: list[tuple[Detector, Report]]) -> Needs | None:

@@ -12,7 +12,8 @@ Contract:
 - A finding is reported on every tick until the core handled it: `handled` is called once the
   decision that acted on it is committed. A commit that fails loses nothing.
 - The detector resets itself when the job's generation changes (`reset`).
-- Results of the work it asked for arrive in `view.results` under the work's key (until consumed).
+- The result of work it asked for is `view.result(key)`, once: reading a result consumes it (when
+  the tick's decision holds), so a detector keeps what it needs of it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class View:
     obs: Observation
     state: JobState
     spec: TrainingJobSpec
+    taken: set[WorkKey] = field(default_factory=set)  # results read this tick: consumed if it holds
 
     @classmethod
     def of(cls, obs: Observation, state: JobState) -> View:
@@ -152,7 +154,11 @@ class View:
         return {n: list(self.obs.vectors.get(n, ())) for n in self.state.slots}
 
     def result(self, key: WorkKey) -> WorkResult | None:
-        return self.obs.results.get(key)
+        """The result of a piece of work, if it came back; read, it is consumed with this decision."""
+        found = self.obs.results.get(key)
+        if found is not None:
+            self.taken.add(key)
+        return found
 
     def busy(self, key: WorkKey) -> bool:
         """The work is running, or its result waits to be used."""

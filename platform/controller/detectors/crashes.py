@@ -11,7 +11,7 @@ from __future__ import annotations
 from stalwart.controller.detectors.base import Detector, Failure, Report, View
 from stalwart.controller.diagnosis_link import Finding as Diagnosis
 from stalwart.controller.policy import MACHINE_CLASSES, Classified, classify_crash
-from stalwart.controller.work import CrashDiagnosis
+from stalwart.controller.work import CrashDiagnosis, WorkResult
 from stalwart.spec.model import FailureEvent
 
 CRASH_DIAGNOSIS_WAIT = 5.0
@@ -22,6 +22,7 @@ class Crashes(Detector):
 
     def reset(self) -> None:
         self._asked: dict[tuple[str, ...], float] = {}  # diagnosis key -> when it was asked for
+        self._diagnosed: dict[tuple[str, ...], WorkResult] = {}
 
     def observe(self, view: View) -> Report:
         crashed = view.crashed()
@@ -33,7 +34,9 @@ class Crashes(Detector):
         pairs = [(view.owners[w.rank], w) for w in crashed if w.rank in view.owners]
         what = classify_crash(pairs)
         work = CrashDiagnosis(view.state.generation, first_exit, tuple(pairs))
-        result = view.result(work.key)
+        result = self._diagnosed.get(work.key) or view.result(work.key)
+        if result is not None:
+            self._diagnosed[work.key] = result
         if result is None:
             asked = self._asked.setdefault(work.key, view.now)
             if view.now - asked < CRASH_DIAGNOSIS_WAIT:

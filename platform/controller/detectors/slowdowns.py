@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.policy import Classified, slowdown_onset
-from stalwart.controller.work import StackDiagnosis
+from stalwart.controller.work import StackDiagnosis, WorkResult
 from stalwart.spec.model import FailureEvent
 
 PACE_HISTORY = 200
@@ -31,6 +31,7 @@ class Slowdowns(Detector):
         self._quiet_until, self._backoff = 0.0, PACE_QUIET_SECONDS
         self._rounds = 0  # numbers the rounds of stacks (their work keys)
         self._asked: tuple[float, float, float] | None = None  # (onset, recent step time, asked at)
+        self._found: WorkResult | None = None  # the rounds' result, once back
 
     def observe(self, view: View) -> Report:
         running = [w for w in view.workers if w.exit_code is None]
@@ -63,7 +64,7 @@ class Slowdowns(Detector):
         assert self._asked is not None
         onset, recent, asked_at = self._asked
         work = self._work(view)
-        result = view.result(work.key)
+        result = self._found = self._found or view.result(work.key)
         if result is None:
             return Report(work=[] if view.busy(work.key) else [replace(work, history=view.slot_vectors())])
         diagnosis = result.diagnosis
@@ -71,7 +72,7 @@ class Slowdowns(Detector):
             # Everyone slowed down together: forget the slow samples, keep the baseline, pause.
             self._pace = [p for p in self._pace if p[0] < onset]
             self._quiet_until, self._backoff = result.finished_at + self._backoff, 2 * self._backoff
-            self._rounds, self._asked = self._rounds + 1, None
+            self._rounds, self._asked, self._found = self._rounds + 1, None, None
             return Report()
         factor = view.spec.fault_tolerance.slowdown_factor
         what = Classified(
@@ -86,4 +87,4 @@ class Slowdowns(Detector):
     def handled(self, finding: Finding, now: float) -> None:
         """Handled, or tolerated by an Ignore rule: the pace starts a new baseline."""
         self._pace, self._paced_step = [], None
-        self._rounds, self._asked = self._rounds + 1, None
+        self._rounds, self._asked, self._found = self._rounds + 1, None, None

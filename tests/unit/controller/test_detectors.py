@@ -111,8 +111,10 @@ def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback
     h.runner.finish(h.runner.launched[0].key, diagnosis=None)
     h.tick()
     assert h.state().stage is S.RESTARTING and h.state().user_code_failures == 1
-    h.running(restarts=1, user_code_failures=1)
-    h.beat("node-0", 1, crashed)
+    h.tick()  # generation 2 starts; its workers raise the same exception
+    assert h.state().generation == 2
+    h.beat("node-0", 2, crashed)
+    h.run_generation(2, ["node-1"])
     h.tick()
     h.runner.finish(h.runner.launched[-1].key, diagnosis=None)
     h.tick()
