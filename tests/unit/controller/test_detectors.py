@@ -105,7 +105,8 @@ def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback
     h = Harness()
     h.running()
     tail = ["Traceback (most recent call last):", "ValueError: shapes do not match"]
-    crashed = [worker(0, exit_code=1, exited_at=h.clock.now, blame_scope="user_code", log_tail=tail), worker(1)]
+    now = h.clock.now
+    crashed = [worker(0, exit_code=1, exited_at=now, blame_scope="user_code", log_tail=tail), worker(1, at=now)]
     h.beat("node-0", 1, crashed)
     h.tick()
     h.runner.finish(h.runner.launched[0].key, diagnosis=None)
@@ -114,7 +115,7 @@ def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback
     h.tick()  # generation 2 starts; its workers raise the same exception
     assert h.state().generation == 2
     h.beat("node-0", 2, crashed)
-    h.run_generation(2, ["node-1"])
+    h.beat("node-1", 2, [worker(2, at=now), worker(3, at=now)])
     h.tick()
     h.runner.finish(h.runner.launched[-1].key, diagnosis=None)
     h.tick()

@@ -153,8 +153,8 @@ def failure_fatal() -> Harness:
     h.beat("node-0", 1, [worker(0), worker(1, exit_code=-9, exited_at=died)])
     h.tick()  # diagnosis is asked to read the logs; it does not answer within CRASH_DIAGNOSIS_WAIT
     h.clock.advance(6)
-    h.beat("node-0", 1, [worker(0), worker(1, exit_code=-9, exited_at=died)])
-    h.run_generation(1, ["node-1"])
+    h.beat("node-0", 1, [worker(0, at=h.clock.now), worker(1, exit_code=-9, exited_at=died)])
+    h.beat("node-1", 1, [worker(2, at=h.clock.now), worker(3, at=h.clock.now)])
     h.tick()
     assert h.state().reason == "RestartBudgetExhausted"
     [incident] = h.incidents()
