@@ -71,6 +71,27 @@ def test_ettr_of_an_unrecovered_incident_runs_to_the_end() -> None:
     assert compute_ettr(state, [inc], now=100.0).ettr == pytest.approx(0.9)
 
 
+def test_ettr_leaves_suspended_time_out_of_the_window_and_of_downtime() -> None:
+    from stalwart.store.records import Suspension
+
+    # Suspended 40..60 while an incident (failed at 30) was still open; recovered at 70.
+    state = JobState(
+        job="j",
+        created_at=0,
+        updated_at=0,
+        first_step_at=0.0,
+        finished_at=100.0,
+        suspensions=[Suspension(started_at=40.0, ended_at=60.0)],
+    )
+    inc = Incident(id="i", job="j", failure_class=FailureClass.LOST_NODE, generation=1, failed_at=30.0, detected_at=31)
+    inc.first_step_at = 70.0
+    report = compute_ettr(state, [inc], now=100.0)
+    assert report.window_seconds == 80.0 and report.downtime_seconds == 20.0
+    assert report.ettr == pytest.approx(0.75)
+    ongoing = state.model_copy(update={"suspensions": [Suspension(started_at=90.0)], "finished_at": None})
+    assert compute_ettr(ongoing, [], now=100.0).window_seconds == 90.0
+
+
 def test_fault_specs_parse() -> None:
     f = parse_fault("kill-worker:rank=1,step=20")
     assert (f.kind, f.rank, f.step) == (FaultKind.KILL_WORKER, 1, 20)
