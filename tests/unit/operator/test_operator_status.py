@@ -17,19 +17,19 @@ T0 = 1_800_000_000.0
 
 
 def state(**changes: object) -> JobState:
-    base = JobState(
-        job="ml.demo",
-        phase=JobPhase.RUNNING,
-        generation=1,
-        slots=["node-0", "node-1"],
-        standbys=["node-2"],
-        created_at=T0,
-        updated_at=T0,
-        started_at=T0 + 5,
-        first_step_at=T0 + 10,
-        last_step=40,
-    )
-    return base.model_copy(update=changes)
+    base: dict[str, object] = {
+        "job": "ml.demo",
+        "phase": JobPhase.RUNNING,  # the phase is derived from the stage: built, not copied over
+        "generation": 1,
+        "slots": ["node-0", "node-1"],
+        "standbys": ["node-2"],
+        "created_at": T0,
+        "updated_at": T0,
+        "started_at": T0 + 5,
+        "first_step_at": T0 + 10,
+        "last_step": 40,
+    }
+    return JobState(**{**base, **changes})  # type: ignore[arg-type]
 
 
 PODS = {
