@@ -58,12 +58,10 @@ def reconcile(plan: Plan, obs: Observation) -> None:
         current = obs.commands.get(node)
         if current is None or (current.generation, current.action) != (generation, action):
             plan.effect(SendCommand(node, generation, action))
-    if state.stage.terminal:
-        return
+    if state.stage.terminal or obs.cluster is None:
+        return  # nodes are looked after when the cluster was listed (not every tick while running)
     for node in state.evicted:
         plan.effect(CordonNode(node, EVICTED_REASON))
-    if obs.cluster is None:
-        return
     wanted = wanted_nodes(state)
     for name in sorted(obs.cluster):
         if name not in wanted:
