@@ -8,7 +8,6 @@ as `kubectl patch` does to the custom resource: the controller honours the field
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -16,6 +15,7 @@ from enum import Enum
 
 from stalwart.cli import operator_requests
 from stalwart.cli.lookup import job_for_node, require_state
+from stalwart.cli.spec_edit import SpecEditError, set_suspend
 from stalwart.console.access import Identity
 from stalwart.logs import get_logger
 from stalwart.store import keys
@@ -144,19 +144,9 @@ def _await(store: Store, job: str, request: operator_requests.OperatorRequest, t
 
 
 def _set_suspend(store: Store, job: str, suspend: bool, entry: AuditEntry) -> None:
-    key = keys.job_spec(job)
-    for _ in range(3):  # someone else (the operator, another console) may be writing the spec now
-        raw = store.get_raw(key)
-        if raw is None:
-            raise Conflict(f"job {job!r} has no spec in etcd")
-        doc = json.loads(raw)
-        spec = doc.get("spec") if isinstance(doc, dict) else None
-        if not isinstance(spec, dict):
-            raise Conflict(f"job {job!r}'s spec in etcd has no 'spec' section")
-        if bool(spec.get("suspend")) == suspend:
-            raise Conflict(f"job {job!r} is {'already' if suspend else 'not'} suspended")
-        spec["suspend"] = suspend
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        if store.commit({key: json.dumps(doc), keys.audit_entry(job, entry.id): entry}, expect_value={key: text}):
-            return
-    raise Conflict(f"job {job!r}'s spec kept changing while it was being updated; try again")
+    try:
+        changed = set_suspend(store, job, suspend, also={keys.audit_entry(job, entry.id): entry})
+    except SpecEditError as exc:
+        raise Conflict(str(exc)) from None
+    if not changed:
+        raise Conflict(f"job {job!r} is {'already' if suspend else 'not'} suspended")
