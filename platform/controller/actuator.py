@@ -70,6 +70,8 @@ class Actuator:
                 log.warning("fencing node", fields={"node": effect.node, "why": effect.why})
                 self.store.revoke_lease(effect.lease_id)
         elif isinstance(effect, Launch):
+            if effect.work.key not in self.runner.in_flight():
+                log.info("long work started (off the loop)", fields={"work": effect.work.describe()})
             self.runner.launch(effect.work)
 
     def _stop_in_background(self, node: str, log: ContextLogger) -> None:

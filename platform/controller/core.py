@@ -101,7 +101,6 @@ class ReconcileCore:
             if waiting and plan.now - (state.stage_since or state.created_at) < STANDBY_WAIT_SECONDS:
                 return None  # standbys are checked with the job's nodes when they are up; late ones alone
             plan.enter(Trigger.NODES_READY)
-            plan.log("info", "pre-flight checks", round=state.preflight_rounds + 1)
             plan.effect(Launch(checks.preflight_checks(plan, obs)))
         elif plan.now - (state.stage_since or state.created_at) > STARTUP_TIMEOUT_SECONDS:
             missing = [s for s in state.slots if s not in obs.registrations]
@@ -172,7 +171,6 @@ class ReconcileCore:
         still = [n for n in state.slots if (b := obs.beats.get(n)) and any(w.exit_code is None for w in b.workers)]
         if still:
             return None  # the checks need the machines to themselves
-        plan.log("info", "stop-time checks", nodes=state.slots)
         plan.effect(Launch(work))
         return None
 

@@ -105,7 +105,6 @@ def _checked(plan: Plan, request: OperatorRequest, view: View) -> bool:
     result = view.result(work.key)
     if result is None:
         if not view.busy(work.key):
-            plan.log("info", "checks on request", request=request.id, nodes=list(nodes))
             plan.effect(Launch(work))
         return False
     if result.error is not None:

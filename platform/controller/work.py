@@ -40,6 +40,9 @@ class NodeChecks:
     def key(self) -> WorkKey:
         return ("checks", self.purpose, self.tag)
 
+    def describe(self) -> str:
+        return f"{self.purpose} checks ({self.tag}) on {', '.join(self.nodes)}"
+
 
 @dataclass(frozen=True, eq=False)
 class StackDiagnosis:
@@ -57,6 +60,10 @@ class StackDiagnosis:
     def key(self) -> WorkKey:
         return ("stacks", self.kind, str(self.generation), str(self.attempt))
 
+    def describe(self) -> str:
+        what = f"{self.rounds} rounds of every rank's stack" if self.rounds > 1 else "every rank's stack"
+        return f"{what} for a {self.kind} (generation {self.generation}, capture {self.attempt})"
+
 
 @dataclass(frozen=True, eq=False)
 class CrashDiagnosis:
@@ -69,6 +76,9 @@ class CrashDiagnosis:
     @property
     def key(self) -> WorkKey:
         return ("crash", str(self.generation), f"{self.first_exit:.6f}")
+
+    def describe(self) -> str:
+        return f"diagnosis of the crash of rank(s) {', '.join(str(w.rank) for _, w in self.crashed[:8])}"
 
 
 Work = NodeChecks | StackDiagnosis | CrashDiagnosis
