@@ -26,7 +26,7 @@ from typing import Annotated, Protocol
 
 import typer
 
-from stalwart.cli import operator_requests
+from stalwart.cli import operator_requests, suspension
 from stalwart.cli.connection import ETCD_ENV, config_path, open_store, resolve
 from stalwart.cli.errors import EXIT_USAGE, CliError
 from stalwart.cli.lookup import job_for_node
@@ -90,11 +90,9 @@ class EtcdActions:
         return operator_requests.wait(self._store, job, request, timeout)
 
     def suspend(self, job: str, suspended: bool, timeout: float) -> str:
-        raise CliError(
-            "suspend and resume act on a TrainingJob through the Kubernetes API (the operator honours "
-            "spec.suspend): run them with a kubeconfig, without --etcd; a `stalwart run` job stops with Ctrl-C",
-            EXIT_USAGE,
-        )
+        """Set spec.suspend in etcd (stalwart.cli.spec_edit, as the console does) and wait for the
+        job's controller to carry it out."""
+        return suspension.suspend(self._store, self.job_id(job), suspended, timeout)
 
 
 def _kubeconfig_present() -> bool:

@@ -1,6 +1,9 @@
-"""`stalwart suspend JOB` / `stalwart resume JOB`: spec.suspend on the TrainingJob, through the
-Kubernetes API (the operator stops the job's pods and keeps its state and checkpoints; resuming
-restarts it from the newest checkpoint). Only a cluster job can be suspended."""
+"""`stalwart suspend JOB` / `stalwart resume JOB`: set or unset the job's `spec.suspend`, then wait
+for it to be carried out. Through etcd (a `stalwart run` job: stalwart.cli.suspension) the job's
+controller stops its workers and nodes; through the Kubernetes API (stalwart_operator.cli_actions)
+the operator does, from the TrainingJob. Either way the state, incidents and checkpoints stay, no
+incident or restart is counted, and resuming starts a new generation from the newest checkpoint.
+`stalwart.cli.job_actions` says which way a command goes."""
 
 from __future__ import annotations
 
@@ -13,15 +16,18 @@ from stalwart.cli.errors import cli_errors
 from stalwart.cli.job_actions import NamespaceOption, open_actions
 from stalwart.cli.output import out
 
-JobName = Annotated[str, typer.Argument(metavar="JOB", help="The TrainingJob's name.")]
-TimeoutOption = Annotated[float, typer.Option(min=1, help="Seconds to wait for the operator to carry it out.")]
+JobName = Annotated[str, typer.Argument(metavar="JOB", help="The job's name (a TrainingJob's, or `stalwart jobs`').")]
+TimeoutOption = Annotated[
+    float, typer.Option(min=1, help="Seconds to wait for the controller (or the operator) to carry it out.")
+]
 
 
 @cli_errors
 def suspend(
     job: JobName, namespace: NamespaceOption = None, timeout: TimeoutOption = 120.0, etcd: EtcdOption = None
 ) -> None:
-    """Suspend a job: its pods stop; its state and checkpoints are kept until it is resumed.
+    """Suspend a job: its workers and nodes (pods) stop; its state and checkpoints are kept until it
+    is resumed.
 
     Examples:
 
@@ -34,7 +40,7 @@ def suspend(
 
 @cli_errors
 def resume(
-    job: JobName, namespace: NamespaceOption = None, timeout: TimeoutOption = 120.0, etcd: EtcdOption = None
+    job: JobName, namespace: NamespaceOption = None, timeout: TimeoutOption = 300.0, etcd: EtcdOption = None
 ) -> None:
     """Resume a suspended job from its newest checkpoint.
 

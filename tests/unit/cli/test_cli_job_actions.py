@@ -33,5 +33,5 @@ def test_with_etcd_the_namespace_qualifies_the_job(nowhere: Path, store: Store) 
         assert isinstance(actions, EtcdActions) and actions.store is not None
         assert actions.job_id("demo") == "ml.demo" and actions.job_id("ml.demo") == "ml.demo"
         assert actions.is_job("demo") and not actions.is_job("other")
-        with pytest.raises(CliError, match="kubeconfig"):
+        with pytest.raises(CliError, match="no spec in etcd"):  # the etcd path edits ml.demo's spec
             actions.suspend("demo", True, 1.0)

@@ -1,5 +1,6 @@
-"""`stalwart suspend` / `resume` edit spec.suspend in a real etcd; the controller's side is
-tests/unit/controller (test_transitions.py, test_controller_loop.py)."""
+"""`stalwart suspend` / `resume` through etcd: they edit spec.suspend in a real etcd and wait for
+the controller; the controller's side is tests/unit/controller (test_transitions.py,
+test_controller_loop.py), the Kubernetes path tests/e2e/operator."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import uuid
 
 from typer.testing import CliRunner
 
+from stalwart.cli.errors import EXIT_TIMEOUT
 from stalwart.cli.main import app
 from stalwart.store import Store, keys
 from stalwart.store.records import JobStage, JobState
@@ -15,11 +17,15 @@ from stalwart.store.records import JobStage, JobState
 runner = CliRunner()
 
 
-def job(store: Store, stage: JobStage = JobStage.RUNNING) -> str:
+def job(store: Store, stage: JobStage = JobStage.RUNNING, generation: int = 2) -> str:
     name = f"susp-{uuid.uuid4().hex[:6]}"
     store.put(keys.job_spec(name), json.dumps({"metadata": {"name": name}, "spec": {"codeVersion": "v1"}}))
-    store.put(keys.job_state(name), JobState(job=name, stage=stage, generation=2, created_at=0, updated_at=0))
+    set_stage(store, name, stage, generation)
     return name
+
+
+def set_stage(store: Store, name: str, stage: JobStage, generation: int) -> None:
+    store.put(keys.job_state(name), JobState(job=name, stage=stage, generation=generation, created_at=0, updated_at=0))
 
 
 def spec_suspend(store: Store, name: str) -> object:
@@ -28,35 +34,31 @@ def spec_suspend(store: Store, name: str) -> object:
     return json.loads(raw)["spec"].get("suspend")
 
 
-def test_suspend_and_resume_set_the_flag_and_keep_the_rest_of_the_spec(store: Store) -> None:
+def test_suspend_sets_the_flag_keeps_the_spec_and_waits_for_the_controller(store: Store) -> None:
     name = job(store)
-    result = runner.invoke(app, ["suspend", name, "--yes", "--no-wait", "--etcd", store.endpoint, "-o", "json"])
-    assert result.exit_code == 0, result.output
-    assert spec_suspend(store, name) is True and json.loads(result.stdout)["suspend"] is True
-    again = runner.invoke(app, ["suspend", name, "-y", "--no-wait", "--etcd", store.endpoint])
-    assert again.exit_code == 0 and "already true" in again.output
-    result = runner.invoke(app, ["resume", name, "--no-wait", "--etcd", store.endpoint])
-    assert result.exit_code == 0, result.output
-    assert spec_suspend(store, name) is False
+    result = runner.invoke(app, ["suspend", name, "--timeout", "1", "--etcd", store.endpoint])
+    assert result.exit_code == EXIT_TIMEOUT, result.output
+    assert "is set to true, but the job is still Running (Running, generation 2) after 1s" in result.output
     raw = store.get_raw(keys.job_spec(name))
-    assert raw is not None and json.loads(raw)["spec"]["codeVersion"] == "v1"
+    assert spec_suspend(store, name) is True and raw is not None and json.loads(raw)["spec"]["codeVersion"] == "v1"
+    set_stage(store, name, JobStage.SUSPENDED, 2)  # what the controller does
+    again = runner.invoke(app, ["suspend", name, "--etcd", store.endpoint])
+    assert again.exit_code == 0 and "already suspended" in again.output
 
 
-def test_suspend_asks_first(store: Store) -> None:
-    name = job(store)
-    result = runner.invoke(app, ["suspend", name, "--etcd", store.endpoint], input="n\n")
-    assert result.exit_code != 0 and "nothing was done" in result.output and spec_suspend(store, name) is None
-
-
-def test_waiting_for_a_controller_that_does_not_come_is_a_clear_error(store: Store) -> None:
-    name = job(store)
-    result = runner.invoke(app, ["suspend", name, "-y", "--timeout", "1", "--etcd", store.endpoint])
-    assert result.exit_code != 0 and "still Running (Running) after 1s" in result.output
+def test_resume_is_done_when_a_newer_generation_runs(store: Store) -> None:
+    name = job(store, JobStage.SUSPENDED)
+    store.put(keys.job_spec(name), json.dumps({"metadata": {"name": name}, "spec": {"suspend": True}}))
+    result = runner.invoke(app, ["resume", name, "--timeout", "1", "--etcd", store.endpoint])
+    assert result.exit_code == EXIT_TIMEOUT and spec_suspend(store, name) is False
+    set_stage(store, name, JobStage.RUNNING, 3)
+    done = runner.invoke(app, ["resume", name, "--etcd", store.endpoint])
+    assert done.exit_code == 0 and "already not suspended" in done.output
 
 
 def test_a_finished_or_unknown_job_cannot_be_suspended(store: Store) -> None:
     done = job(store, JobStage.SUCCEEDED)
-    result = runner.invoke(app, ["suspend", done, "-y", "--etcd", store.endpoint])
+    result = runner.invoke(app, ["suspend", done, "--etcd", store.endpoint])
     assert result.exit_code != 0 and "has finished (Succeeded)" in result.output
     result = runner.invoke(app, ["resume", "no-such-job", "--etcd", store.endpoint])
     assert result.exit_code != 0 and "no job 'no-such-job'" in result.output
