@@ -33,8 +33,6 @@ ON_CALL = {
     ("diagnose",),
     ("check",),
     ("logs",),
-    ("suspend",),
-    ("resume",),
     ("node", "list"),
     ("node", "cordon"),
     ("node", "uncordon"),

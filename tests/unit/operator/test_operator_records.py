@@ -11,6 +11,7 @@ from stalwart.store.records import (
     FailureClass,
     Incident,
     JobPhase,
+    JobStage,
     JobState,
     OperatorRequest,
     RequestKind,
@@ -87,7 +88,7 @@ def test_phase_changes_and_the_event_object() -> None:
     failed = recorder.phase_event(
         "Running",
         TrainingJobPhase.FAILED,
-        running.model_copy(update={"phase": JobPhase.FAILED, "reason": "DeadlineExceeded", "message": "too long"}),
+        running.model_copy(update={"stage": JobStage.FAILED, "reason": "DeadlineExceeded", "message": "too long"}),
         T0,
     )
     assert failed is not None and failed.type == "Warning" and failed.reason == "DeadlineExceeded"
@@ -156,5 +157,5 @@ def test_the_active_deadline_counts_from_the_start_or_the_last_resume() -> None:
     )  # T0 + 90
     assert deadline.expired(job, resumed, state, T0 + 150) is None
     assert deadline.expired(job, resumed, state, T0 + 190) is not None
-    finished = state.model_copy(update={"phase": JobPhase.SUCCEEDED})
+    finished = state.model_copy(update={"stage": JobStage.SUCCEEDED})
     assert deadline.expired(job, status, finished, T0 + 1000) is None
