@@ -7,7 +7,6 @@ changes happen on one thread (the loop in `run`); etcd watch callbacks only enqu
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -31,9 +30,10 @@ from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
-from stalwart.spec import TrainingJob, parse_job
+from stalwart.spec import TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Lease, LeaseLost, Store, StoreUnavailable
+from stalwart.store.jobs import read_spec
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentAction,
@@ -89,10 +89,10 @@ class NodeAgent:
         self.workdir = workdir
         self.job_dir = job_dir
         self.log = get_logger("stalwart.agent", job=job, node=node)
-        raw = store.get_raw(keys.job_spec(job))
-        if raw is None:
+        spec = read_spec(store, job)
+        if spec is None:
             raise AgentExit(2, f"job {job!r} has no spec in etcd at {keys.job_spec(job)}")
-        self.job: TrainingJob = parse_job(json.loads(raw), keys.job_spec(job))
+        self.job: TrainingJob = spec
         self.ft = self.job.spec.fault_tolerance
         self.commands: queue.Queue[AgentCommand] = queue.Queue()
         self.group: WorkerGroup | None = None
@@ -476,9 +476,9 @@ class NodeAgent:
                 self.log.warning("standby cannot hold the newest checkpoint", fields={"why": said})
 
     def _reload_spec(self) -> None:
-        raw = self.store.get_raw(keys.job_spec(self.job_name))
-        if raw is not None:
-            self.job = parse_job(json.loads(raw), keys.job_spec(self.job_name))
+        spec = read_spec(self.store, self.job_name)
+        if spec is not None:
+            self.job = spec
             self.log.info("job spec reloaded", fields={"code_version": self.job.spec.code_version})
 
     def _checkpoint_uri(self) -> str:

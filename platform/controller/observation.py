@@ -5,7 +5,6 @@ of long work that finished. The `Observer` does the reading; the core only ever 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -17,9 +16,10 @@ from stalwart.controller.clock import Clock
 from stalwart.controller.decision import Needs
 from stalwart.controller.work import WorkKey, WorkResult
 from stalwart.logs import ContextLogger
-from stalwart.spec import TrainingJob, parse_job
+from stalwart.spec import TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Store
+from stalwart.store.jobs import parse_spec
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentCommand,
@@ -92,7 +92,7 @@ class Observer:
             return self._spec[1]
         if self._spec is None or self._spec[0] != raw:
             try:
-                self._spec = (raw, parse_job(json.loads(raw), key))
+                self._spec = (raw, parse_spec(raw, self.job))
             except ValueError as exc:
                 if self._spec is None:
                     raise

@@ -13,7 +13,6 @@ which has reported nothing for the first seconds after a restart).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -25,9 +24,10 @@ from prometheus_client.registry import Collector
 from stalwart.controller.ettr import compute_ettr
 from stalwart.controller.standby_pool import standbys_for
 from stalwart.logs import get_logger
-from stalwart.spec import SpecError, TrainingJob, parse_job
+from stalwart.spec import SpecError, TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
+from stalwart.store.jobs import read_spec
 from stalwart.store.nodes import NodeRecords, read_nodes
 from stalwart.store.records import Incident, JobPhase, JobState
 
@@ -64,13 +64,10 @@ def read_job(store: Store, name: str) -> JobRecords | None:
     state = store.get(keys.job_state(name), JobState)
     if state is None:
         return None
-    raw = store.get_raw(keys.job_spec(name))
-    job = None
-    if raw is not None:
-        try:
-            job = parse_job(json.loads(raw), keys.job_spec(name))
-        except (SpecError, ValueError):
-            job = None
+    try:
+        job = read_spec(store, name)
+    except SpecError:
+        job = None
     return JobRecords(
         name=name,
         state=state,
