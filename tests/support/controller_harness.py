@@ -15,6 +15,7 @@ from stalwart.controller import JobController
 from stalwart.controller.decision import Decision
 from stalwart.spec import parse_job
 from stalwart.store import keys
+from stalwart.store.jobs import read_spec
 from stalwart.store.records import (
     Assignment,
     Heartbeat,
@@ -132,12 +133,10 @@ class Harness:
 
     def assign(self, generation: int, slots: list[str]) -> None:
         from stalwart.controller.ranks import assign
-        from stalwart.spec import parse_job
 
-        raw = self.store.get_raw(keys.job_spec(JOB))
-        assert raw is not None
-        spec = parse_job(json.loads(raw), "test").spec
-        self.store.put(keys.generation(JOB, generation), assign(JOB, spec, slots, generation, ("127.0.0.1", 1)))
+        job = read_spec(self.store, JOB)  # type: ignore[arg-type]
+        assert job is not None
+        self.store.put(keys.generation(JOB, generation), assign(JOB, job.spec, slots, generation, ("127.0.0.1", 1)))
 
     def incidents(self) -> list[Incident]:
         return sorted(self.store.get_prefix(keys.incidents_prefix(JOB), Incident), key=lambda i: i.failed_at)
