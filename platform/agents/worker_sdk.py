@@ -6,6 +6,7 @@ is a no-op, so the same script runs under plain torchrun.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import signal
@@ -37,6 +38,8 @@ _installed = False
 _hang_requested = False
 _slow_requested = False
 _steps_reported = 0
+_unsent: dict[str, ProgressReport] = {}  # report kind -> the newest report the agent's queue refused
+FLUSH_SECONDS = 5.0
 
 
 def threading_is_main() -> bool:
@@ -50,18 +53,42 @@ def _socket() -> socket.socket | None:
     if _sock is None and os.environ.get(PROGRESS_SOCKET_ENV):
         _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         _sock.setblocking(False)
+        atexit.register(_flush_at_exit)
     return _sock
 
 
 def _send(report: ProgressReport) -> None:
-    sock = _socket()
-    if sock is None:
+    """Best effort, never blocking: training must not stall on its agent. A Unix datagram queue
+    holds only a few reports (net.unix.max_dgram_qlen, often 10), so when a busy agent lets it fill,
+    the newest report of each kind waits here for the next call, or for the worker's exit: the last
+    step and checkpoint must not be lost, or a job that finished would look stopped short."""
+    if _socket() is None:
         return
-    try:
-        sock.sendto(report.dumps().encode(), os.environ[PROGRESS_SOCKET_ENV])
-    except (BlockingIOError, FileNotFoundError, ConnectionRefusedError, OSError):
-        # The agent is restarting or busy: progress is best-effort, training must not stall on it.
-        pass
+    _unsent[report.kind] = report
+    _try_unsent()
+
+
+def _try_unsent() -> bool:
+    """Send what waits; True when nothing is left waiting."""
+    sock = _socket()
+    for kind, report in list(_unsent.items()):
+        if sock is None:
+            break
+        try:
+            sock.sendto(report.dumps().encode(), os.environ[PROGRESS_SOCKET_ENV])
+        except BlockingIOError:
+            return False  # the agent's queue is full: again at the next report
+        except OSError:
+            pass  # the agent is restarting or gone: progress is best-effort
+        del _unsent[kind]
+    return True
+
+
+def _flush_at_exit() -> None:
+    """The reports that waited, before the worker exits (bounded: an agent that is gone drops them)."""
+    deadline = time.monotonic() + FLUSH_SECONDS
+    while not _try_unsent() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _ranks() -> tuple[int, int]:
@@ -137,6 +164,7 @@ def report_step(
 
 def _end_replay_if_done() -> None:
     if os.environ.get(REPLAY_STEPS_ENV) and _steps_reported >= int(os.environ[REPLAY_STEPS_ENV]):
+        _flush_at_exit()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # every rank of the group stops after the same step's collectives: none is left waiting
