@@ -61,6 +61,13 @@ def run(
     etcd: Annotated[str | None, typer.Option(help="Use this etcd (HOST:PORT) instead of starting one.")] = None,
     summary_json: Annotated[Path | None, typer.Option(help="Also write the final summary here, as JSON.")] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
+    etcd_outage: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Ride out an unreachable etcd this long (restarting the one it started) before stopping the job.",
+        ),
+    ] = 60.0,
     metrics_port: Annotated[
         int, typer.Option(help="Port of the job-metrics exporter (/metrics on 127.0.0.1); 0: any free port.")
     ] = 0,
@@ -106,6 +113,7 @@ def run(
             timeout=timeout,
             metrics_port=metrics_port,
             console_port=console,
+            etcd_outage_seconds=etcd_outage,
         ).run()
     except JobAlreadyExists as exc:
         raise _fail(str(exc)) from None

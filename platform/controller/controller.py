@@ -72,7 +72,7 @@ from stalwart.controller.observation import Observer
 from stalwart.controller.work import Runner, ThreadRunner, WorkContext, WorkKey, WorkResult, perform
 from stalwart.logs import ContextLogger, get_logger
 from stalwart.store import keys
-from stalwart.store.client import LeaseLost, Store
+from stalwart.store.client import LeaseLost, Store, StoreUnavailable
 from stalwart.store.records import JobPhase, JobState
 
 TICK_SECONDS = 0.1
@@ -80,6 +80,7 @@ MAX_HURRIED_TICKS = 4  # ticks run back to back while each one commits a step of
 MAX_DECIDE_ROUNDS = 3  # a decision may ask for more observation (the cluster, then a rendezvous)
 RESULT_TTL_SECONDS = 600.0  # a result no decision read by then is for a stage long gone
 SHUTDOWN_WAIT_SECONDS = 30.0
+ETCD_RETRY_SECONDS = 0.5
 AfterCommit = Callable[[Decision], None]
 
 
@@ -126,10 +127,24 @@ class JobController:
         self.log.info("leading", fields={"identity": self.leader.identity})
         try:
             hurried = 0
+            unreachable_since: float | None = None
             while True:
-                self.leader.keep()
                 self._wake.clear()
-                state = self.tick()
+                try:
+                    self.leader.keep()
+                    state = self.tick()
+                except StoreUnavailable as exc:
+                    # etcd is away (restarting, paused, starved): decide nothing, try again. A tick
+                    # cut short is safe: its commit held or not as a whole, effects follow the state
+                    # on the next tick, and a lease that lapsed meanwhile ends this leadership.
+                    if unreachable_since is None:
+                        unreachable_since = self.clock.time()
+                        self.log.warning("etcd unreachable; retrying", fields={"error": str(exc)})
+                    self._wake.wait(ETCD_RETRY_SECONDS)
+                    continue
+                if unreachable_since is not None:
+                    self.log.info("etcd is back", fields={"after": round(self.clock.time() - unreachable_since, 1)})
+                    unreachable_since = None
                 if state is not None and state.stage.terminal:
                     self._finish(state)
                     return state.phase

@@ -30,10 +30,11 @@ from stalwart.logs import configure, get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
+from stalwart.runner.etcd_outage import ETCD_OUTAGE_SECONDS, EtcdOutage
 from stalwart.runner.summary import JobSnapshot, snapshot
 from stalwart.spec import TrainingJob
 from stalwart.store import keys
-from stalwart.store.client import Store
+from stalwart.store.client import Store, StoreUnavailable
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import JobPhase, JobState, ServiceEndpoint
@@ -75,6 +76,7 @@ class LocalRun:
         timeout: float = 3600.0,
         metrics_port: int = 0,
         console_port: int | None = None,
+        etcd_outage_seconds: float = ETCD_OUTAGE_SECONDS,
     ) -> None:
         self.job = job
         self.job_dir = job_file.resolve().parent
@@ -96,6 +98,8 @@ class LocalRun:
         self.controller_starts = 0
         self.agents_by_generation: dict[int, dict[str, int]] = {}
         self._interrupted: int | None = None
+        self.etcd_outage_seconds = etcd_outage_seconds
+        self._targets_due = 0.0
 
     # -- pieces ----------------------------------------------------------------------------------
     def _start_controller(self, endpoint: str) -> None:
@@ -266,41 +270,57 @@ class LocalRun:
 
     def _supervise(self, store: Store, endpoint: str, injector: FaultInjector) -> JobSnapshot | None:
         deadline = time.monotonic() + self.timeout
-        targets_due = 0.0
         snap: JobSnapshot | None = None
         with ProgressView(self.console) as view:
+            outage = EtcdOutage(self.etcd, view.note, self.etcd_outage_seconds)
             while time.monotonic() < deadline:
                 if self._interrupted is not None:
                     view.note(f"interrupted (signal {self._interrupted}): stopping the job")
                     break
-                state = store.get(keys.job_state(self.job.name), JobState)
-                for fired in injector.poll(state, read_nodes(store, self.job.name).heartbeats):
-                    verb = {"hang": "hung", "slow": "slowed", "freeze": "froze"}.get(
-                        fired.fault.split("-")[0], "killed"
-                    )
-                    view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
-                snap = snapshot(store, self.job.name)
-                if time.monotonic() >= targets_due:  # nodes come and go: keep Prometheus's list current
-                    self._write_scrape_targets(store)
-                    targets_due = time.monotonic() + TARGETS_SECONDS
-                if snap is not None:
-                    view.update(snap)
-                    if snap.phase is JobPhase.RUNNING:
-                        seen = self.agents_by_generation.setdefault(snap.generation, {})
-                        seen.update({n: pid for n, pid in snap.agents.items() if n in snap.slots})
-                assert self.controller is not None
-                if self.controller.poll() is not None:
-                    state = store.get(keys.job_state(self.job.name), JobState)  # as of now, not of the loop's start
-                    if state is not None and state.phase.terminal:
+                try:
+                    snap, done = self._watch(store, endpoint, injector, view, snap)
+                except StoreUnavailable as exc:
+                    if not outage.failed(exc):
                         break
-                    if self.controller_starts >= MAX_CONTROLLER_STARTS:
-                        view.note("the controller keeps exiting; giving up (see controller.log)")
-                        break
-                    self.log.warning(
-                        "controller exited; starting a new one", fields={"code": self.controller.returncode}
-                    )
-                    self._start_controller(endpoint)
+                    done = False
+                else:
+                    outage.answered()
+                if done:
+                    break
                 time.sleep(POLL_SECONDS)
             else:
                 view.note(f"timed out after {self.timeout:.0f}s")
-        return snapshot(store, self.job.name)
+        try:
+            return snapshot(store, self.job.name)
+        except StoreUnavailable:
+            return snap  # the last picture etcd gave
+
+    def _watch(
+        self, store: Store, endpoint: str, injector: FaultInjector, view: ProgressView, snap: JobSnapshot | None
+    ) -> tuple[JobSnapshot | None, bool]:
+        """One look at the job (faults fired, progress shown, the controller kept alive); True when
+        the job is over or the controller cannot be kept up."""
+        state = store.get(keys.job_state(self.job.name), JobState)
+        for fired in injector.poll(state, read_nodes(store, self.job.name).heartbeats):
+            verb = {"hang": "hung", "slow": "slowed", "freeze": "froze"}.get(fired.fault.split("-")[0], "killed")
+            view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
+        snap = snapshot(store, self.job.name) or snap
+        if time.monotonic() >= self._targets_due:  # nodes come and go: keep Prometheus's list current
+            self._write_scrape_targets(store)
+            self._targets_due = time.monotonic() + TARGETS_SECONDS
+        if snap is not None:
+            view.update(snap)
+            if snap.phase is JobPhase.RUNNING:
+                seen = self.agents_by_generation.setdefault(snap.generation, {})
+                seen.update({n: pid for n, pid in snap.agents.items() if n in snap.slots})
+        assert self.controller is not None
+        if self.controller.poll() is not None:
+            state = store.get(keys.job_state(self.job.name), JobState)  # as of now, not of the loop's start
+            if state is not None and state.phase.terminal:
+                return snap, True
+            if self.controller_starts >= MAX_CONTROLLER_STARTS:
+                view.note("the controller keeps exiting; giving up (see controller.log)")
+                return snap, True
+            self.log.warning("controller exited; starting a new one", fields={"code": self.controller.returncode})
+            self._start_controller(endpoint)
+        return snap, False

@@ -192,3 +192,27 @@ def _alive(node: str) -> object:
     from stalwart.cluster.base import NodeInfo
 
     return NodeInfo(name=node, alive=True)
+
+
+def test_the_controller_rides_out_an_unreachable_etcd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd away for a few ticks (restarting, paused): the loop retries instead of exiting, and
+    carries on when it answers (issue 16)."""
+    from stalwart.controller import controller as controller_module
+    from stalwart.store.client import StoreUnavailable
+    from stalwart.store.records import JobPhase
+
+    h = Harness()
+    h.put_state(stage=S.SUCCEEDED, generation=3, reason="Completed")
+    controller = h.new_controller()
+    h.store.delete(controller.leader.key)  # run() takes the leadership itself
+    monkeypatch.setattr(controller_module, "ETCD_RETRY_SECONDS", 0.01)
+    real, failures = h.store.get_with_revision, iter(range(3))
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        if next(failures, None) is not None:
+            raise StoreUnavailable("etcd at 127.0.0.1:2379 timed out")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(h.store, "get_with_revision", flaky)
+    assert controller.run(leader_timeout=5) is JobPhase.SUCCEEDED
+    assert next(failures, None) is None  # every failure was met, and ridden out

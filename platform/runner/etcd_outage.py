@@ -1,0 +1,52 @@
+"""How `stalwart run` rides out an etcd it cannot reach (a SIGKILL, a SIGSTOP, a starved machine):
+the job's processes keep running, the runner says so in one line and retries, restarts the etcd it
+started if that process died (same port, same data: nothing is lost), says when etcd is back, and
+only after `limit` seconds without etcd gives up, so the job is stopped with a summary rather than
+a traceback. The controller, if etcd's absence made it exit, is started again by the runner's loop
+once etcd answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from stalwart.store.client import StoreUnavailable
+from stalwart.store.etcd_server import EtcdServer
+
+ETCD_OUTAGE_SECONDS = 60.0  # the default: longer than a restart of etcd or a pause of a few seconds
+
+
+class EtcdOutage:
+    def __init__(
+        self,
+        etcd: EtcdServer | None,
+        note: Callable[[str], None],
+        limit: float = ETCD_OUTAGE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.etcd, self.note, self.limit, self.clock = etcd, note, limit, clock
+        self.since: float | None = None
+
+    def failed(self, exc: StoreUnavailable) -> bool:
+        """etcd did not answer; False once it has been away for longer than the limit."""
+        now = self.clock()
+        if self.since is None:
+            self.since = now
+            self.note(f"etcd unreachable ({exc}); the job keeps running, retrying for up to {self.limit:.0f}s")
+        proc = self.etcd.proc if self.etcd is not None else None
+        if self.etcd is not None and proc is not None and proc.poll() is not None:
+            self.note(f"etcd exited (code {proc.returncode}); starting it again on {self.etcd.endpoint}, same data")
+            try:
+                self.etcd.start()
+            except RuntimeError as start_failed:
+                self.note(f"etcd did not start again: {str(start_failed).splitlines()[0]}")
+        if now - self.since > self.limit:
+            self.note(f"etcd unreachable for {now - self.since:.0f}s: stopping the job")
+            return False
+        return True
+
+    def answered(self) -> None:
+        """etcd answered: the outage, if there was one, is over."""
+        if self.since is not None:
+            self.note(f"etcd is back after {self.clock() - self.since:.1f}s")
+            self.since = None
