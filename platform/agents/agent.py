@@ -25,6 +25,7 @@ from stalwart.agents.stacks import StackTarget, capture_stacks
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.worker_sdk import GENERATION_ENV, PROGRESS_SOCKET_ENV, REPLAY_STEPS_ENV
 from stalwart.agents.workers import WorkerGroup, tail_lines
+from stalwart.checkpoint.memory_auth import TOKEN_ENV, new_token, token_from_env
 from stalwart.checkpoint.storage.base import StorageError
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
@@ -116,6 +117,7 @@ class NodeAgent:
         self.probes = ProbeLoop(self.metrics)
         self.address = os.environ.get("STALWART_NODE_ADDRESS", "127.0.0.1")
         self.memory_store: subprocess.Popen[bytes] | None = None
+        self._checkpoint_token: str | None = None
         self.warm = WarmPool(max(r.processes_per_node for r in self.job.spec.roles), enabled=self.ft.warm_workers)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -136,8 +138,24 @@ class NodeAgent:
         self.shadow_loader = loader
         self.log.info("shadow loader started", fields={"segment": loader.name})
 
+    def checkpoint_token(self) -> str:
+        """The job's token for the memory stores, the same on every node: STALWART_CHECKPOINT_TOKEN
+        when the agent was given one, else one per job in etcd (the first agent to ask creates it)."""
+        if self._checkpoint_token is None:
+            token = token_from_env()
+            if token is None:
+                key = keys.checkpoint_token(self.job_name)
+                self.store.create(key, new_token())
+                raw = self.store.get_raw(key)
+                if raw is None:
+                    raise AgentExit(2, f"the job's checkpoint token at {key} vanished")
+                token = raw.decode()
+            self._checkpoint_token = token
+        return self._checkpoint_token
+
     def _start_memory_store(self) -> int | None:
-        """The node's host-memory checkpoint store: it outlives worker restarts, not the node."""
+        """The node's host-memory checkpoint store: it outlives worker restarts, not the node. It
+        listens on the node's address only, and answers only callers holding the job's token."""
         if not self.job.spec.checkpoint.memory:
             return None
         port = free_port()
@@ -154,7 +172,8 @@ class NodeAgent:
         ]
         (self.workdir / "nodes" / self.node).mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "nodes" / self.node / "memory-store.log", "ab")
-        self.memory_store = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+        env = {**os.environ, TOKEN_ENV: self.checkpoint_token()}  # by environment: argv is public
+        self.memory_store = spawn(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         return port
 
@@ -384,6 +403,7 @@ class NodeAgent:
         memory_uri = None if replay else self._memory_uri(assignment)
         if memory_uri:
             env[MEMORY_URI_ENV] = memory_uri
+            env[TOKEN_ENV] = self.checkpoint_token()
         if assignment.resume_max_step is not None and not replay:
             env[RESUME_MAX_STEP_ENV] = str(assignment.resume_max_step)
         if assignment.code_version is not None:
@@ -462,7 +482,8 @@ class NodeAgent:
                     for n, r in registrations.items()
                     if n in state.slots and r.memory_port
                 ]
-                result = sync_newest(local, sources, self.job_name, budget) if sources else None
+                token = self.checkpoint_token()
+                result = sync_newest(local, sources, self.job_name, budget, token) if sources else None
             except (StoreUnavailable, StorageError) as exc:
                 self.log.debug("checkpoint mirror skipped a round", fields={"error": str(exc)})
                 continue

@@ -5,6 +5,10 @@
     step = checkpoint.load({"train": TrainState(model, optim)}, "/ckpt/run1")        # newest, any layout
     checkpoint.latest("s3://bucket/run1?endpoint=http://minio:9000")
 
+Nothing in a checkpoint is code: its metadata is JSON (the manifest) and its non-tensor values are
+plain data read back with the weights-only unpickler. Plain DCP reads one through `DCPReader`, or
+after `stalwart checkpoint export-dcp`.
+
 The names below load on first use: `stalwart.checkpoint.peers` and the storage URIs are needed by
 node agents, which should not pay for importing torch (seconds, and the GIL while it loads).
 """
@@ -18,15 +22,15 @@ from stalwart.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from stalwart.checkpoint.adapters import RNGState, TrainState
     from stalwart.checkpoint.api import latest, load, save
-    from stalwart.checkpoint.engine import (
-        Checkpointer,
+    from stalwart.checkpoint.dcp_interop import DCPReader, export_dcp
+    from stalwart.checkpoint.engine import Checkpointer, CheckpointInfo, SaveHandle, SaveResult
+    from stalwart.checkpoint.errors import (
         CheckpointError,
-        CheckpointInfo,
+        ChecksumError,
+        ManifestError,
         NoCheckpoint,
-        SaveHandle,
-        SaveResult,
+        UnsafeObjectError,
     )
-    from stalwart.checkpoint.reader import ChecksumError
     from stalwart.checkpoint.retention import RetentionPolicy
     from stalwart.checkpoint.shards import GlobalShard
     from stalwart.checkpoint.storage import Storage, StorageError, open_storage
@@ -37,13 +41,17 @@ _EXPORTS = {
     "latest": "api",
     "load": "api",
     "save": "api",
-    "CheckpointError": "engine",
+    "DCPReader": "dcp_interop",
+    "export_dcp": "dcp_interop",
     "CheckpointInfo": "engine",
     "Checkpointer": "engine",
-    "NoCheckpoint": "engine",
     "SaveHandle": "engine",
     "SaveResult": "engine",
-    "ChecksumError": "reader",
+    "CheckpointError": "errors",
+    "ChecksumError": "errors",
+    "ManifestError": "errors",
+    "NoCheckpoint": "errors",
+    "UnsafeObjectError": "errors",
     "RetentionPolicy": "retention",
     "GlobalShard": "shards",
     "Storage": "storage",

@@ -1,14 +1,19 @@
 """The checkpoint engine: save and load any state, in any parallel layout, on any storage tier.
 
-Save, in two parts:
-  1. blocking (training waits): plan with DCP's planner (cached while the state's structure does
-     not change), then copy this rank's items, and only those, into reusable staging buffers;
-  2. background (training runs): serialize and write this rank's file, then every rank reports,
-     and the coordinator writes DCP's `.metadata` and, last, the commit marker (our manifest).
+Save, in three parts:
+  1. on the training thread (what `save()` costs): the state's structure and this rank's write
+     items (no collective: with an unchanged structure the plan is the cached one), its non-tensor
+     values serialized, and copies of the tensors no watched optimizer writes (buffers, RNG...);
+  2. the stager thread: every rank checks the cached plan still holds (or plans again, all
+     together), then copies the parameters and optimizer moments while the next forward and
+     backward run; a watched optimizer's step waits only for its own tensors (step_guard.py);
+  3. the writer thread, at low CPU and I/O priority: serialize and write this rank's file, every
+     rank reports, and the coordinator writes the commit marker (the manifest, in JSON), last.
 
 Load: pick the newest committed checkpoint (the fastest tier wins a tie), plan with DCP's load
-planner, and read only the overlapping byte ranges into the target tensors. Every rank loads the
-same step: if any rank finds corruption, all of them fall back together.
+planner over metadata built from the manifest (never unpickled), and read only the overlapping
+byte ranges into the target tensors. Every rank loads the same step: if any rank finds
+corruption, all of them fall back together.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import pickle
+import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -28,43 +34,57 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.stateful import Stateful
 
+from stalwart.checkpoint.dcp_metadata import dcp_metadata
+from stalwart.checkpoint.errors import (
+    CheckpointError,
+    ChecksumError,
+    ManifestError,
+    NoCheckpoint,
+    UnsafeObjectError,
+)
 from stalwart.checkpoint.manifest import (
-    DCP_METADATA_NAME,
     MANIFEST_NAME,
     Manifest,
     ObjectEntry,
     SavingLayout,
     TensorEntry,
     parse_step_dir,
+    read_manifest,
     step_dir,
 )
 from stalwart.checkpoint.planner import BalancedSavePlanner, ShardAwareLoadPlanner
-from stalwart.checkpoint.reader import ChecksumError, RangedReader
+from stalwart.checkpoint.priority import lower_this_thread
+from stalwart.checkpoint.reader import RangedReader
 from stalwart.checkpoint.retention import RetentionPolicy, to_delete
 from stalwart.checkpoint.staging import StagingBuffers
+from stalwart.checkpoint.step_guard import Gate, StepGuard, storage_key
 from stalwart.checkpoint.storage.base import Storage, StorageError
 from stalwart.checkpoint.writer import RankFileWriter
 
+__all__ = [
+    "CheckpointError",
+    "CheckpointInfo",
+    "Checkpointer",
+    "NoCheckpoint",
+    "SaveHandle",
+    "SaveResult",
+]
+
 log = logging.getLogger("stalwart.checkpoint")
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-class NoCheckpoint(CheckpointError):
-    pass
 
 
 class SaveResult(BaseModel):
     step: int
     committed: bool
     error: str | None = None
-    stall_seconds: float  # how long training waited
+    stall_seconds: float  # how long save() held the training thread
+    step_wait_seconds: float = 0.0  # how long optimizer steps waited for this save's copies
     total_seconds: float  # from the call to the commit
+    stage_seconds: float = 0.0  # the background copies, from the call until the last was made
+    writer_cpu_seconds: float = 0.0  # CPU the writer thread spent (serializing, hashing, writing)
     bytes_written: int  # by this rank
     total_bytes: int  # by all ranks (coordinator; 0 elsewhere)
     tiers: list[str]
@@ -77,17 +97,28 @@ class CheckpointInfo(BaseModel):
     created_at: float
     total_bytes: int
     world_size: int
+    error: str | None = None  # the commit marker is there but unreadable: the checkpoint is corrupt
 
 
 class SaveHandle:
-    """An async save in flight. `wait()` returns its SaveResult; it never raises for a failed save."""
+    """A save in flight. `wait()` returns its SaveResult; it never raises for a failed save."""
 
-    def __init__(self, step: int, future: Future[SaveResult]) -> None:
+    def __init__(self, step: int, future: Future[SaveResult], gates: list[Gate]) -> None:
         self.step = step
         self._future = future
+        self._gates = gates
 
     def done(self) -> bool:
         return self._future.done()
+
+    def staged(self) -> bool:
+        """Whether every tensor is copied: from then on the state may change in any way."""
+        return all(g.is_open() for g in self._gates)
+
+    def wait_staged(self) -> None:
+        """Wait until the state may be modified by other means than a watched optimizer's step."""
+        for gate in self._gates:
+            gate.wait()
 
     def wait(self, timeout: float | None = None) -> SaveResult:
         return self._future.result(timeout=timeout)
@@ -97,8 +128,70 @@ def _to_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
 
 
+def _optimizers_in(state: Mapping[str, Any]) -> list[torch.optim.Optimizer]:
+    """Optimizers a state names: directly, or held by an adapter (TrainState's `optimizer`)."""
+    out = []
+    for value in state.values():
+        candidates = [value, getattr(value, "optimizer", None), *(getattr(value, "optimizers", None) or [])]
+        out += [c for c in candidates if isinstance(c, torch.optim.Optimizer)]
+    return out
+
+
+@dataclass
+class _Plan:
+    key: str  # every rank's local signature, joined
+    local_signature: str
+    plan: SavePlan  # this rank's part
+    metadata: Metadata
+
+
+@dataclass
+class _SaveJob:
+    step: int
+    t0: float
+    planner: BalancedSavePlanner
+    local_plan: SavePlan
+    signature: str
+    used_cache: bool
+    future: Future[SaveResult]
+    error: str | None = None
+    staged: dict[MetadataIndex, torch.Tensor | io.BytesIO] = field(default_factory=dict)
+    deferred: dict[MetadataIndex, tuple[torch.Tensor, int]] = field(default_factory=dict)  # -> optimizer id
+    gates: dict[int, Gate] = field(default_factory=dict)
+    stall: float = 0.0
+    stage_seconds: float = 0.0
+
+
+class _Worker:
+    """One daemon thread running submitted calls in order (a save must never keep a process alive)."""
+
+    def __init__(self, name: str, init: Callable[[], object] | None = None) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, args=(init,), name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._queue.put((fn, args))
+
+    def _run(self, init: Callable[[], object] | None) -> None:
+        if init is not None:
+            init()
+        while (task := self._queue.get()) is not None:
+            fn, args = task
+            fn(*args)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+
 class Checkpointer:
-    """One per training process. With a process group, all its ranks construct it together."""
+    """One per training process. With a process group, all its ranks construct it together.
+
+    `overlap` (default on): the tensors a watched optimizer writes are copied behind save(), while
+    training runs, and that optimizer's next step waits for them if it comes first. Optimizers
+    are watched when the state holds them (a TrainState, or the optimizer itself) or through
+    `watch()`. Anything else the state holds is copied before save() returns.
+    """
 
     def __init__(
         self,
@@ -108,19 +201,28 @@ class Checkpointer:
         retention: RetentionPolicy | None = None,
         parallelism: dict[str, int] | None = None,
         timeout: timedelta = timedelta(minutes=10),
+        overlap: bool = True,
     ) -> None:
         self.tiers = sorted(tiers if isinstance(tiers, list) else [tiers], key=lambda s: s.tier_rank)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size(process_group) if self.distributed else 1
-        # A gloo group of our own: the background thread's collectives never meet training's.
+        # A gloo group of our own: the background threads' collectives never meet training's.
         self.group = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self.retention = retention or RetentionPolicy()
         self.parallelism = parallelism or {}
+        self.overlap = overlap
         self.staging = StagingBuffers()
+        self.guard = StepGuard()
         self._pending: SaveHandle | None = None
         self.last_load_tier: str | None = None  # where the last load read from (memory, file, s3)
-        self._plan_cache: tuple[str, SavePlan, Metadata] | None = None
+        self._plan_cache: _Plan | None = None
+        self._stager: _Worker | None = None
+        self._writer: _Worker | None = None
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Let this optimizer's tensors be copied behind save(); its step waits for them if needed."""
+        self.guard.watch(optimizer)
 
     # -- collectives (no-ops on one process) -------------------------------------------------------
     def _all_gather(self, obj: Any) -> list[Any]:
@@ -137,80 +239,140 @@ class Checkpointer:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-    # -- save --------------------------------------------------------------------------------------
-    def _plan(self, state_dict: dict[str, Any]) -> tuple[BalancedSavePlanner, SavePlan, Metadata]:
+    # -- save: the training thread -----------------------------------------------------------------
+    def save(self, state: Mapping[str, Any], step: int, *, blocking: bool = False) -> SaveHandle:
+        """Snapshot `state` for `step`. Returns once what may change before the next optimizer step
+        is copied; the rest is copied and written behind. Raises UnsafeObjectError for a value a
+        checkpoint may not hold (every rank's save then fails with that error)."""
+        t0 = time.perf_counter()
+        if self._pending is not None:
+            self._pending.wait()  # one save in flight: its staging buffers are about to be reused
+        if self._stager is None:
+            self._stager = _Worker("ckpt-stage")
+            self._writer = _Worker("ckpt-write", init=lower_this_thread)
+        if self.overlap:
+            for optimizer in _optimizers_in(state):
+                self.guard.watch(optimizer)
+        state_dict = _to_state_dict(state)
         planner = BalancedSavePlanner()
         planner.set_up_planner(state_dict, StorageMeta(), self.rank == 0)
         local = planner.create_local_plan()
         signature = hashlib.sha1(repr([(i.index, i.type, i.tensor_data) for i in local.items]).encode()).hexdigest()
-        signatures = self._all_gather(signature)
-        key = "|".join(signatures)
-        if self._plan_cache is not None and self._plan_cache[0] == key:
-            return planner, self._plan_cache[1], self._plan_cache[2]
-        all_local = self._all_gather(local)
-        global_plans, metadata = planner.create_global_plan(all_local)
-        mine = planner.finish_plan(global_plans[self.rank])
-        self._plan_cache = (key, mine, metadata)
-        return planner, mine, metadata
-
-    def save(self, state: Mapping[str, Any], step: int, *, blocking: bool = False) -> SaveHandle:
-        """Snapshot `state` for `step`. Returns once the snapshot is staged; writing runs behind."""
-        t0 = time.perf_counter()
-        if self._pending is not None:
-            self._pending.wait()  # one save in flight: its staging buffers are about to be reused
-        state_dict = _to_state_dict(state)
-        planner, plan, metadata = self._plan(state_dict)
-        staged: list[tuple[MetadataIndex, torch.Tensor | io.BytesIO]] = []
-        for item in plan.items:
-            data = planner.resolve_data(item)
-            if item.type == WriteItemType.BYTE_IO:
-                staged.append((item.index, data))  # already serialized: a snapshot of the object
-            else:
-                staged.append((item.index, self.staging.stage(item.index, data)))  # type: ignore[arg-type]
-        self.staging.synchronize()
-        stall = time.perf_counter() - t0
-        future: Future[SaveResult] = Future()
-        thread = threading.Thread(
-            target=self._write_and_commit,
-            args=(step, staged, metadata, t0, stall, future),
-            name=f"ckpt-save-{step}",
-            daemon=True,
-        )
-        thread.start()
-        self._pending = SaveHandle(step, future)
+        cache = self._plan_cache if self._plan_cache and self._plan_cache.local_signature == signature else None
+        job = _SaveJob(step, t0, planner, local, signature, cache is not None, Future())
+        owners = self.guard.owners() if self.overlap else {}
+        self.staging.begin()
+        try:
+            for item in (cache.plan if cache else local).items:  # cached: exactly mine; else a superset
+                data = planner.resolve_data(item)
+                if isinstance(data, io.BytesIO):
+                    job.staged[item.index] = data  # serialized now: a snapshot of the value
+                elif (key := storage_key(data)) is not None and (owner := owners.get(key)) is not None:
+                    job.deferred[item.index] = (data, owner)  # copied behind, before that optimizer steps
+                    job.gates.setdefault(owner, Gate())
+                else:
+                    job.staged[item.index] = self.staging.stage(item.index, data)
+        except UnsafeObjectError as exc:
+            job.error = f"rank {self.rank}: {exc}"
+        self.staging.wait_on_device(self.staging.fence())  # training's stream runs after those copies
+        self.guard.arm(job.gates)
+        job.stall = time.perf_counter() - t0
+        self._pending = SaveHandle(step, job.future, list(job.gates.values()))
+        self._stager.submit(self._stage, job)
+        if job.error is not None:
+            raise UnsafeObjectError(job.error)
         if blocking:
             self._pending.wait()
         return self._pending
 
-    def _write_and_commit(
-        self, step: int, staged: list[Any], metadata: Metadata, t0: float, stall: float, future: Future[SaveResult]
-    ) -> None:
+    # -- save: the stager thread -------------------------------------------------------------------
+    def _agree_on_plan(self, job: _SaveJob, key: str) -> tuple[SavePlan, Metadata]:
+        """The cached plan when no rank's structure changed (`key`: every rank's signature), else a
+        new one, planned by all ranks together."""
+        if self._plan_cache is not None and self._plan_cache.key == key:
+            return self._plan_cache.plan, self._plan_cache.metadata
+        all_local = self._all_gather(job.local_plan)
+        global_plans, metadata = job.planner.create_global_plan(all_local)
+        mine = job.planner.finish_plan(global_plans[self.rank])
+        self._plan_cache = _Plan(key, job.signature, mine, metadata)
+        return mine, metadata
+
+    def _stage(self, job: _SaveJob) -> None:
         try:
-            future.set_result(self._write_and_commit_inner(step, staged, metadata, t0, stall))
+            replies = self._all_gather((job.signature, job.error))
+            errors = [e for _, e in replies if e]
+            if errors:
+                raise CheckpointError("; ".join(errors))
+            plan, metadata = self._agree_on_plan(job, "|".join(sig for sig, _ in replies))
         except BaseException as exc:  # the handle must always resolve, or training would hang on it
-            log.exception("checkpoint save failed", extra={"context": {"step": step, "rank": self.rank}})
-            future.set_result(
-                SaveResult(
-                    step=step,
-                    committed=False,
-                    error=f"{type(exc).__name__}: {exc}",
-                    stall_seconds=stall,
-                    total_seconds=time.perf_counter() - t0,
-                    bytes_written=0,
-                    total_bytes=0,
-                    tiers=[],
+            for gate in job.gates.values():
+                gate.open()
+            self._fail(job, exc)
+            return
+        error = None
+        try:
+            wanted = {item.index for item in plan.items}
+            for owner, gate in job.gates.items():  # one optimizer's tensors at a time: its step waits for those
+                for index, (tensor, whose) in job.deferred.items():
+                    if whose == owner and index in wanted:
+                        job.staged[index] = self.staging.stage(index, tensor)
+                gate.open(self.staging.fence())
+            missing = [i.index.fqn for i in plan.items if i.index not in job.staged]
+            if missing:  # another rank's structure changed, and the new plan gave this rank more
+                error = (
+                    f"rank {self.rank}: the plan changed under this save ({missing[:3]} not staged); "
+                    "the next save replans"
                 )
+        except Exception as exc:
+            error = f"rank {self.rank}: staging failed: {type(exc).__name__}: {exc}"
+        finally:
+            for gate in job.gates.values():
+                if not gate.is_open():
+                    gate.open()
+        job.stage_seconds = time.perf_counter() - job.t0
+        staged = [(item.index, job.staged.get(item.index)) for item in plan.items]
+        assert self._writer is not None
+        self._writer.submit(self._write_and_commit, job, staged, metadata, self.staging.fence(), error)
+
+    def _fail(self, job: _SaveJob, exc: BaseException) -> None:
+        if not isinstance(exc, CheckpointError):
+            log.exception("checkpoint save failed", extra={"context": {"step": job.step, "rank": self.rank}})
+        job.future.set_result(
+            SaveResult(
+                step=job.step,
+                committed=False,
+                error=str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}",
+                stall_seconds=job.stall,
+                step_wait_seconds=self.guard.waited_seconds,
+                total_seconds=time.perf_counter() - job.t0,
+                bytes_written=0,
+                total_bytes=0,
+                tiers=[],
             )
+        )
+
+    # -- save: the writer thread (low priority) ----------------------------------------------------
+    def _write_and_commit(
+        self, job: _SaveJob, staged: list[Any], metadata: Metadata, events: list[Any], error: str | None
+    ) -> None:
+        cpu0 = time.thread_time()
+        try:
+            self.staging.wait_on_host(events)
+            result = self._write_and_commit_inner(job, staged, metadata, error)
+            result.writer_cpu_seconds = time.thread_time() - cpu0
+            job.future.set_result(result)
+        except BaseException as exc:
+            self._fail(job, exc)
 
     def _write_and_commit_inner(
-        self, step: int, staged: list[Any], metadata: Metadata, t0: float, stall: float
+        self, job: _SaveJob, staged: list[Any], metadata: Metadata, error: str | None
     ) -> SaveResult:
-        folder = step_dir(step)
+        folder = step_dir(job.step)
         file = f"__{self.rank}_0.distcp"
         written = 0
-        report: dict[str, Any] = {"error": None}
+        report: dict[str, Any] = {"error": error}
         writers: list[RankFileWriter] = []
-        for tier in self.tiers:
+        for tier in self.tiers if error is None else []:
             out = None
             try:
                 out = tier.open_writer(f"{folder}/{file}")
@@ -232,7 +394,7 @@ class Checkpointer:
                 break
         if report["error"] is None and writers:
             w = writers[0]
-            report.update(results=w.results, shards=w.shard_fqns, objects=w.objects, bytes=written)
+            report.update(shards=w.shard_fqns, objects=w.objects, bytes=written)
         reports = self._all_gather(report)
         errors = [r["error"] for r in reports if r["error"]]
         total = 0
@@ -241,27 +403,22 @@ class Checkpointer:
                 for tier in self.tiers:  # nothing half-written stays behind
                     tier.delete_dir(folder)
             else:
-                total = self._commit(step, folder, metadata, reports)
+                total = self._commit(job.step, folder, metadata, reports)
         committed = self._broadcast(not errors)
         return SaveResult(
-            step=step,
+            step=job.step,
             committed=bool(committed),
             error="; ".join(errors) or None,
-            stall_seconds=stall,
-            total_seconds=time.perf_counter() - t0,
+            stall_seconds=job.stall,
+            step_wait_seconds=self.guard.waited_seconds,
+            total_seconds=time.perf_counter() - job.t0,
+            stage_seconds=job.stage_seconds,
             bytes_written=written,
             total_bytes=total,
             tiers=[t.name for t in self.tiers],
         )
 
     def _commit(self, step: int, folder: str, metadata: Metadata, reports: list[dict[str, Any]]) -> int:
-        storage_data = {wr.index: wr.storage_data for r in reports for wr in r["results"]}
-        dcp_metadata = Metadata(
-            state_dict_metadata=metadata.state_dict_metadata,
-            planner_data=metadata.planner_data,
-            storage_data=storage_data,
-            storage_meta=StorageMeta(),
-        )
         tensors: dict[str, TensorEntry] = {}
         for fqn, md in metadata.state_dict_metadata.items():
             if isinstance(md, TensorStorageMetadata):
@@ -278,11 +435,11 @@ class Checkpointer:
             ),
             tensors=tensors,
             objects=objects,
+            mappings={fqn: list(path) for fqn, path in (metadata.planner_data or {}).items()},
             total_bytes=sum(r["bytes"] for r in reports),
         )
         for tier in self.tiers:
-            tier.write_bytes(f"{folder}/{DCP_METADATA_NAME}", pickle.dumps(dcp_metadata))
-            tier.write_bytes(f"{folder}/{MANIFEST_NAME}", manifest.model_dump_json().encode())  # the commit
+            tier.write_bytes(f"{folder}/{MANIFEST_NAME}", manifest.to_bytes())  # the commit
             self._apply_retention(tier)
         return manifest.total_bytes
 
@@ -302,19 +459,26 @@ class Checkpointer:
     # -- catalog -----------------------------------------------------------------------------------
     @staticmethod
     def list_committed(tier: Storage) -> list[CheckpointInfo]:
-        """Committed checkpoints on one tier (those with a commit marker), in no particular order."""
+        """Checkpoints with a commit marker on one tier, in no particular order. A marker that
+        cannot be read is listed with its error: the step exists, and is corrupt."""
         out = []
         for name in tier.list_dirs():
             step = parse_step_dir(name)
             raw = tier.read_bytes(f"{name}/{MANIFEST_NAME}") if step is not None else None
-            if raw is None:
+            if step is None or raw is None:
                 continue
-            m = Manifest.model_validate_json(raw)
+            where = tier.describe(name)
+            try:
+                m = read_manifest(raw, tier.describe(f"{name}/{MANIFEST_NAME}"))
+            except ManifestError as exc:
+                out.append(CheckpointInfo(step=step, tier=tier.name, location=where, created_at=0, total_bytes=0,
+                                          world_size=0, error=str(exc)))  # fmt: skip
+                continue
             out.append(
                 CheckpointInfo(
                     step=m.step,
                     tier=tier.name,
-                    location=tier.describe(name),
+                    location=where,
                     created_at=m.created_at,
                     total_bytes=m.total_bytes,
                     world_size=m.layout.world_size,
@@ -333,18 +497,29 @@ class Checkpointer:
         return max(steps) if steps else None
 
     def manifest(self, step: int) -> tuple[Storage, Manifest]:
+        """The step's manifest from the fastest tier holding a readable one."""
+        errors = []
         for tier in self.tiers:  # fastest first
-            raw = tier.read_bytes(f"{step_dir(step)}/{MANIFEST_NAME}")
-            if raw is not None:
-                return tier, Manifest.model_validate_json(raw)
+            path = f"{step_dir(step)}/{MANIFEST_NAME}"
+            raw = tier.read_bytes(path)
+            if raw is None:
+                continue
+            try:
+                return tier, read_manifest(raw, tier.describe(path))
+            except ManifestError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         raise NoCheckpoint(f"no committed checkpoint for step {step} in {[t.describe() for t in self.tiers]}")
 
     # -- load --------------------------------------------------------------------------------------
     def load(self, state: Mapping[str, Any], step: int | None = None, *, fallback: bool = False) -> int:
         """Load the given step (default: the newest) into `state`, in place. Returns the step loaded.
 
-        With `fallback`, a checkpoint that fails its checksums is skipped for the one before it.
+        With `fallback`, a checkpoint that fails its checksums (its shards', its values' or its
+        commit marker's) is skipped for the one before it. Any other error stops every rank at once.
         """
+        self.wait()  # a save still copying reads the tensors this load is about to overwrite
         steps = sorted({c.step for c in self.catalog()}, reverse=True)
         steps = self._broadcast(steps)  # every rank considers the same candidates
         if step is not None:
@@ -353,32 +528,40 @@ class Checkpointer:
             steps = steps[steps.index(step) :] if fallback else [step]
         if not steps:
             raise NoCheckpoint(f"no committed checkpoint in {[t.describe() for t in self.tiers]}")
-        errors = []
+        errors: list[str] = []
         for candidate in steps:
-            error = None
+            outcome: tuple[str, str] | None = None
             try:
                 self._load_step(state, candidate)
             except (ChecksumError, StorageError) as exc:
-                error = f"rank {self.rank}: {exc}"
-            all_errors = [e for e in self._all_gather(error) if e]
-            if not all_errors:
+                outcome = ("corrupt", f"rank {self.rank}: {exc}")
+            except Exception as exc:  # every rank must hear of it, or the others would wait forever
+                outcome = (type(exc).__name__, f"rank {self.rank}: {exc}")
+            outcomes = [o for o in self._all_gather(outcome) if o]
+            if not outcomes:
                 return candidate
-            errors += all_errors
-            log.error("checkpoint unusable", extra={"context": {"step": candidate, "errors": all_errors}})
+            messages = [m for _, m in outcomes]
+            errors += messages
+            log.error("checkpoint unusable", extra={"context": {"step": candidate, "errors": messages}})
+            fatal = [o for o in outcomes if o[0] != "corrupt"]
+            if fatal:
+                kind = UnsafeObjectError if fatal[0][0] == "UnsafeObjectError" else CheckpointError
+                raise kind("; ".join(m for _, m in fatal))
             if not fallback:
-                raise ChecksumError("; ".join(all_errors))
+                raise ChecksumError("; ".join(messages))
         raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
 
     def _load_step(self, state: Mapping[str, Any], step: int) -> None:
         """From the fastest tier that holds the step whole; a tier missing bytes or failing its
         checksums hands over to the next (host memory after a node loss, then storage)."""
-        errors = []
+        errors: list[Exception] = []
         for tier in self.tiers:
-            raw = tier.read_bytes(f"{step_dir(step)}/{MANIFEST_NAME}")
+            path = f"{step_dir(step)}/{MANIFEST_NAME}"
+            raw = tier.read_bytes(path)
             if raw is None:
                 continue
             try:
-                self._load_from(tier, Manifest.model_validate_json(raw), state, step)
+                self._load_from(tier, read_manifest(raw, tier.describe(path)), state, step)
                 self.last_load_tier = tier.name
                 return
             except (ChecksumError, StorageError) as exc:
@@ -392,13 +575,9 @@ class Checkpointer:
         raise errors[-1]
 
     def _load_from(self, tier: Storage, manifest: Manifest, state: Mapping[str, Any], step: int) -> None:
-        raw_md = tier.read_bytes(f"{step_dir(step)}/{DCP_METADATA_NAME}")
-        if raw_md is None:
-            raise StorageError(f"{tier.describe(step_dir(step))} has a commit marker but no {DCP_METADATA_NAME}")
-        metadata: Metadata = pickle.loads(raw_md)
         state_dict = _to_state_dict(state)
         planner = ShardAwareLoadPlanner()
-        planner.set_up_planner(state_dict, metadata, self.rank == 0)
+        planner.set_up_planner(state_dict, dcp_metadata(manifest), self.rank == 0)
         plan = planner.finish_plan(planner.create_local_plan())
         RangedReader(tier, step_dir(step), manifest).execute(plan, planner)
         for key, obj in state.items():
@@ -409,6 +588,11 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        self.guard.close()
+        for worker in (self._stager, self._writer):
+            if worker is not None:
+                worker.stop()
+        self._stager = self._writer = None
         if self.group is not None:
             dist.destroy_process_group(self.group)
             self.group = None

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stalwart.checkpoint.manifest import DCP_METADATA_NAME, MANIFEST_NAME, Manifest, parse_step_dir
+from stalwart.checkpoint.errors import ManifestError
+from stalwart.checkpoint.manifest import MANIFEST_NAME, Manifest, parse_step_dir, read_manifest
 from stalwart.checkpoint.storage.base import StorageError
 from stalwart.checkpoint.storage.memory import MemoryStorage
 
@@ -26,24 +27,26 @@ class MirrorResult(BaseModel):
     skipped: str | None = None  # why the newest step was not copied (too big, a source went away)
 
 
-def sync_newest(local: str, sources: list[str], namespace: str, budget_bytes: int) -> MirrorResult:
+def sync_newest(
+    local: str, sources: list[str], namespace: str, budget_bytes: int, token: str | None = None
+) -> MirrorResult:
     """Copy the newest step committed on any of `sources` into the store at `local`, unless it is
-    there already or bigger than `budget_bytes`; then drop the local copies of older steps."""
-    reader = MemoryStorage(local, None, namespace, nodes=[s for s in sources if s != local])
-    local_only = MemoryStorage(local, None, namespace)
+    there already or bigger than `budget_bytes`; then drop the local copies of older steps.
+    `token`: the job's (default: STALWART_CHECKPOINT_TOKEN)."""
+    reader = MemoryStorage(local, None, namespace, nodes=[s for s in sources if s != local], token=token)
+    local_only = MemoryStorage(local, None, namespace, token=token)
     newest = _newest_committed(reader)
     if newest is None:
         return MirrorResult()
-    step, name, raw = newest
+    step, name, raw, manifest = newest
     copied = 0
     if local_only.read_bytes(f"{name}/{MANIFEST_NAME}") is None:  # not held yet
-        manifest = Manifest.model_validate_json(raw)
         if manifest.total_bytes > budget_bytes:
             return MirrorResult(
                 skipped=f"step {step} holds {manifest.total_bytes} bytes, over the budget of {budget_bytes}"
             )
         try:
-            for file in sorted(manifest.files() | {DCP_METADATA_NAME}):
+            for file in sorted(manifest.files()):
                 data = reader.read_bytes(f"{name}/{file}")
                 if data is None:
                     raise StorageError(f"{name}/{file} is gone from every store")
@@ -59,12 +62,15 @@ def sync_newest(local: str, sources: list[str], namespace: str, budget_bytes: in
     return MirrorResult(step=step, copied_bytes=copied)
 
 
-def _newest_committed(reader: MemoryStorage) -> tuple[int, str, bytes] | None:
-    """The newest step that has its commit marker on some store: (step, folder, manifest bytes)."""
+def _newest_committed(reader: MemoryStorage) -> tuple[int, str, bytes, Manifest] | None:
+    """The newest step with a readable commit marker on some store: (step, folder, marker, manifest)."""
     steps = sorted(
         ((step, name) for name in reader.list_dirs() if (step := parse_step_dir(name)) is not None), reverse=True
     )
     for step, name in steps:
         if (raw := reader.read_bytes(f"{name}/{MANIFEST_NAME}")) is not None:
-            return step, name, raw
+            try:
+                return step, name, raw, read_manifest(raw, f"memory:{name}/{MANIFEST_NAME}")
+            except ManifestError:
+                continue  # a corrupt marker: the step before it is the newest usable one
     return None

@@ -8,14 +8,17 @@ because the slowest rank sets the checkpoint's duration.
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections import defaultdict
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.planner import SavePlan, WriteItem
+from torch.distributed.checkpoint.planner import ReadItem, SavePlan, WriteItem, WriteItemType
 
+from stalwart.checkpoint import objects
 from stalwart.checkpoint.shards import GlobalShard
 
 
@@ -61,6 +64,11 @@ class BalancedSavePlanner(DefaultSavePlanner):
         obj = self.state_dict.get(index.fqn)
         return obj.local if isinstance(obj, GlobalShard) else super().lookup_object(index)
 
+    def transform_object(self, write_item: WriteItem, object: Any) -> Any:
+        if write_item.type == WriteItemType.BYTE_IO:
+            return objects.serialize(write_item.index.fqn, object)  # plain data only, or refused
+        return object
+
 
 def _pop_shards(tree: dict[str, Any], path: tuple[str, ...] = ()) -> dict[tuple[str, ...], GlobalShard]:
     found: dict[tuple[str, ...], GlobalShard] = {}
@@ -86,6 +94,17 @@ class ShardAwareLoadPlanner(DefaultLoadPlanner):
         for fqn, mapped in self.mappings.items():
             if (where := tuple(str(k) for k in mapped)) in shards:
                 self.state_dict[fqn] = shards[where]
+
+    def load_value(self, read_item: ReadItem, value: Any) -> None:
+        """A non-tensor value, already read back as plain data (see stalwart.checkpoint.objects)."""
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], value)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = value
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        # DCP's own unpickles with weights_only=False: never here.
+        self.load_value(read_item, objects.deserialize(read_item.dest_index.fqn, value.getvalue(), "the checkpoint"))
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         obj = self.state_dict.get(index.fqn)

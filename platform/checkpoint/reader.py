@@ -11,19 +11,24 @@ instead of one per tensor.
 
 from __future__ import annotations
 
-import io
 import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
+from stalwart.checkpoint import objects
+from stalwart.checkpoint.dcp_metadata import torch_dtype
+from stalwart.checkpoint.errors import ChecksumError
 from stalwart.checkpoint.manifest import Manifest, ShardEntry
+from stalwart.checkpoint.planner import ShardAwareLoadPlanner
 from stalwart.checkpoint.storage.base import Storage
 from stalwart.checkpoint.writer import checksum
+
+__all__ = ["ChecksumError", "RangedReader"]
 
 #: a merged read never grows past this: its bytes are held until the items in it are copied out
 MAX_SPAN = 64 << 20
@@ -45,14 +50,6 @@ class _Box(NamedTuple):
     last: int
     lo: int
     hi: int
-
-
-class ChecksumError(RuntimeError):
-    """Bytes read back do not match what was saved; names the tensor and the file."""
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.removeprefix("torch."))
 
 
 def _strides(shape: list[int]) -> list[int]:
@@ -92,7 +89,7 @@ class RangedReader:
     def _box(self, item: ReadItem) -> _Box:
         key = (item.storage_index.fqn, tuple(item.storage_index.offset or ()))
         fqn, dtype_name, shard = self._shards[key]
-        dtype = _dtype(dtype_name)
+        dtype = torch_dtype(dtype_name)
         elem = torch.empty((), dtype=dtype).element_size()
         strides = _strides(shard.lengths)
         first = sum(o * s for o, s in zip(item.storage_offsets, strides, strict=True))
@@ -134,15 +131,43 @@ class RangedReader:
         planner.commit_tensor(item, target)
 
     def _object_bytes(self, item: ReadItem, read_into: _ReadInto) -> bytes:
-        entry = self.manifest.objects[item.storage_index.fqn]
+        return self._value_bytes(item.storage_index.fqn, read_into)
+
+    def _value_bytes(self, fqn: str, read_into: _ReadInto) -> bytes:
+        entry = self.manifest.objects[fqn]
         data = bytearray(entry.length)
         read_into(self._path(entry.file), entry.offset, memoryview(data))
         if checksum(data) != entry.checksum:
             raise ChecksumError(
-                f"checksum mismatch in object {item.storage_index.fqn!r} of "
+                f"checksum mismatch in object {fqn!r} of "
                 f"{self.storage.describe(self._path(entry.file))}: the checkpoint is corrupt"
             )
         return bytes(data)
+
+    def read_shard(self, fqn: str, shard: ShardEntry) -> torch.Tensor:
+        """One saved shard whole, verified (for the DCP export)."""
+        data = bytearray(shard.nbytes)
+        if shard.nbytes:
+            self.storage.read_range_into(self._path(shard.file), shard.data_offset, memoryview(data))
+            self._verify(fqn, shard, memoryview(data), 0)
+        flat = torch.frombuffer(data, dtype=torch.uint8) if shard.nbytes else torch.empty(0, dtype=torch.uint8)
+        return flat.view(torch_dtype(self.manifest.tensors[fqn].dtype)).reshape(shard.lengths)
+
+    def read_value(self, fqn: str) -> Any:
+        """One stored non-tensor value, verified and read as plain data."""
+        data = self._value_bytes(fqn, self.storage.read_range_into)
+        return objects.deserialize(fqn, data, self.storage.describe(self._path(self.manifest.objects[fqn].file)))
+
+    def _deliver(self, item: ReadItem, data: bytes, planner: LoadPlanner) -> None:
+        """Hand a stored value to the planner as plain data: read with the weights-only unpickler,
+        and re-serialized from that for a planner of DCP's own (whose load_bytes would unpickle
+        anything)."""
+        fqn = item.storage_index.fqn
+        value: Any = objects.deserialize(fqn, data, self.storage.describe(self._path(self.manifest.objects[fqn].file)))
+        if isinstance(planner, ShardAwareLoadPlanner):
+            planner.load_value(item, value)
+        else:
+            planner.load_bytes(item, objects.serialize(fqn, value))
 
     def _extent(self, item: ReadItem) -> tuple[str, int, int]:
         """The file and absolute byte range [start, end) an item reads."""
@@ -167,19 +192,19 @@ class RangedReader:
     def _read_span(
         self, path: str, lo: int, hi: int, members: list[ReadItem], planner: LoadPlanner
     ) -> list[tuple[ReadItem, bytes]]:
-        """One read for all of `members`; tensors are copied here, objects handed back to unpickle."""
+        """One read for all of `members`; tensors are copied here, values' bytes handed back."""
         data = memoryview(self.storage.read_range(path, lo, hi - lo))
 
         def read_into(_: str, offset: int, out: memoryview) -> None:
             out[:] = data[offset - lo : offset - lo + len(out)]
 
-        objects = []
+        values = []
         for item in members:
             if item.type == LoadItemType.BYTE_IO:
-                objects.append((item, self._object_bytes(item, read_into)))
+                values.append((item, self._object_bytes(item, read_into)))
             else:
                 self._read_tensor(item, planner, read_into)
-        return objects
+        return values
 
     def execute(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         gap = self.storage.coalesce_gap
@@ -188,13 +213,13 @@ class RangedReader:
                 tensors = [i for i in plan.items if i.type != LoadItemType.BYTE_IO]
                 for f in [pool.submit(self._read_tensor, i, planner, self.storage.read_range_into) for i in tensors]:
                     f.result()
-                objects = [
+                values = [
                     (i, self._object_bytes(i, self.storage.read_range_into))
                     for i in plan.items
                     if i.type == LoadItemType.BYTE_IO
                 ]
             else:
                 spans = [pool.submit(self._read_span, *span, planner) for span in self._spans(plan.items, gap)]
-                objects = [o for f in spans for o in f.result()]
-        for item, data in objects:  # unpickling touches Python state: keep it on this thread
-            planner.load_bytes(item, io.BytesIO(data))
+                values = [o for f in spans for o in f.result()]
+        for item, data in values:  # building Python values touches Python state: keep it on this thread
+            self._deliver(item, data, planner)

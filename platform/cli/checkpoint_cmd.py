@@ -1,4 +1,4 @@
-"""`stalwart checkpoint ...`: list, inspect and import checkpoints."""
+"""`stalwart checkpoint ...`: list, inspect, export and import checkpoints."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-app = typer.Typer(help="List, inspect and import checkpoints.", no_args_is_help=True)
+app = typer.Typer(help="List, inspect, export and import checkpoints.", no_args_is_help=True)
 out = Console()
 err = Console(stderr=True)
 
@@ -63,12 +63,15 @@ def list_checkpoints(
     import time
 
     for i in infos:
+        if i.error is not None:
+            t.add_row(str(i.step), "[red]corrupt[/]", "-", "-", f"{escape(i.location)}: {escape(i.error)}")
+            continue
         t.add_row(
             str(i.step),
             _human(i.total_bytes),
             f"{i.world_size} ranks",
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.created_at)),
-            i.location,
+            escape(i.location),
         )
     out.print(t)
 
@@ -83,11 +86,11 @@ def inspect(
 
     Example: stalwart checkpoint inspect /ckpt/run1 1200
     """
-    from stalwart.checkpoint import Checkpointer, NoCheckpoint
+    from stalwart.checkpoint import Checkpointer, ManifestError, NoCheckpoint
 
     try:
         _, manifest = Checkpointer(_open(uri)).manifest(step)
-    except NoCheckpoint as exc:
+    except (NoCheckpoint, ManifestError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
     if output == "json":
@@ -115,6 +118,35 @@ def inspect(
         for name, obj in sorted(manifest.objects.items()):
             o.add_row(name, obj.file, str(obj.length), f"{obj.checksum:016x}")
         out.print(o)
+
+
+@app.command("export-dcp")
+def export_dcp_cmd(
+    uri: Annotated[str, typer.Argument(help=URI_HELP)],
+    step: Annotated[int, typer.Argument(help="The step to export.")],
+    out_dir: Annotated[str, typer.Argument(help="A new folder for the DCP checkpoint.")],
+) -> None:
+    """Write a checkpoint as a plain DCP folder, for tools that read DCP by path.
+
+    The files are rewritten from verified bytes and plain values; the folder's `.metadata` is
+    built from the checkpoint's manifest (a Stalwart checkpoint holds no pickle). In Python, no
+    export is needed: dcp.load(state, storage_reader=stalwart.checkpoint.DCPReader(URI, STEP)).
+
+    Example: stalwart checkpoint export-dcp /ckpt/run1 1200 /tmp/run1-dcp-1200
+    """
+    from stalwart.checkpoint import CheckpointError, StorageError, export_dcp
+
+    try:
+        result = export_dcp(_open(uri), step, out_dir)
+    except (CheckpointError, StorageError) as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    out.print(
+        f"exported step {result.step} ({result.tensors} tensors, {result.values} values, "
+        f"{_human(result.bytes_written)}) to {result.folder}; read it with "
+        f"torch.distributed.checkpoint.load(state, checkpoint_id={result.folder!r})",
+        highlight=False,
+    )
 
 
 @app.command("import-torchsnapshot")

@@ -24,6 +24,7 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/dataplane/{channel}        DataPlaneEndpoint: where an RLHF data-plane server
                                                        (the relay, the actor's weights) listens; the
                                                        data itself never goes through etcd
+    /stalwart/v1/jobs/{job}/checkpoint-token           the memory stores' token, when none was given (text)
     /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
     /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
     /stalwart/v1/operators/{name}/leader               Kubernetes operator election, under the leader's lease
@@ -62,6 +63,10 @@ def job_state(job: str) -> str:
 
 def job_leader(job: str) -> str:
     return job_prefix(job) + "leader"
+
+
+def checkpoint_token(job: str) -> str:
+    return job_prefix(job) + "checkpoint-token"
 
 
 def generations_prefix(job: str) -> str:

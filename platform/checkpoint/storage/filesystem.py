@@ -1,4 +1,9 @@
-"""A local or shared filesystem: streamed writes with fsync, pread for ranged reads."""
+"""A local or shared filesystem: streamed writes with fsync, pread for ranged reads.
+
+Writes reach the disk in large sequential pieces: torch.save's many small writes (headers, a
+tensor's pickled description) are gathered into one buffer, and a tensor's bytes go straight
+from the staging buffer to the file without another copy.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,10 @@ from pathlib import Path
 
 from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
 
+SMALL = 256 << 10  # a write under this is gathered...
+GATHER = 4 << 20  # ...into a buffer written out at this size
+PIECE = 64 << 20  # the largest single write() call
+
 
 class _FileWriter(ObjectWriter):
     def __init__(self, storage: FileStorage, path: Path) -> None:
@@ -16,24 +25,40 @@ class _FileWriter(ObjectWriter):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.pos = 0
+        self.gathered = bytearray()
+
+    def _write_out(self, view: memoryview) -> None:
+        done = 0
+        try:
+            while done < len(view):
+                done += os.write(self.fd, view[done : done + PIECE])
+        except OSError as exc:
+            raise StorageError(f"writing {self.path}: {exc.strerror}") from exc
+        self.storage._count_written(done)
+
+    def _flush(self) -> None:
+        if self.gathered:
+            self._write_out(memoryview(self.gathered))
+            self.gathered.clear()
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data).cast("B")
-        total = 0
-        try:
-            while total < len(view):
-                total += os.write(self.fd, view[total : total + (64 << 20)])
-        except OSError as exc:
-            raise StorageError(f"writing {self.path}: {exc.strerror}") from exc
-        self.pos += total
-        self.storage._count_written(total)
-        return total
+        if len(view) < SMALL:
+            self.gathered += view
+            if len(self.gathered) >= GATHER:
+                self._flush()
+        else:
+            self._flush()
+            self._write_out(view)
+        self.pos += len(view)
+        return len(view)
 
     def tell(self) -> int:
         return self.pos
 
     def close(self) -> None:
         try:
+            self._flush()
             os.fsync(self.fd)
         except OSError as exc:
             raise StorageError(f"syncing {self.path}: {exc.strerror}") from exc

@@ -4,6 +4,8 @@ Writes go to the local node's memory store and to the peer's; reads prefer the l
 back to the peer when the local store is gone (the node was lost) or lacks the object, then to the
 job's other nodes (`nodes`): a standby that took a lost node's ranks holds none of their bytes, but
 the lost node's peer does.
+
+Every request carries the job's token (STALWART_CHECKPOINT_TOKEN unless one is given).
 """
 
 from __future__ import annotations
@@ -13,18 +15,26 @@ import json
 import socket
 import threading
 
+from stalwart.checkpoint.memory_auth import TOKEN_ENV, auth_headers, token_from_env
 from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
 
-CHUNK = 32 << 20
+CHUNK = 32 << 20  # small writes are gathered up to this before a PUT
+DIRECT = 1 << 20  # a write this large is sent as it is, without a copy
+PUT_MAX = 64 << 20  # the largest body of one PUT
+
+
+class StoreRefused(StorageError):
+    """The store turned the caller away (its token): a configuration error, never a lost node."""
 
 
 class _Endpoint:
-    def __init__(self, address: str, namespace: str) -> None:
+    def __init__(self, address: str, namespace: str, token: str | None) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
         self.host, self.port = host, int(port)
         self.namespace = namespace.strip("/")
         self._local = threading.local()
+        self._auth = auth_headers(token)
 
     def request(
         self, method: str, path: str, body: bytes | memoryview | None = None, headers: dict[str, str] | None = None
@@ -38,15 +48,25 @@ class _Endpoint:
                     conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
                     conn.connect()
                     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # see memory_server
-                conn.request(method, path, body=body, headers=headers or {})
+                conn.request(method, path, body=body, headers={**self._auth, **(headers or {})})
                 resp = conn.getresponse()
-                return resp.status, resp.read()
+                status, data = resp.status, resp.read()
             except (OSError, http.client.HTTPException) as exc:
                 if conn is not None:
                     conn.close()
                 self._local.conn = None
                 if attempt or isinstance(exc, ConnectionRefusedError):
+                    if body is not None and not isinstance(exc, ConnectionRefusedError):
+                        self.request("GET", "/dirs?prefix=/")  # a refused body closes the connection: was it the token?
                     raise StorageError(f"memory store {self.address} unreachable: {exc}") from exc
+                continue
+            if status in (401, 403):
+                how = "no token" if not self._auth else "a token it does not accept"
+                raise StoreRefused(
+                    f"memory store {self.address} refused {method} with {how} (HTTP {status}): "
+                    f"the job's token is in {TOKEN_ENV}"
+                )
+            return status, data
         raise AssertionError("unreachable")
 
     def obj(self, path: str) -> str:
@@ -61,24 +81,34 @@ class _TeeWriter(ObjectWriter):
         self.buf = bytearray()
         self.flushed = 0
 
+    def _put(self, body: memoryview) -> None:
+        for ep in self.s.endpoints:
+            code, answer = ep.request("PUT", ep.obj(self.path), body, {"X-Offset": str(self.flushed)})
+            if code != 200:
+                raise StorageError(
+                    f"memory store {ep.address}: PUT {self.path} answered {code} {answer.decode(errors='replace')}"
+                )
+        self.s._count_written(len(body))
+        self.flushed += len(body)
+
     def _flush(self) -> None:
         if not self.buf and self.flushed:
             return
-        for ep in self.s.endpoints:
-            code, body = ep.request("PUT", ep.obj(self.path), bytes(self.buf), {"X-Offset": str(self.flushed)})
-            if code != 200:
-                raise StorageError(f"memory store {ep.address}: PUT {self.path} answered {code} {body.decode()}")
-        self.s._count_written(len(self.buf))
-        self.flushed += len(self.buf)
+        self._put(memoryview(self.buf))
         self.buf.clear()
 
     def write(self, data: bytes | memoryview) -> int:
-        n = len(memoryview(data).cast("B"))
-        self.buf += data
-        self.pos += n
-        if len(self.buf) >= CHUNK:
+        view = memoryview(data).cast("B")
+        if len(view) >= DIRECT:  # a tensor's bytes: straight from the staging buffer
             self._flush()
-        return n
+            for i in range(0, len(view), PUT_MAX):
+                self._put(view[i : i + PUT_MAX])
+        else:
+            self.buf += view
+            if len(self.buf) >= CHUNK:
+                self._flush()
+        self.pos += len(view)
+        return len(view)
 
     def tell(self) -> int:
         return self.pos
@@ -95,11 +125,20 @@ class MemoryStorage(Storage):
     name = "memory"
     coalesce_gap = 1 << 20  # a request through Python's HTTP stack costs about as much as copying 1 MiB
 
-    def __init__(self, local: str, peer: str | None, namespace: str, nodes: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        local: str,
+        peer: str | None,
+        namespace: str,
+        nodes: list[str] | None = None,
+        *,
+        token: str | None = None,
+    ) -> None:
         super().__init__()
-        self.endpoints = [_Endpoint(local, namespace)] + ([_Endpoint(peer, namespace)] if peer else [])
+        token = token or token_from_env()
+        self.endpoints = [_Endpoint(local, namespace, token)] + ([_Endpoint(peer, namespace, token)] if peer else [])
         written = {local, peer}
-        self.readers = self.endpoints + [_Endpoint(n, namespace) for n in nodes or [] if n not in written]
+        self.readers = self.endpoints + [_Endpoint(n, namespace, token) for n in nodes or [] if n not in written]
         self.namespace = namespace
         self._holders: dict[str, _Endpoint] = {}
         self._down: set[str] = set()
@@ -129,6 +168,8 @@ class MemoryStorage(Storage):
         for ep in self._order(path):
             try:
                 code, body = ep.request(method, path if path.startswith("/dirs") else ep.obj(path), headers=headers)
+            except StoreRefused:
+                raise
             except StorageError as exc:
                 errors.append(str(exc))
                 with self._lock:
@@ -173,6 +214,8 @@ class MemoryStorage(Storage):
         for ep in self.readers:
             try:
                 code, body = ep.request("GET", f"/dirs?prefix={prefix}")
+            except StoreRefused:
+                raise
             except StorageError:
                 continue  # a lost node: its peer still answers
             if code == 200:

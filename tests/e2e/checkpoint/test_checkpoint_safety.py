@@ -112,10 +112,15 @@ def test_s3_reshard_reads_only_the_bytes_it_needs(tmp_path: Path, s3: str, monke
 
 
 # -- host memory with a peer copy -----------------------------------------------------------------
+TOKEN = "e2e-test-token"
+
+
 def start_memory_store() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = spawn(
-        [sys.executable, "-m", "stalwart.checkpoint.memory_server", "--port", str(port)], stdout=subprocess.DEVNULL
+        [sys.executable, "-m", "stalwart.checkpoint.memory_server", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "STALWART_CHECKPOINT_TOKEN": TOKEN},
     )
     addr = f"127.0.0.1:{port}"
     import http.client
@@ -123,7 +128,7 @@ def start_memory_store() -> tuple[subprocess.Popen[bytes], str]:
     def up() -> bool:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/dirs")
+            conn.request("GET", "/healthz")
             return conn.getresponse().status == 200
         except OSError:
             return False
@@ -132,7 +137,8 @@ def start_memory_store() -> tuple[subprocess.Popen[bytes], str]:
     return proc, addr
 
 
-def test_the_memory_tier_survives_the_loss_of_one_node(tmp_path: Path) -> None:
+def test_the_memory_tier_survives_the_loss_of_one_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STALWART_CHECKPOINT_TOKEN", TOKEN)  # the ranks' environment, as the agent sets it
     node_a, addr_a = start_memory_store()
     node_b, addr_b = start_memory_store()
     try:

@@ -10,14 +10,20 @@ import torch
 from support.paths import REPO
 
 from stalwart.checkpoint import Checkpointer, ChecksumError, open_storage
-from stalwart.checkpoint.manifest import MANIFEST_NAME, Manifest, step_dir
+from stalwart.checkpoint.manifest import MANIFEST_NAME, read_manifest, step_dir
 from stalwart.net import free_port
 
 WORKER = REPO / "tests" / "data" / "checkpoint" / "ckpt_worker.py"
+TOKEN = "unit-test-token"
+
+
+@pytest.fixture(autouse=True)
+def job_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STALWART_CHECKPOINT_TOKEN", TOKEN)  # what the agent gives workers
 
 
 def flip_a_byte(root: Path, step: int, fqn: str) -> str:
-    manifest = Manifest.model_validate_json((root / step_dir(step) / MANIFEST_NAME).read_text())
+    manifest = read_manifest((root / step_dir(step) / MANIFEST_NAME).read_bytes(), "test")
     shard = manifest.tensors[fqn].shards[0]
     path = root / step_dir(step) / shard.file
     data = bytearray(path.read_bytes())
@@ -92,7 +98,7 @@ def test_a_memory_store_takes_a_burst_of_connections() -> None:
     connection must fit in the backlog."""
     from stalwart.checkpoint.memory_server import serve
 
-    server = serve("127.0.0.1", free_port(), 1 << 20)
+    server = serve("127.0.0.1", free_port(), 1 << 20, TOKEN)
     clients = []
     try:
         for _ in range(64):
@@ -114,7 +120,7 @@ def test_a_memory_tier_load_merges_reads_and_skips_a_lost_store(tmp_path: Path) 
     from stalwart.checkpoint.memory_server import serve
     from stalwart.checkpoint.storage.memory import MemoryStorage
 
-    servers = [serve("127.0.0.1", free_port(), 64 << 20) for _ in range(2)]
+    servers = [serve("127.0.0.1", free_port(), 64 << 20, TOKEN) for _ in range(2)]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     for t in threads:
         t.start()
@@ -161,7 +167,7 @@ def test_a_standby_mirrors_the_newest_committed_checkpoint_into_its_own_store() 
     from stalwart.checkpoint.memory_mirror import sync_newest
     from stalwart.checkpoint.memory_server import serve
 
-    servers = [serve("127.0.0.1", free_port(), 64 << 20) for _ in range(2)]
+    servers = [serve("127.0.0.1", free_port(), 64 << 20, TOKEN) for _ in range(2)]
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     slot, standby = (f"127.0.0.1:{s.server_address[1]}" for s in servers)
