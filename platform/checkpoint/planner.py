@@ -62,7 +62,7 @@ class BalancedSavePlanner(DefaultSavePlanner):
     def lookup_object(self, index: MetadataIndex) -> Any:
         # DCP asks only torch.Tensor subclasses for their shard; a GlobalShard answers too.
         obj = self.state_dict.get(index.fqn)
-        return obj.local if isinstance(obj, GlobalShard) else super().lookup_object(index)
+        return obj.__get_tensor_shard__(index) if isinstance(obj, GlobalShard) else super().lookup_object(index)
 
     def transform_object(self, write_item: WriteItem, object: Any) -> Any:
         if write_item.type == WriteItemType.BYTE_IO:
@@ -108,4 +108,4 @@ class ShardAwareLoadPlanner(DefaultLoadPlanner):
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         obj = self.state_dict.get(index.fqn)
-        return obj.local if isinstance(obj, GlobalShard) else super().lookup_tensor(index)
+        return obj.__get_tensor_shard__(index) if isinstance(obj, GlobalShard) else super().lookup_tensor(index)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from stalwart.checkpoint import Checkpointer, GlobalShard, RetentionPolicy, open_storage
+from stalwart.checkpoint import Checkpointer, RetentionPolicy, open_storage
 from stalwart.checkpoint.adapters import TrainState
 from stalwart.checkpoint.storage import FileStorage
 
@@ -167,40 +168,139 @@ def flat_full(sd: dict, prefix: str = "") -> dict[str, torch.Tensor]:  # type: i
     return out
 
 
+def slow_background_copies() -> None:
+    """The background copy takes its time, so the step right after a save surely comes first."""
+    from stalwart.checkpoint.staging import StagingBuffers
+
+    original = StagingBuffers.stage
+
+    def slow(self, index, src):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "ckpt-stage":
+            time.sleep(0.01)
+        return original(self, index, src)
+
+    StagingBuffers.stage = slow  # type: ignore[method-assign]
+
+
 def roundtrip(root: Path, opts: dict[str, str]) -> None:
+    """Save, then at once the next step (forward, backward, the optimizer's step): the checkpoint
+    holds the state of the moment save() was called, and loads bit for bit."""
     kind = opts["kind"]
+    slow_background_copies()
     ck = Checkpointer(tiers(root, opts))
     model, optim = wrapped(kind, seed=1)
     before = flat_full(TrainState(model, optim).state_dict())
-    ck.save({"train": TrainState(model, optim)}, 1).wait()
+    handle = ck.save({"train": TrainState(model, optim)}, 1)
+    model(torch.randn(4, 16)).sum().backward()
+    optim.step()
+    saved = handle.wait()
+    assert saved.committed, saved.error
     model2, optim2 = wrapped(kind, seed=99)  # different weights and optimizer moments
     differs = any(not torch.equal(v, flat_full(TrainState(model2, optim2).state_dict())[k]) for k, v in before.items())
     ck.load({"train": TrainState(model2, optim2)})
     after = flat_full(TrainState(model2, optim2).state_dict())
     equal = {k: bool(torch.equal(v, after[k])) for k, v in before.items()}
-    write_result(root, {"equal": equal, "differed_before_load": differs, "n": len(before)})
+    write_result(
+        root,
+        {"equal": equal, "differed_before_load": differs, "n": len(before), "step_waited": saved.step_wait_seconds > 0},
+    )
+
+
+def megatron_state(tp: int, seed: int) -> tuple[dict, list[torch.nn.Parameter], torch.optim.Optimizer]:  # type: ignore[type-arg]
+    """A Megatron GPTModel (local layer spec, 2 layers) in TP=tp over this world, its Adam state after
+    one step, and the sharded state dict of both: the model's ShardedTensors (layer-stacked) and
+    ShardedObjects, and the optimizer's state in model space, built as Megatron's FP32Optimizer and
+    the distributed optimizer's fully_reshardable format build it."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=2, hidden_size=64, num_attention_heads=4, use_cpu_initialization=True, pipeline_dtype=torch.float32
+    )
+    model = GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=128, max_sequence_length=32
+    )
+    params = [p for p in model.parameters()]
+    optim = torch.optim.Adam(params, lr=0.01)
+    for p in params:  # a gradient that is a function of the value: replicas stay equal
+        p.grad = p.detach() * 0.5 + 0.1 * seed
+    optim.step()
+    model_sd = model.sharded_state_dict()
+    optim_sd = optim.state_dict()
+    id_map = get_param_id_to_sharded_param_map(model_sd, params)
+    step = optim_sd["state"][0]["step"]
+    optim_state_to_sharding_state(optim_sd, id_map, exclude_keys="step")
+    optim_sd["state"]["common_step"] = step
+    return {"model": model_sd, "optimizer": optim_sd}, params, optim
+
+
+def megatron_global(sd: dict) -> dict[str, torch.Tensor]:  # type: ignore[type-arg]
+    """Every ShardedTensor assembled whole on every rank (a small model: fine to gather)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    mine = [
+        (t.key, t.global_shape, t.global_offset, t.data.view(*([1] * t.prepend_axis_num), *t.local_shape).clone())
+        for t in nested_values(sd)
+        if isinstance(t, ShardedTensor)
+    ]
+    parts: list = [None] * dist.get_world_size()  # type: ignore[type-arg]
+    dist.all_gather_object(parts, mine)
+    out: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for key, shape, offset, local in part:
+            full = out.setdefault(key, torch.zeros(shape, dtype=local.dtype))
+            full[tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))] = local
+    return out
 
 
 def megatron(root: Path, opts: dict[str, str]) -> None:
-    """Megatron-core ShardedTensors (row-sharded, with replicas) saved by N ranks, loaded by M."""
-    from megatron.core.dist_checkpointing import ShardedTensor
+    """Saved by 4 ranks as TP=2 x DP=2, then loaded in the same processes as TP=1 x DP=4 and as
+    TP=4 x DP=1: every shard compared bit for bit with the saved global tensors."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    ref = reference()["w1"]  # (64, 48)
-    tp = int(opts.get("tp", str(world)))  # shard rows over tp ranks; the other ranks are replicas
-    tp_rank, dp_rank = rank % tp, rank // tp
-    rows = ref.shape[0] // tp
-    local = (ref if opts["mode"] == "save" else torch.zeros_like(ref))[tp_rank * rows : (tp_rank + 1) * rows].clone()
-    st = ShardedTensor.from_rank_offsets("decoder.w1", local, (0, tp_rank, tp), replica_id=dp_rank)
-    shard = GlobalShard(st.data, st.global_shape, st.global_offset)
+    from stalwart.checkpoint import megatron as adapter
+
     ck = Checkpointer(tiers(root, opts))
-    if opts["mode"] == "save":
-        res = ck.save({"model": {st.key: shard}}, 3).wait()
-        write_result(root, res.model_dump())
-    else:
-        ck.load({"model": {st.key: shard}})
-        expect = ref[tp_rank * rows : (tp_rank + 1) * rows]
-        write_result(root, {"equal": {"w1": bool(torch.equal(local, expect))}})
+    sd, _, _ = megatron_state(2, seed=1)
+    reference = megatron_global(sd)
+    saved = adapter.save(ck, sd, 3).wait()
+    objects = sum(isinstance(v, ShardedObject) for v in nested_values(sd))
+    checks: dict[str, object] = {"save": saved.model_dump(), "tensors": len(reference), "objects": objects}
+    for tp in (1, 4):
+        fresh, _, _ = megatron_state(tp, seed=7)
+        before = {t.key: t.data.clone() for t in nested_values(fresh) if isinstance(t, ShardedTensor)}
+        step, loaded = adapter.load(ck, fresh)
+        equal, changed = {}, 0
+        for t in nested_values(fresh):
+            if isinstance(t, ShardedTensor):
+                box = tuple(
+                    slice(o, o + n) for o, n in zip(t.global_offset[t.prepend_axis_num :], t.local_shape, strict=True)
+                )
+                want = reference[t.key][tuple(t.global_offset[: t.prepend_axis_num])][box]
+                equal[t.key] = bool(torch.equal(t.data, want))
+                changed += not torch.equal(before[t.key], t.data)
+        group = loaded["optimizer"]["param_groups"][0]
+        checks[f"tp{tp}"] = {
+            "step": step,
+            "equal": equal,
+            "changed": changed,
+            "lr": group["lr"],
+            "betas": list(group["betas"]),
+            "common_step": float(loaded["optimizer"]["state"]["common_step"]),
+        }
+    write_result(root, checks)
 
 
 def slow_save(root: Path, opts: dict[str, str]) -> None:

@@ -19,11 +19,35 @@ def make_checkpoint(root: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def test_plain_dcp_reads_a_stalwart_checkpoint(tmp_path: Path) -> None:
-    state = make_checkpoint(tmp_path)
-    target = {"model": {"w": torch.zeros(40, 30), "b": torch.zeros(30)}}
-    dcp.load(target, checkpoint_id=str(tmp_path / "step-0000000100"))
+def test_plain_dcp_reads_a_stalwart_checkpoint(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+    """A checkpoint holds no pickle for DCP's FileSystemReader to run: DCP reads it through the
+    safe reader, or by path after `stalwart checkpoint export-dcp`."""
+    from stalwart.checkpoint import DCPReader
+
+    state = make_checkpoint(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt" / "step-0000000100" / ".metadata").exists()
+    target = {"model": {"w": torch.zeros(40, 30), "b": torch.zeros(30)}, "meta": {"epoch": 0}}
+    dcp.load(target, storage_reader=DCPReader(str(tmp_path / "ckpt"), 100))
     assert torch.equal(target["model"]["w"], state["w"]) and torch.equal(target["model"]["b"], state["b"])
+    assert target["meta"] == {"epoch": 2}
+
+    out = subprocess.run(
+        [*stalwart_cmd, "checkpoint", "export-dcp", str(tmp_path / "ckpt"), "100", str(tmp_path / "dcp")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "exported step 100" in out.stdout
+    target = {"model": {"w": torch.zeros(40, 30), "b": torch.zeros(30)}, "meta": {"epoch": 0}}
+    dcp.load(target, checkpoint_id=str(tmp_path / "dcp"))  # plain DCP, by path
+    assert torch.equal(target["model"]["w"], state["w"]) and torch.equal(target["model"]["b"], state["b"])
+    assert target["meta"] == {"epoch": 2}
+    again = subprocess.run(
+        [*stalwart_cmd, "checkpoint", "export-dcp", str(tmp_path / "ckpt"), "100", str(tmp_path / "dcp")],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 1 and "is not empty" in again.stderr and "Traceback" not in again.stderr
 
 
 def test_ls_and_inspect(tmp_path: Path, stalwart_cmd: list[str]) -> None:
