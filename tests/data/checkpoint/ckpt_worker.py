@@ -230,7 +230,7 @@ def megatron_state(tp: int, seed: int) -> tuple[dict, list[torch.nn.Parameter], 
     model = GPTModel(
         config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=128, max_sequence_length=32
     )
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     optim = torch.optim.Adam(params, lr=0.01)
     for p in params:  # a gradient that is a function of the value: replicas stay equal
         p.grad = p.detach() * 0.5 + 0.1 * seed
