@@ -121,7 +121,7 @@ def test_a_memory_tier_load_merges_reads_and_skips_a_lost_store(tmp_path: Path) 
     from stalwart.checkpoint.storage.memory import MemoryStorage
 
     servers = [serve("127.0.0.1", free_port(), 64 << 20, TOKEN) for _ in range(2)]
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    threads = [threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True) for s in servers]
     for t in threads:
         t.start()
     peer, standby = (f"127.0.0.1:{s.server_address[1]}" for s in servers)
@@ -169,7 +169,7 @@ def test_a_standby_mirrors_the_newest_committed_checkpoint_into_its_own_store() 
 
     servers = [serve("127.0.0.1", free_port(), 64 << 20, TOKEN) for _ in range(2)]
     for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
+        threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True).start()
     slot, standby = (f"127.0.0.1:{s.server_address[1]}" for s in servers)
     try:
         model = torch.nn.Linear(64, 64)

@@ -65,7 +65,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     monkeypatch.setenv("STALWART_CHECKPOINT_TOKEN", TOKEN)  # the workers' environment, as the agent sets it
     server = serve("127.0.0.1", free_port(), 64 << 20, TOKEN)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         yield server
     finally:
@@ -225,3 +225,17 @@ def test_a_value_that_needs_code_to_load_is_refused_on_save(tmp_path: Path) -> N
     model, optim = small_model()
     state = {"train": TrainState(model, optim), "rng": RNGState(), "loader": {"position": 7, "weights": (0.5, 0.5)}}
     assert ckpt.save(state, 2).wait().committed
+
+
+def test_a_format_1_checkpoint_still_loads_and_its_pickle_is_never_read(tmp_path: Path) -> None:
+    """Format 1 had a bare JSON manifest and DCP's `.metadata` pickle beside it."""
+    ckpt = Checkpointer(open_storage(str(tmp_path)))
+    ckpt.save({"x": torch.arange(10.0), "meta": {"n": 3}}, 5).wait()
+    folder = tmp_path / step_dir(5)
+    manifest = read_manifest((folder / MANIFEST_NAME).read_bytes(), "test")
+    legacy = manifest.model_copy(update={"format_version": 1, "mappings": {}})
+    (folder / MANIFEST_NAME).write_text(legacy.model_dump_json())
+    (folder / ".metadata").write_bytes(pickle.dumps(RunsCode(tmp_path / "pwned")))
+    target = {"x": torch.zeros(10), "meta": {"n": 0}}
+    assert ckpt.load(target) == 5 and torch.equal(target["x"], torch.arange(10.0)) and target["meta"] == {"n": 3}
+    assert not (tmp_path / "pwned").exists()
