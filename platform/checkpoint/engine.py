@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 
 from stalwart.checkpoint.dcp_metadata import dcp_metadata
 from stalwart.checkpoint.errors import (
@@ -59,9 +60,10 @@ from stalwart.checkpoint.planner import BalancedSavePlanner, ShardAwareLoadPlann
 from stalwart.checkpoint.priority import lower_this_thread
 from stalwart.checkpoint.reader import RangedReader
 from stalwart.checkpoint.retention import RetentionPolicy, to_delete
+from stalwart.checkpoint.shards import GlobalShard
 from stalwart.checkpoint.staging import StagingBuffers
 from stalwart.checkpoint.step_guard import Gate, StepGuard, storage_key
-from stalwart.checkpoint.storage.base import Storage, StorageError
+from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
 from stalwart.checkpoint.writer import RankFileWriter
 
 __all__ = [
@@ -128,6 +130,26 @@ def _to_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
 
 
+def structure_signature(flat: Mapping[str, Any]) -> str | None:
+    """What decides this rank's save plan, without making it (DCP's local plan computes every
+    DTensor's local box: most of a save's time in the caller): names, kinds, global shapes, dtypes,
+    layouts. None when a leaf is of a kind this does not know."""
+    parts: list[object] = []
+    for fqn, obj in flat.items():
+        if isinstance(obj, DTensor):
+            parts.append((fqn, "d", obj._spec))  # mesh, placements, shape, stride, dtype (hashable)
+        elif isinstance(obj, GlobalShard):
+            pieces = tuple((tuple(o), tuple(t.shape), t.dtype) for o, t in obj.pieces.items())
+            parts.append((fqn, "g", tuple(obj.global_shape), pieces))
+        elif type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
+            parts.append((fqn, "t", tuple(obj.shape), obj.dtype))
+        elif isinstance(obj, torch.Tensor):
+            return None  # another tensor subclass: its plan may depend on more
+        else:
+            parts.append((fqn, "o"))
+    return str(hash(tuple(parts)))
+
+
 def _optimizers_in(state: Mapping[str, Any]) -> list[torch.optim.Optimizer]:
     """Optimizers a state names: directly, or held by an adapter (TrainState's `optimizer`)."""
     out = []
@@ -150,7 +172,7 @@ class _SaveJob:
     step: int
     t0: float
     planner: BalancedSavePlanner
-    local_plan: SavePlan
+    local_plan: SavePlan | None  # None when the structure matched the cache: made only if needed
     signature: str
     used_cache: bool
     future: Future[SaveResult]
@@ -158,8 +180,12 @@ class _SaveJob:
     staged: dict[MetadataIndex, torch.Tensor | io.BytesIO] = field(default_factory=dict)
     deferred: dict[MetadataIndex, tuple[torch.Tensor, int]] = field(default_factory=dict)  # -> optimizer id
     gates: dict[int, Gate] = field(default_factory=dict)
+    released: threading.Event = field(default_factory=threading.Event)  # the staging buffers are free again
     stall: float = 0.0
     stage_seconds: float = 0.0
+
+    def step_wait(self) -> float:
+        return sum(g.waited_seconds for g in self.gates.values())
 
 
 class _Worker:
@@ -207,14 +233,18 @@ class Checkpointer:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size(process_group) if self.distributed else 1
-        # A gloo group of our own: the background threads' collectives never meet training's.
+        # Gloo groups of our own, so the background threads' collectives never meet training's: one
+        # for the stager (plans) and one for the writer (reports, commits) and loads, so that a save's
+        # plan can be agreed on while the previous save is still being committed.
         self.group = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
+        self.plan_group = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self.retention = retention or RetentionPolicy()
         self.parallelism = parallelism or {}
         self.overlap = overlap
         self.staging = StagingBuffers()
         self.guard = StepGuard()
         self._pending: SaveHandle | None = None
+        self._released: threading.Event | None = None  # the save in flight is done with the buffers
         self.last_load_tier: str | None = None  # where the last load read from (memory, file, s3)
         self._plan_cache: _Plan | None = None
         self._stager: _Worker | None = None
@@ -225,11 +255,11 @@ class Checkpointer:
         self.guard.watch(optimizer)
 
     # -- collectives (no-ops on one process) -------------------------------------------------------
-    def _all_gather(self, obj: Any) -> list[Any]:
+    def _all_gather(self, obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
         if not self.distributed:
             return [obj]
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.group)
+        dist.all_gather_object(out, obj, group=group or self.group)
         return out
 
     def _broadcast(self, obj: Any) -> Any:
@@ -245,8 +275,8 @@ class Checkpointer:
         is copied; the rest is copied and written behind. Raises UnsafeObjectError for a value a
         checkpoint may not hold (every rank's save then fails with that error)."""
         t0 = time.perf_counter()
-        if self._pending is not None:
-            self._pending.wait()  # one save in flight: its staging buffers are about to be reused
+        if self._released is not None:
+            self._released.wait()  # the previous save's bytes must be out of the buffers about to be reused
         if self._stager is None:
             self._stager = _Worker("ckpt-stage")
             self._writer = _Worker("ckpt-write", init=lower_this_thread)
@@ -256,14 +286,20 @@ class Checkpointer:
         state_dict = _to_state_dict(state)
         planner = BalancedSavePlanner()
         planner.set_up_planner(state_dict, StorageMeta(), self.rank == 0)
-        local = planner.create_local_plan()
-        signature = hashlib.sha1(repr([(i.index, i.type, i.tensor_data) for i in local.items]).encode()).hexdigest()
+        local: SavePlan | None = None
+        signature = structure_signature(planner.state_dict)
+        if signature is None:  # a kind of leaf the quick signature does not know: from the plan
+            local = planner.create_local_plan()
+            signature = hashlib.sha1(repr([(i.index, i.type, i.tensor_data) for i in local.items]).encode()).hexdigest()
         cache = self._plan_cache if self._plan_cache and self._plan_cache.local_signature == signature else None
+        if cache is None and local is None:
+            local = planner.create_local_plan()
         job = _SaveJob(step, t0, planner, local, signature, cache is not None, Future())
         owners = self.guard.owners() if self.overlap else {}
         self.staging.begin()
         try:
-            for item in (cache.plan if cache else local).items:  # cached: exactly mine; else a superset
+            items = cache.plan.items if cache else local.items if local else []  # cached: mine; else a superset
+            for item in items:
                 data = planner.resolve_data(item)
                 if isinstance(data, io.BytesIO):
                     job.staged[item.index] = data  # serialized now: a snapshot of the value
@@ -278,6 +314,7 @@ class Checkpointer:
         self.guard.arm(job.gates)
         job.stall = time.perf_counter() - t0
         self._pending = SaveHandle(step, job.future, list(job.gates.values()))
+        self._released = job.released
         self._stager.submit(self._stage, job)
         if job.error is not None:
             raise UnsafeObjectError(job.error)
@@ -291,7 +328,8 @@ class Checkpointer:
         new one, planned by all ranks together."""
         if self._plan_cache is not None and self._plan_cache.key == key:
             return self._plan_cache.plan, self._plan_cache.metadata
-        all_local = self._all_gather(job.local_plan)
+        local = job.local_plan if job.local_plan is not None else job.planner.create_local_plan()
+        all_local = self._all_gather(local, self.plan_group)
         global_plans, metadata = job.planner.create_global_plan(all_local)
         mine = job.planner.finish_plan(global_plans[self.rank])
         self._plan_cache = _Plan(key, job.signature, mine, metadata)
@@ -299,7 +337,7 @@ class Checkpointer:
 
     def _stage(self, job: _SaveJob) -> None:
         try:
-            replies = self._all_gather((job.signature, job.error))
+            replies = self._all_gather((job.signature, job.error), self.plan_group)
             errors = [e for _, e in replies if e]
             if errors:
                 raise CheckpointError("; ".join(errors))
@@ -307,6 +345,7 @@ class Checkpointer:
         except BaseException as exc:  # the handle must always resolve, or training would hang on it
             for gate in job.gates.values():
                 gate.open()
+            job.released.set()
             self._fail(job, exc)
             return
         error = None
@@ -343,7 +382,7 @@ class Checkpointer:
                 committed=False,
                 error=str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}",
                 stall_seconds=job.stall,
-                step_wait_seconds=self.guard.waited_seconds,
+                step_wait_seconds=job.step_wait(),
                 total_seconds=time.perf_counter() - job.t0,
                 bytes_written=0,
                 total_bytes=0,
@@ -363,6 +402,8 @@ class Checkpointer:
             job.future.set_result(result)
         except BaseException as exc:
             self._fail(job, exc)
+        finally:
+            job.released.set()
 
     def _write_and_commit_inner(
         self, job: _SaveJob, staged: list[Any], metadata: Metadata, error: str | None
@@ -372,26 +413,33 @@ class Checkpointer:
         written = 0
         report: dict[str, Any] = {"error": error}
         writers: list[RankFileWriter] = []
+        outs: list[tuple[Storage, ObjectWriter]] = []
         for tier in self.tiers if error is None else []:
-            out = None
             try:
-                out = tier.open_writer(f"{folder}/{file}")
-                w = RankFileWriter(out, file, self.rank)
+                outs.append((tier, tier.open_writer(f"{folder}/{file}")))
+                w = RankFileWriter(outs[-1][1], file, self.rank)
                 for index, data in staged:
                     if isinstance(data, io.BytesIO):
                         w.write_bytes(index, data)
                     else:
                         w.write_tensor(index, data)
-                out.close()
                 writers.append(w)
-                written += out.tell()
             except Exception as exc:
                 # or the other ranks would wait there forever. (torch.save re-raises a storage error
                 # from its write callback as a RuntimeError, so the type tells us nothing.)
-                if out is not None:
-                    out.abort()
                 report["error"] = f"rank {self.rank} writing {tier.describe(folder + '/' + file)}: {exc}"
                 break
+        job.released.set()  # every byte is out of the staging buffers: the next save may stage
+        for tier, out in outs:
+            try:
+                if report["error"] is not None:
+                    raise StorageError("aborted")
+                out.close()  # fsync, complete the upload...
+                written += out.tell()
+            except Exception as exc:
+                out.abort()
+                if report["error"] is None:
+                    report["error"] = f"rank {self.rank} writing {tier.describe(folder + '/' + file)}: {exc}"
         if report["error"] is None and writers:
             w = writers[0]
             report.update(shards=w.shard_fqns, objects=w.objects, bytes=written)
@@ -410,7 +458,7 @@ class Checkpointer:
             committed=bool(committed),
             error="; ".join(errors) or None,
             stall_seconds=job.stall,
-            step_wait_seconds=self.guard.waited_seconds,
+            step_wait_seconds=job.step_wait(),
             total_seconds=time.perf_counter() - job.t0,
             stage_seconds=job.stage_seconds,
             bytes_written=written,
@@ -593,6 +641,7 @@ class Checkpointer:
             if worker is not None:
                 worker.stop()
         self._stager = self._writer = None
-        if self.group is not None:
-            dist.destroy_process_group(self.group)
-            self.group = None
+        for group in (self.group, self.plan_group):
+            if group is not None:
+                dist.destroy_process_group(group)
+        self.group = self.plan_group = None

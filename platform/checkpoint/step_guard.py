@@ -42,6 +42,7 @@ class Gate:
     def __init__(self) -> None:
         self._opened = threading.Event()
         self._events: list[Any] = []  # CUDA: the copies' events, waited on by the training stream
+        self.waited_seconds = 0.0  # how long steps were held at this gate
 
     def open(self, events: list[Any] | None = None) -> None:
         self._events = events or []
@@ -60,7 +61,6 @@ class StepGuard:
         self._watched: dict[int, tuple[weakref.ref[torch.optim.Optimizer], RemovableHandle]] = {}
         self._gates: dict[int, Gate] = {}
         self._lock = threading.Lock()
-        self.waited_seconds = 0.0  # summed over the steps that had to wait, since the last arm()
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         if id(optimizer) in self._watched and self._watched[id(optimizer)][0]() is optimizer:
@@ -87,7 +87,6 @@ class StepGuard:
     def arm(self, gates: dict[int, Gate]) -> None:
         with self._lock:
             self._gates = gates
-            self.waited_seconds = 0.0
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         with self._lock:
@@ -99,8 +98,7 @@ class StepGuard:
             return
         t0 = time.perf_counter()
         gate.wait()
-        with self._lock:
-            self.waited_seconds += time.perf_counter() - t0
+        gate.waited_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
         for _, handle in self._watched.values():
