@@ -449,14 +449,20 @@ class Checkpointer:
         if self.rank == 0:
             if errors:
                 for tier in self.tiers:  # nothing half-written stays behind
-                    tier.delete_dir(folder)
+                    try:
+                        tier.delete_dir(folder)
+                    except StorageError as exc:  # the storage that failed the save may be gone
+                        log.warning("could not remove a failed save", extra={"context": {"error": str(exc)}})
             else:
-                total = self._commit(job.step, folder, metadata, reports)
-        committed = self._broadcast(not errors)
+                try:
+                    total = self._commit(job.step, folder, metadata, reports)
+                except StorageError as exc:  # every rank must hear of it: they wait on the broadcast
+                    errors.append(f"rank 0 committing {folder}: {exc}")
+        failure = self._broadcast("; ".join(errors) or None)  # rank 0's word, commit included
         return SaveResult(
             step=job.step,
-            committed=bool(committed),
-            error="; ".join(errors) or None,
+            committed=failure is None,
+            error=failure,
             stall_seconds=job.stall,
             step_wait_seconds=job.step_wait(),
             total_seconds=time.perf_counter() - job.t0,

@@ -13,6 +13,7 @@ import pytest
 from support.paths import REPO
 from support.ranks import launch, run_ranks
 
+from stalwart.checkpoint import Checkpointer
 from stalwart.checkpoint.manifest import MANIFEST_NAME, step_dir
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process, wait_for
@@ -109,6 +110,47 @@ def test_s3_reshard_reads_only_the_bytes_it_needs(tmp_path: Path, s3: str, monke
     [single] = run_ranks(WORKER, ["reshard_load", str(tmp_path), "layout=single", uri], 1, tmp_path)
     assert all(single["equal"].values())
     assert total * 0.95 < single["bytes_read"] < total * 1.05
+
+
+def test_s3_dying_mid_save_fails_the_save_cleanly_and_commits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The S3 server goes away while a save's parts are uploading: the save fails with an error
+    naming the bucket, training is never held, and when S3 is back the step has no manifest while
+    the previous checkpoint loads. (moto keeps its buckets across a restart in one process.)"""
+    import threading
+
+    import boto3
+    import torch
+    from moto.server import ThreadedMotoServer
+
+    from stalwart.checkpoint.storage.s3 import S3Storage
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="dying")
+        storage = S3Storage("dying", "run", endpoint_url=endpoint, part_size=5 << 20, max_workers=2)
+        ckpt = Checkpointer(storage)
+        small = {"x": torch.arange(100.0)}
+        assert ckpt.save(small, 1).wait().committed
+        big = {"x": torch.arange(100.0) + 1, "ballast": torch.randn(6 << 20)}  # 24 MiB: five parts
+        handle = ckpt.save(big, 2)
+        assert wait_for(lambda: storage.bytes_written >= 5 << 20 or handle.done(), 60)
+        server.stop()  # S3 dies with parts in flight
+        result = handle.wait(timeout=120)
+        assert not result.committed and "upload_part" in (result.error or ""), result.error
+        assert "s3://dying/run/step-0000000002/__0_0.distcp" in (result.error or "")  # it names where
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        assert [c.step for c in ckpt.catalog()] == [1]
+        target = {"x": torch.zeros(100)}
+        assert ckpt.load(target) == 1 and torch.equal(target["x"], torch.arange(100.0))
+        assert threading.active_count() < 50  # no runaway upload threads
+    finally:
+        server.stop()
 
 
 # -- host memory with a peer copy -----------------------------------------------------------------
