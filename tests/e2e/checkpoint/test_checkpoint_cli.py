@@ -31,22 +31,15 @@ def test_plain_dcp_reads_a_stalwart_checkpoint(tmp_path: Path, stalwart_cmd: lis
     assert torch.equal(target["model"]["w"], state["w"]) and torch.equal(target["model"]["b"], state["b"])
     assert target["meta"] == {"epoch": 2}
 
-    out = subprocess.run(
-        [*stalwart_cmd, "checkpoint", "export-dcp", str(tmp_path / "ckpt"), "100", str(tmp_path / "dcp")],
-        capture_output=True,
-        text=True,
-    )
+    export = [*stalwart_cmd, "checkpoint", "export-dcp", str(tmp_path / "ckpt"), "100", str(tmp_path / "dcp")]
+    out = subprocess.run(export, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "exported step 100" in out.stdout
     target = {"model": {"w": torch.zeros(40, 30), "b": torch.zeros(30)}, "meta": {"epoch": 0}}
     dcp.load(target, checkpoint_id=str(tmp_path / "dcp"))  # plain DCP, by path
     assert torch.equal(target["model"]["w"], state["w"]) and torch.equal(target["model"]["b"], state["b"])
     assert target["meta"] == {"epoch": 2}
-    again = subprocess.run(
-        [*stalwart_cmd, "checkpoint", "export-dcp", str(tmp_path / "ckpt"), "100", str(tmp_path / "dcp")],
-        capture_output=True,
-        text=True,
-    )
+    again = subprocess.run(export, capture_output=True, text=True)  # over it: refused
     assert again.returncode == 1 and "is not empty" in again.stderr and "Traceback" not in again.stderr
 
 
