@@ -335,7 +335,31 @@ class Checkpointer:
         self._plan_cache = _Plan(key, job.signature, mine, metadata)
         return mine, metadata
 
+    def _copy_deferred(self, job: _SaveJob, wanted: set[MetadataIndex]) -> str | None:
+        """Copy the optimizers' tensors this rank writes, one optimizer at a time (its step waits for
+        exactly those), then open every gate; the error, if the copy failed."""
+        try:
+            for owner, gate in job.gates.items():
+                for index, (tensor, whose) in job.deferred.items():
+                    if whose == owner and index in wanted and index not in job.staged:
+                        job.staged[index] = self.staging.stage(index, tensor)
+                gate.open(self.staging.fence())
+            return None
+        except Exception as exc:
+            return f"rank {self.rank}: staging failed: {type(exc).__name__}: {exc}"
+        finally:
+            for gate in job.gates.values():
+                if not gate.is_open():
+                    gate.open()
+
     def _stage(self, job: _SaveJob) -> None:
+        error = None
+        early = job.used_cache and self._plan_cache is not None and job.error is None
+        if early and self._plan_cache is not None:
+            # The usual case: copy first, by the cached plan, so the optimizer's next step can go on
+            # while the ranks agree (the slowest rank's save() sets when they do). Should the plan
+            # change after all, what it adds was not copied in time: that save fails (below).
+            error = self._copy_deferred(job, {item.index for item in self._plan_cache.plan.items})
         try:
             replies = self._all_gather((job.signature, job.error), self.plan_group)
             errors = [e for _, e in replies if e]
@@ -348,26 +372,13 @@ class Checkpointer:
             job.released.set()
             self._fail(job, exc)
             return
-        error = None
-        try:
-            wanted = {item.index for item in plan.items}
-            for owner, gate in job.gates.items():  # one optimizer's tensors at a time: its step waits for those
-                for index, (tensor, whose) in job.deferred.items():
-                    if whose == owner and index in wanted:
-                        job.staged[index] = self.staging.stage(index, tensor)
-                gate.open(self.staging.fence())
-            missing = [i.index.fqn for i in plan.items if i.index not in job.staged]
-            if missing:  # another rank's structure changed, and the new plan gave this rank more
-                error = (
-                    f"rank {self.rank}: the plan changed under this save ({missing[:3]} not staged); "
-                    "the next save replans"
-                )
-        except Exception as exc:
-            error = f"rank {self.rank}: staging failed: {type(exc).__name__}: {exc}"
-        finally:
-            for gate in job.gates.values():
-                if not gate.is_open():
-                    gate.open()
+        if not early:
+            error = self._copy_deferred(job, {item.index for item in plan.items})
+        missing = [i.index.fqn for i in plan.items if i.index not in job.staged]
+        if missing and error is None:  # another rank's structure changed: the new plan moved items here
+            error = (
+                f"rank {self.rank}: the plan changed under this save ({missing[:3]} not staged); the next save replans"
+            )
         job.stage_seconds = time.perf_counter() - job.t0
         staged = [(item.index, job.staged.get(item.index)) for item in plan.items]
         assert self._writer is not None
