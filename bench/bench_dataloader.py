@@ -48,7 +48,7 @@ from stalwart.dataloader import (
     TokenDataset,
     build_shards,
 )
-from stalwart.dataloader.shm_layout import A, S
+from stalwart.dataloader.shm_layout import A, C, S
 from stalwart.dataloader.sources import TokenSource
 from stalwart.dataloader.state import state_at
 
@@ -311,6 +311,11 @@ def lane_prefilled(sup: ShadowLoaderSupervisor, position: int) -> bool:
     return int(lane.ctrl[A.OWNER_PID]) == 0 and int(lane.ctrl[A.POSITION]) == position and full
 
 
+def lane_released(sup: ShadowLoaderSupervisor) -> bool:
+    c = sup.segment.lanes[0].ctrl  # type: ignore[union-attr]
+    return int(c[A.HANDLED_SEQ]) == int(c[C.REQ_SEQ]) and int(c[A.OWNER_PID]) == 0
+
+
 def shadow_resume(
     sup: ShadowLoaderSupervisor, dataset: TokenDataset, position: int, repeats: int, prewarm: bool
 ) -> tuple[float, int]:
@@ -333,7 +338,9 @@ def shadow_resume(
         times.append(time.perf_counter() - t0)
         adopted += client.stats.adopted
         client.close()
-        time.sleep(0.1)  # let the loader see the lane released before the next round
+        deadline = time.monotonic() + 30  # the loader has handled the request and seen it released
+        while not lane_released(sup) and time.monotonic() < deadline:
+            time.sleep(0.005)
     return statistics.median(times), adopted
 
 
