@@ -397,18 +397,19 @@ def rank_main(args: argparse.Namespace) -> None:
         resharded = make_state(args.gb, "cols", fill=False)
         regrouped = make_state(args.gb, "rows2", fill=False)
         results["bytes_per_rank"] = nbytes(state)
-        for name, fn in (("stalwart", run_stalwart), ("dcp", run_dcp), ("torchsnapshot", run_torchsnapshot)):
-            if name not in args.systems:
-                continue
-            folder = base / name
-            if rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)
-                folder.mkdir(parents=True)
-            dist.barrier()
-            results[name] = fn(state, target, resharded, folder, regrouped)
-            dist.barrier()
-            if rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)  # keep the disk (and page cache) for the next one
+        for _ in range(args.repeats):  # systems interleaved, so a busier minute hits all of them
+            for name, fn in (("stalwart", run_stalwart), ("dcp", run_dcp), ("torchsnapshot", run_torchsnapshot)):
+                if name not in args.systems:
+                    continue
+                folder = base / name
+                if rank == 0:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    folder.mkdir(parents=True)
+                dist.barrier()
+                results.setdefault(name, []).append(fn(state, target, resharded, folder, regrouped))
+                dist.barrier()
+                if rank == 0:
+                    shutil.rmtree(folder, ignore_errors=True)  # keep the disk (and page cache) for the next one
         del state, target, resharded, regrouped
     if "loop" in args.parts:
         results["loop"] = run_loop(args, base / "loop")
@@ -464,10 +465,14 @@ def launch(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
 
 
 def slowest(results: list[dict[str, Any]], system: str, key: str) -> float | str:
-    values = [r[system][key] for r in results]
-    if any(isinstance(v, str) for v in values):
-        return next(v for v in values if isinstance(v, str))
-    return max(values)
+    """The median over repeats of the slowest rank's figure."""
+    per_repeat = []
+    for i in range(len(results[0][system])):
+        values = [r[system][i][key] for r in results]
+        if any(isinstance(v, str) for v in values):
+            return next(v for v in values if isinstance(v, str))
+        per_repeat.append(max(values))
+    return statistics.median(per_repeat)
 
 
 def fmt(v: float | str, digits: int = 3) -> str:
@@ -498,7 +503,8 @@ def isolated_report(args: argparse.Namespace, results: list[dict[str, Any]], dd:
         "### Isolated save and load",
         "",
         f"State: {total_bytes / 1e9:.2f} GB over {args.ranks} gloo ranks (FSDP-style row shards), "
-        f"{os.cpu_count()} CPU cores. Times are the slowest rank's, in seconds. No optimizer runs here, so "
+        f"{os.cpu_count()} CPU cores. Times: the slowest rank's, in seconds, median of {args.repeats} repeats "
+        "(systems interleaved). No optimizer runs here, so "
         "Stalwart copies every tensor inside save(); in a loop the optimizer's tensors are copied behind it.",
         "",
         "| system | caller held | all tensors copied | committed | load (same layout) | "
@@ -612,6 +618,7 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=1.0, help="state of the isolated part")
     parser.add_argument("--parts", nargs="+", default=["isolated", "loop"], choices=["isolated", "loop"])
     parser.add_argument("--systems", nargs="+", default=["stalwart", "dcp", "torchsnapshot"])
+    parser.add_argument("--repeats", type=int, default=3, help="of the isolated part")
     parser.add_argument("--loop-gb", type=float, default=0.5, help="checkpoint of the loop part")
     parser.add_argument("--intervals", type=int, nargs="+", default=[40, 10], help="steps between saves")
     parser.add_argument("--loop-saves", type=int, default=3, help="saves per phase")
