@@ -87,7 +87,7 @@ class SaveResult(BaseModel):
     total_seconds: float  # from the call to the commit
     stage_seconds: float = 0.0  # the background copies, from the call until the last was made
     writer_cpu_seconds: float = 0.0  # CPU the writer thread spent (serializing, hashing, writing)
-    bytes_written: int  # by this rank
+    bytes_written: int  # the size of this rank's file (on each tier)
     total_bytes: int  # by all ranks (coordinator; 0 elsewhere)
     tiers: list[str]
 
@@ -446,7 +446,7 @@ class Checkpointer:
                 if report["error"] is not None:
                     raise StorageError("aborted")
                 out.close()  # fsync, complete the upload...
-                written += out.tell()
+                written = out.tell()  # the rank's file, the same on every tier
             except Exception as exc:
                 out.abort()
                 if report["error"] is None:
