@@ -302,7 +302,7 @@ def loop_phase(
     staging: Any = None  # dcp_async: staging_completion still to wait for before the next step
     handles = []
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for step in range(1, steps + 1):
         model.forward_backward(matmuls)
         if staging is not None:  # DCP: the step may not run before the copy is done
@@ -333,8 +333,8 @@ def loop_phase(
         pending.upload_completion.result()
     if blocked:
         blocked[-1] += time.perf_counter() - tail  # the last save's write, as the next save would wait for it
-    elapsed = time.perf_counter() - t0
-    out: dict[str, Any] = {"elapsed": elapsed, "steps": steps, "blocked": blocked}
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    out: dict[str, Any] = {"elapsed": elapsed, "cpu": cpu, "steps": steps, "blocked": blocked}
     if system == "stalwart":
         results = [h.wait() for h in handles]
         assert all(r.committed for r in results), [r.error for r in results]
@@ -536,19 +536,25 @@ def loop_summary(results: list[dict[str, Any]], intervals: list[int]) -> dict[st
     for interval in intervals:
         for system in ("stalwart", "dcp_async", "dcp_sync"):
             key = f"{system}@{interval}"
-            slowdowns, blocked, in_call, step_wait, writer_cpu, totals = [], [], [], [], [], []
+            slowdowns, blocked, in_call, step_wait, writer_cpu, totals, cpus = [], [], [], [], [], [], []
             for i in range(rounds):
                 phase = [r["loop"]["rounds"][i][key] for r in results]
                 base = max(r["loop"]["rounds"][i][f"none@{interval}"]["elapsed"] for r in results)
+                base_cpu = sum(r["loop"]["rounds"][i][f"none@{interval}"]["cpu"] for r in results)
                 saves = len(phase[0]["blocked"])
                 slowdowns.append((max(p["elapsed"] for p in phase) - base) / saves)
+                cpus.append((sum(p["cpu"] for p in phase) - base_cpu) / saves)
                 blocked += [max(p["blocked"][j] for p in phase) for j in range(saves)]
                 if system == "stalwart":
                     in_call += [max(p["in_call"][j] for p in phase) for j in range(saves)]
                     step_wait += [max(p["step_wait"][j] for p in phase) for j in range(saves)]
                     writer_cpu += [statistics.mean(p["writer_cpu"][j] for p in phase) for j in range(saves)]
                     totals += [max(p["save_total"][j] for p in phase) for j in range(saves)]
-            row = {"slowdown": statistics.median(slowdowns), "blocked": statistics.median(blocked)}
+            row = {
+                "slowdown": statistics.median(slowdowns),
+                "blocked": statistics.median(blocked),
+                "cpu": statistics.median(cpus),
+            }
             row["slowdown_spread"] = max(slowdowns) - min(slowdowns)
             if system == "stalwart":
                 row |= {
@@ -575,8 +581,9 @@ def loop_report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list
         f"{args.loop_saves} saves per phase, {len(loop['rounds'])} rounds; medians (blocked: over every save "
         "of every round, slowest rank; slowdown: over rounds, against the same round's run without saves).",
         "",
-        "| interval (steps) | system | blocked per save (s) | loop slowdown per save (s) | spread of the slowdown |",
-        "|---|---|---|---|---|",
+        "| interval (steps) | system | blocked per save (s) | loop slowdown per save (s) | spread of the slowdown "
+        "| extra CPU per save, all ranks (s) |",
+        "|---|---|---|---|---|---|",
     ]
     names = {"stalwart": "Stalwart", "dcp_async": "DCP async_save (fair)", "dcp_sync": "DCP save (sync)"}
     for interval in args.intervals:
@@ -584,7 +591,7 @@ def loop_report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list
             row = summary[f"{system}@{interval}"]
             lines.append(
                 f"| {interval} | {names[system]} | {row['blocked']:.4f} | {row['slowdown']:.3f} | "
-                f"{row['slowdown_spread']:.3f} |"
+                f"{row['slowdown_spread']:.3f} | {row['cpu']:.2f} |"
             )
     lines += ["", "| interval | Stalwart: in save() | at the next step | writer CPU per save | save to commit |"]
     lines.append("|---|---|---|---|---|")
