@@ -57,7 +57,7 @@ from stalwart.checkpoint.manifest import (
     step_dir,
 )
 from stalwart.checkpoint.planner import BalancedSavePlanner, ShardAwareLoadPlanner
-from stalwart.checkpoint.priority import lower_this_thread
+from stalwart.checkpoint.priority import lower_this_thread, writer_nice
 from stalwart.checkpoint.reader import RangedReader
 from stalwart.checkpoint.retention import RetentionPolicy, to_delete
 from stalwart.checkpoint.shards import GlobalShard
@@ -229,6 +229,7 @@ class Checkpointer:
         timeout: timedelta = timedelta(minutes=10),
         overlap: bool = True,
     ) -> None:
+        self._writer_nice = writer_nice()  # a bad STALWART_CHECKPOINT_WRITER_NICE fails here, not in the writer
         self.tiers = sorted(tiers if isinstance(tiers, list) else [tiers], key=lambda s: s.tier_rank)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
@@ -279,7 +280,7 @@ class Checkpointer:
             self._released.wait()  # the previous save's bytes must be out of the buffers about to be reused
         if self._stager is None:
             self._stager = _Worker("ckpt-stage")
-            self._writer = _Worker("ckpt-write", init=lower_this_thread)
+            self._writer = _Worker("ckpt-write", init=lambda: lower_this_thread(self._writer_nice))
         if self.overlap:
             for optimizer in _optimizers_in(state):
                 self.guard.watch(optimizer)
