@@ -36,6 +36,8 @@ def reference() -> dict[str, torch.Tensor]:
 class SlowFileStorage(FileStorage):
     """A disk that takes its time, so a test can kill a save while it is being written."""
 
+    writing = threading.Event()  # the slow save's first write has begun
+
     def open_writer(self, path: str):  # type: ignore[no-untyped-def]
         inner = super().open_writer(path)
         if not path.startswith("step-0000000020/"):
@@ -43,6 +45,7 @@ class SlowFileStorage(FileStorage):
         original = inner.write
 
         def slow_write(data):  # type: ignore[no-untyped-def]
+            self.writing.set()
             time.sleep(0.5)
             return original(data)
 
@@ -305,10 +308,13 @@ def megatron(root: Path, opts: dict[str, str]) -> None:
 
 def slow_save(root: Path, opts: dict[str, str]) -> None:
     """Save step 10 and commit it; then start saving step 20 and report, to be killed mid-save."""
-    ck = Checkpointer([SlowFileStorage(root / "ckpt")])
+    storage = SlowFileStorage(root / "ckpt")
+    ck = Checkpointer([storage])
     state = {"tensors": dtensor_state("rep", dist.get_world_size(), None), "meta": {"note": "hello", "step": 11}}
     assert ck.save(state, 10).wait().committed
     ck.save(state, 20)  # every write now takes 0.5 s: the test kills us in the middle
+    # save() returns before the (low-priority) writer starts: report once it is writing
+    assert storage.writing.wait(timeout=600), "the writer never started"
     (root / "results").mkdir(exist_ok=True)
     (root / "results" / f"saving-{dist.get_rank()}").write_text("1")
     for _ in range(600):

@@ -28,7 +28,7 @@ def all_equal(results: list[dict]) -> bool:  # type: ignore[type-arg]
 def test_a_save_killed_midway_leaves_no_checkpoint_and_the_previous_one_loads(tmp_path: Path) -> None:
     procs = launch(WORKER, ["slow_save", str(tmp_path)], 2, tmp_path)
     try:
-        assert wait_for(lambda: len(list((tmp_path / "results").glob("saving-*"))) == 2, 120), "save never started"
+        assert wait_for(lambda: len(list((tmp_path / "results").glob("saving-*"))) == 2, 300), "save never started"
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)
     finally:
