@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -109,14 +110,19 @@ def naive_metric_outliers(bundle: EvidenceBundle, cfg: OutlierConfig) -> set[str
 
 
 # ------------------------------------------------------------------------------------------- cases
-def start_service() -> tuple[Any, str]:
+def start_service(python: str = sys.executable) -> tuple[Any, str]:
+    """The service of `python`'s stalwart on a free loopback port, with the token in this process's
+    STALWART_DIAGNOSIS_TOKEN (made if unset): the service reads it, and so does the client."""
     import httpx
 
     from stalwart.net import free_port
     from stalwart.processes import spawn, wait_for
+    from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token
 
+    os.environ.setdefault(DIAGNOSIS_TOKEN_ENV, new_token())
     port = free_port()
-    proc = spawn([sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port)])
+    argv = [python, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port)]
+    proc = spawn(argv, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -125,7 +131,7 @@ def start_service() -> tuple[Any, str]:
         except httpx.HTTPError:
             return proc.poll() is not None
 
-    if not wait_for(up, 60, 0.2) or proc.poll() is not None:
+    if not wait_for(up, 120, 0.2) or proc.poll() is not None:
         raise RuntimeError("the diagnosis service did not start")
     return proc, url
 

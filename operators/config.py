@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 ENV_PREFIX = "STALWART_"
+LIST_SEPARATORS = {"namespaces": ",", "allowed_paths": os.pathsep}  # STALWART_ALLOWED_PATHS is a PATH-like list
 
 
 class OperatorConfig(BaseModel):
@@ -58,7 +59,16 @@ class OperatorConfig(BaseModel):
         ),
     ] = 29500
     agent_metrics_port: Annotated[int, Field(ge=0, le=65535, description="The agent's /metrics port; 0: any.")] = 9400
-    agent_metrics_host: Annotated[str, Field(description="Address the agent's /metrics binds to.")] = "0.0.0.0"
+    agent_metrics_host: Annotated[
+        str, Field(description="Address the agent's /metrics binds to; empty: the pod's IP (not every interface).")
+    ] = ""
+    allowed_paths: Annotated[
+        list[str],
+        Field(
+            description="Folders (absolute, ':'-separated) that a job's workingDir and checkpoint path may "
+            "use besides jobDir; passed on to the agents (docs/security.md)."
+        ),
+    ] = []
     termination_grace_seconds: Annotated[int, Field(ge=0, le=3600)] = 30
     status_interval_seconds: Annotated[
         float,
@@ -110,7 +120,8 @@ class OperatorConfig(BaseModel):
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is None or raw == "":
                 continue
-            values[name] = [n.strip() for n in raw.split(",") if n.strip()] if name == "namespaces" else raw
+            separator = LIST_SEPARATORS.get(name)
+            values[name] = [n.strip() for n in raw.split(separator) if n.strip()] if separator else raw
         if "etcd" not in values:
             raise ValueError(f"{ENV_PREFIX}ETCD must name the etcd endpoint (HOST:PORT)")
         return cls.model_validate(values)

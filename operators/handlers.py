@@ -101,6 +101,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         except SpecError as exc:
             raise _invalid(patch, exc) from None
         job_id = names.job_id(namespace, name)
+        rt.ensure_token(job, namespace, uid)  # before the spec: whoever reads the spec finds the token
         rt.submit(job, job_id)
         rt.ensure_service(job, namespace, uid)
         if job.spec.suspend:

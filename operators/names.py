@@ -64,6 +64,14 @@ def service_name(job: str) -> str:
     return job if _DNS_1035.match(job) else f"tj-{job}"[:63].rstrip("-")
 
 
+def token_secret_name(job: str) -> str:
+    """The Secret holding the job's credential (stalwart.store.credentials), read by its pods."""
+    return f"{job}-stalwart-token"
+
+
+TOKEN_SECRET_KEY = "token"
+
+
 def podgroup_name(job: str) -> str:
     return job
 

@@ -6,13 +6,17 @@ the Kubernetes schemas) without a cluster.
 
 from __future__ import annotations
 
+import base64
 import copy
+import os
 from typing import Any
 
-from stalwart.spec import Role, TrainingJob
+from stalwart.spec import ALLOWED_PATHS_ENV, Role, TrainingJob
+from stalwart.spec.env_names import refusal as env_refusal
 from stalwart.spec.model import PodTemplateOverride
 from stalwart.store.etcd_auth import CA_ENV, CERT_ENV, KEY_ENV
 from stalwart.store.etcd_auth import ENV_NAMES as ETCD_ENV_NAMES
+from stalwart.store.credentials import JOB_TOKEN_ENV
 from stalwart_operator import names
 from stalwart_operator.config import OperatorConfig
 
@@ -35,6 +39,9 @@ OPERATOR_ENV = frozenset(
         "STALWART_MACHINE",
         "STALWART_POD_IP",
         *ETCD_ENV_NAMES,
+        "STALWART_NODE_ADDRESS",
+        JOB_TOKEN_ENV,
+        ALLOWED_PATHS_ENV,
     }
 )
 WORKDIR_VOLUME = "workdir"
@@ -166,14 +173,23 @@ def node_pod(
         {"name": "STALWART_WORKDIR", "value": config.pod_workdir},
         {"name": "STALWART_JOB_DIR", "value": config.job_dir},
         {"name": "STALWART_METRICS_PORT", "value": str(config.agent_metrics_port)},
-        {"name": "STALWART_METRICS_HOST", "value": config.agent_metrics_host},
         _field_env("STALWART_POD_NAME", "metadata.name"),
         _field_env("STALWART_POD_NAMESPACE", "metadata.namespace"),
         _field_env("STALWART_MACHINE", "spec.nodeName"),
         _field_env("STALWART_POD_IP", "status.podIP"),
+        # The agent's services (memory store, /metrics) listen on the pod's address, not every interface.
+        _field_env("STALWART_NODE_ADDRESS", "status.podIP"),
+        {
+            "name": JOB_TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": names.token_secret_name(job.name), "key": names.TOKEN_SECRET_KEY}},
+        },
     ]
     etcd_env, etcd_mounts, etcd_volumes = _etcd_client(config)
     env += etcd_env
+    if config.agent_metrics_host:
+        env.append({"name": "STALWART_METRICS_HOST", "value": config.agent_metrics_host})
+    if config.allowed_paths:
+        env.append({"name": ALLOWED_PATHS_ENV, "value": os.pathsep.join(config.allowed_paths)})
     ports = [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _named_ports(config)]
     container: Manifest = {
         "name": names.AGENT_CONTAINER,
@@ -266,8 +282,11 @@ def template_problems(job: TrainingJob, config: OperatorConfig) -> list[str]:
             problems.append(f"{where}.volumes: {name!r} is the operator's volume name; use another")
         for container in role.template.spec.containers:
             for e in container.env:
-                if e.get("name") in OPERATOR_ENV:
-                    problems.append(f"{where}.containers[agent].env: {e['name']} is set by the operator")
+                name = str(e.get("name"))
+                if name in OPERATOR_ENV:
+                    problems.append(f"{where}.containers[agent].env: {name} is set by the operator")
+                elif (why := env_refusal(name)) is not None:  # the workers inherit the agent's environment
+                    problems.append(f"{where}.containers[agent].env: {why}")
             for m in container.volume_mounts:
                 if m.get("mountPath") in ours:
                     problems.append(f"{where}.containers[agent].volumeMounts: {m['mountPath']} is the operator's")
@@ -385,6 +404,22 @@ def headless_service(job: TrainingJob, *, namespace: str, owner_uid: str, config
             "ownerReferences": [owner_reference(job.name, owner_uid)],
         },
         "spec": spec,
+    }
+
+
+def job_token_secret(job: TrainingJob, *, namespace: str, owner_uid: str, token: str) -> Manifest:
+    """The job's credential for its pods (an env var each: STALWART_JOB_TOKEN); deleted with the job."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": names.token_secret_name(job.name),
+            "namespace": namespace,
+            "labels": names.job_labels(job.name, namespace),
+            "ownerReferences": [owner_reference(job.name, owner_uid)],
+        },
+        "data": {names.TOKEN_SECRET_KEY: base64.b64encode(token.encode()).decode()},
     }
 
 

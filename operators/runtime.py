@@ -4,17 +4,21 @@ hosted controllers. It lives in kopf's `memo`; the handlers stay thin."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
 
 from stalwart.controller.ranks import slot_roles
 from stalwart.logs import get_logger
-from stalwart.spec import SpecError, TrainingJob, parse_job
+from stalwart.spec import PathConfinement, SpecError, TrainingJob, confined, parse_job
+from stalwart.spec.confinement import allowed_roots
 from stalwart.store import keys
 from stalwart.store.client import Store
+from stalwart.store.credentials import ensure_job_token
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import Incident, JobPhase, JobState, OperatorRequest
 from stalwart_operator import kube_requests, names, pods, recorder
@@ -67,13 +71,16 @@ class Runtime:
 
     # -- jobs ------------------------------------------------------------------------------------
     def parse(self, body: dict[str, Any]) -> TrainingJob:
+        """The spec, bounded and validated as `stalwart run` does it, its paths confined to the
+        image's job folder and the configured allowed folders (the agents check them again)."""
         meta = body.get("metadata") or {}
         source = f"TrainingJob {meta.get('namespace')}/{meta.get('name')}"
         job = parse_job(document(body), source)
         problems = pods.template_problems(job, self.config)
         if problems:
             raise SpecError(source, problems)
-        return job
+        paths = PathConfinement(Path(self.config.job_dir), allowed_roots(os.pathsep.join(self.config.allowed_paths)))
+        return confined(job, paths, source)
 
     def cluster(self, job: TrainingJob, namespace: str, uid: str) -> KubernetesCluster:
         """One KubernetesCluster per job (per uid: a re-created job of the same name gets a new one)."""
@@ -93,6 +100,24 @@ class Runtime:
             )
             self._clusters[job_id] = current
         return current
+
+    def ensure_token(self, job: TrainingJob, namespace: str, uid: str) -> None:
+        """The job's credential: in etcd (created once, kept across operator restarts) and in the
+        Secret its pods read. The operator writes the Secret and never reads one back."""
+        token = ensure_job_token(self.store, names.job_id(namespace, job.name))
+        secret = pods.job_token_secret(job, namespace=namespace, owner_uid=uid, token=token)
+        try:
+            self.core.create_namespaced_secret(namespace, secret, _preload_content=False)  # type: ignore[arg-type]
+        except Exception as exc:
+            if not is_status(exc, 409):
+                raise
+            # Left by an earlier job of the same name (or an earlier run of this one): make it ours.
+            self.core.patch_namespaced_secret(
+                secret["metadata"]["name"],
+                namespace,
+                secret,
+                _preload_content=False,
+            )
 
     def submit(self, job: TrainingJob, job_id: str) -> bool:
         """Write the spec where the controller and the agents read it. True if it changed."""
@@ -214,6 +239,9 @@ class Runtime:
                 )
         _delete(
             lambda: self.core.delete_namespaced_service(names.service_name(name), namespace, _preload_content=False)
+        )
+        _delete(
+            lambda: self.core.delete_namespaced_secret(names.token_secret_name(name), namespace, _preload_content=False)
         )
         if job is not None and job.spec.scheduling.scheduler_name == "volcano":
             _delete(

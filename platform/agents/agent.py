@@ -31,9 +31,10 @@ from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
-from stalwart.spec import TrainingJob
+from stalwart.spec import ConfinementError, PathConfinement, TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Lease, LeaseLost, Store, StoreUnavailable
+from stalwart.store.credentials import CHECKPOINT_TOKEN_ENV, agent_job_token
 from stalwart.store.jobs import read_spec
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
@@ -89,6 +90,7 @@ class NodeAgent:
         self.node = node
         self.workdir = workdir
         self.job_dir = job_dir
+        self.paths = PathConfinement.from_env(job_dir)  # where the spec may point us (docs/security.md)
         self.log = get_logger("stalwart.agent", job=job, node=node)
         spec = read_spec(store, job)
         if spec is None:
@@ -118,9 +120,20 @@ class NodeAgent:
         self.address = os.environ.get("STALWART_NODE_ADDRESS", "127.0.0.1")
         self.memory_store: subprocess.Popen[bytes] | None = None
         self._checkpoint_token: str | None = None
+        self._hand_down_job_token()
         self.warm = WarmPool(max(r.processes_per_node for r in self.job.spec.roles), enabled=self.ft.warm_workers)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def _hand_down_job_token(self) -> None:
+        """The job's credential, for the memory store, the warm workers and the workers this agent
+        starts (they inherit it), and for its own memory-store client: set before any of them."""
+        token = agent_job_token(self.store, self.job_name)
+        if token:
+            os.environ[CHECKPOINT_TOKEN_ENV] = token
+        else:
+            # checkpoint_token() then makes the memory stores' own token in etcd.
+            self.log.warning("the job has no token in etcd: the memory stores use a checkpoint token of their own")
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._stop_signal = signum
 
@@ -181,7 +194,8 @@ class NodeAgent:
         self._start_data_plane()
         memory_port = self._start_memory_store()
         metrics_port = self.metrics.start(
-            port=int(os.environ.get(METRICS_PORT_ENV, "0")), host=os.environ.get("STALWART_METRICS_HOST", "127.0.0.1")
+            port=int(os.environ.get(METRICS_PORT_ENV, "0")),
+            host=os.environ.get("STALWART_METRICS_HOST") or self.address,
         )
         self.lease = self.store.lease(self.ft.lease_ttl_seconds)
         reg = NodeRegistration(
@@ -385,9 +399,11 @@ class NodeAgent:
         if assignment.code_version != self.job.spec.code_version:
             self._reload_spec()  # a lazy hot update: the new code starts with this generation
         role = next(r for r in self.job.spec.roles if r.name == mine.role)
-        working_dir = Path(role.working_dir) if role.working_dir else self.job_dir
-        if not working_dir.is_absolute():
-            working_dir = self.job_dir / working_dir
+        try:
+            working_dir = self.paths.working_dir(role)
+            checkpoint_uri = self._checkpoint_uri()
+        except ConfinementError as exc:
+            raise AgentExit(2, f"refusing the job's spec: {exc}") from None
         env = {
             **os.environ,
             **role.env,
@@ -395,7 +411,7 @@ class NodeAgent:
             "STALWART_NODE": self.node,
             GENERATION_ENV: str(cmd.generation),
             PROGRESS_SOCKET_ENV: self.inbox.path,
-            "STALWART_CHECKPOINT_URI": self._checkpoint_uri(),
+            "STALWART_CHECKPOINT_URI": checkpoint_uri,
             "STALWART_CHECKPOINT_INTERVAL": str(self.job.spec.checkpoint.interval_steps),
             "STALWART_CHECKPOINT_KEEP": str(self.job.spec.checkpoint.keep_last),
         }
@@ -413,9 +429,7 @@ class NodeAgent:
             # folder, never over the job's, and it reads its data in process (the shadow loader
             # serves the job's layout, not the group's).
             env[REPLAY_STEPS_ENV] = str(assignment.replay_steps)
-            env["STALWART_CHECKPOINT_URI"] = replay_scratch_uri(
-                self._checkpoint_uri(), cmd.generation, mine.group or self.node
-            )
+            env["STALWART_CHECKPOINT_URI"] = replay_scratch_uri(checkpoint_uri, cmd.generation, mine.group or self.node)
         if self.shadow_loader is not None and self.job.spec.data is not None:
             from stalwart.agents.data_plane import CONFIG_ENV
             from stalwart.dataloader import SHM_ENV
@@ -503,11 +517,9 @@ class NodeAgent:
             self.log.info("job spec reloaded", fields={"code_version": self.job.spec.code_version})
 
     def _checkpoint_uri(self) -> str:
-        uri = self.job.spec.checkpoint.uri
-        if uri is None:
-            return str(self.workdir / "checkpoints")
-        path = uri.removeprefix("file://")
-        return path if os.path.isabs(path) else str(self.job_dir / path)
+        """The spec's location (a path confined to the job's folders; s3:// and mem:// as they are),
+        or the run's own folder."""
+        return self.paths.checkpoint_uri(self.job.spec.checkpoint.uri) or str(self.workdir / "checkpoints")
 
     def _beat_loop(self) -> None:
         """Renew the lease and report, every interval and whenever the main loop asks."""

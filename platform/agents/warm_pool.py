@@ -16,9 +16,10 @@ from stalwart.agents.warm_start import LaunchRequest, warm_eligible
 from stalwart.processes import spawn, stop_process
 
 REFILL_DELAY_SECONDS = 3.0
-# torch reads these when it is imported (TORCH_LOGS, PYTORCH_*, TORCHDYNAMO_*, ...): a worker whose
-# environment sets them differently from the warm process's must start cold to see them.
-IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_")
+# torch reads these when it is imported (TORCH_LOGS, PYTORCH_*, TORCHDYNAMO_*, ...), and Python its
+# own at start-up (PYTHONPATH, PYTHONHASHSEED, ...): a worker whose environment sets them differently
+# from the warm process's must start cold to see them.
+IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTHON")
 
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:

@@ -10,14 +10,18 @@ running the script as __main__, with the same pid, signals and exit codes as a c
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import os
 import runpy
 import socket
 import sys
 import time
+from typing import Any
 
 from pydantic import BaseModel
+
+from stalwart.net import bound_tcp_store
 
 # Modules that read no configuration at import (the worker SDK does, so it is not here).
 PRELOAD = (
@@ -39,6 +43,11 @@ PRELOAD = (
 
 RENDEZVOUS_WAIT_SECONDS = 10.0
 RENDEZVOUS_POLL_SECONDS = 0.01
+# torch's env:// rendezvous connects every rank as a client when this says True (torchelastic's
+# agent store): rank 0's script then uses the store this process serves on MASTER_ADDR alone.
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+STORE_TIMEOUT = datetime.timedelta(seconds=300)
+_rendezvous_store: Any = None  # held for the process's life: the script's process groups use it
 
 
 class LaunchRequest(BaseModel):
@@ -77,6 +86,24 @@ def wait_for_rendezvous(env: dict[str, str]) -> None:
             time.sleep(RENDEZVOUS_POLL_SECONDS)
 
 
+def serve_rendezvous(env: dict[str, str]) -> None:
+    """On rank 0, serve torch's rendezvous store on MASTER_ADDR only, not on every interface as
+    torch's own would, and point the script's env:// rendezvous at it. A cold worker (not warm, or
+    another program) keeps torch's default (docs/security.md)."""
+    global _rendezvous_store
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT", "")
+    if env.get("RANK") != "0" or not addr or not port.isdigit() or AGENT_STORE_ENV in env:
+        return
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+        _rendezvous_store = bound_tcp_store(addr, int(port), world, STORE_TIMEOUT)
+    except (OSError, ValueError, RuntimeError) as exc:
+        # The script's own rendezvous runs next and reports its own errors (a port in use, say).
+        print(f"stalwart: no rendezvous store on {addr}:{port} alone ({exc}); torch serves its own", file=sys.stderr)
+        return
+    os.environ[AGENT_STORE_ENV] = "True"
+
+
 def become_worker(request: LaunchRequest) -> None:
     fd = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -90,6 +117,7 @@ def become_worker(request: LaunchRequest) -> None:
     script = os.path.abspath(request.argv[1])
     sys.argv = [script, *request.argv[2:]]
     sys.path[0] = os.path.dirname(script)
+    serve_rendezvous(request.env)
     wait_for_rendezvous(request.env)
     runpy.run_path(script, run_name="__main__")
 

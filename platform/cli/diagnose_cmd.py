@@ -8,6 +8,7 @@ from the same engine run in this process; the output says which.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,8 +105,21 @@ def service_url(store: Store, flag: str | None) -> tuple[str | None, str]:
     return None, "none configured or published"
 
 
+def service_token(store: Store) -> str | None:
+    """The service's bearer token: STALWART_DIAGNOSIS_TOKEN, else the one `stalwart run` published."""
+    from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
+    from stalwart.store.credentials import service_token as published
+
+    return os.environ.get(DIAGNOSIS_TOKEN_ENV) or published(store, "diagnosis")
+
+
 def run_diagnosis(  # type: ignore[no-untyped-def]
-    bundle, url: str | None, source: str, local: bool, on_note: Callable[[str], None] = print_note
+    bundle,
+    url: str | None,
+    source: str,
+    local: bool,
+    on_note: Callable[[str], None] = print_note,
+    token: str | None = None,
 ):
     """(verdict, who diagnosed): the service when there is one and it answers, else the local engine."""
     from stalwart.diagnosis.engine import diagnose as local_diagnose
@@ -118,7 +132,7 @@ def run_diagnosis(  # type: ignore[no-untyped-def]
         )
 
         try:
-            return DiagnosisClient(url).diagnose(bundle), f"the diagnosis service at {url} ({source})"
+            return DiagnosisClient(url, token=token).diagnose(bundle), f"the diagnosis service at {url} ({source})"
         except (DiagnosisUnavailable, DiagnosisRejected) as exc:
             on_note(f"diagnosis service at {url} ({source}): {exc}; diagnosing here instead")
     elif not local:
@@ -202,9 +216,10 @@ def diagnose(
             )
         bundle = captured_now.bundle
         url, source = service_url(store, diagnosis_url)
+        token = service_token(store) if url and not local else None
     if save_bundle is not None:
         save_bundle.write_text(bundle.model_dump_json(indent=2))
-    verdict, by = run_diagnosis(bundle, url, source, local)
+    verdict, by = run_diagnosis(bundle, url, source, local, token=token)
     if output is OutputFormat.JSON:
         print_json(verdict)
         return

@@ -16,6 +16,7 @@ import psutil
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.net import free_port
 from stalwart.processes import kill_session, signal_session, spawn, wait_for
+from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
 
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
 NODE_FAULTS_ENV = "STALWART_NODE_FAULTS"  # {"node-1": {"VAR": "value"}}: injected machine faults
@@ -67,7 +68,10 @@ class LocalCluster(Cluster):
             str(self.job_dir),
         ]
         faults: dict[str, dict[str, str]] = json.loads(os.environ.get(NODE_FAULTS_ENV, "{}"))
-        env = {**os.environ, **faults.get(name, {})} if name in faults else None
+        # As a pod does not get the operator's environment, an agent (and so its workers) does not
+        # get the control plane's credentials: the diagnosis service's token stays with the controller.
+        env = {k: v for k, v in os.environ.items() if k != DIAGNOSIS_TOKEN_ENV}
+        env.update(faults.get(name, {}))
         with open(node_dir / "agent.log", "ab") as log:
             proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, die_with_parent=False, new_session=True)
         (node_dir / "agent.pid").write_text(str(proc.pid))

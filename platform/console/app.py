@@ -541,7 +541,7 @@ class StacksNow(BaseModel):
 
 def _stacks_now(store: Store, job: str, tp: int, pp: int) -> StacksNow:
     """The same capture and diagnosis as `stalwart diagnose JOB`."""
-    from stalwart.cli.diagnose_cmd import capture, run_diagnosis, service_url, topology_sizes
+    from stalwart.cli.diagnose_cmd import capture, run_diagnosis, service_token, service_url, topology_sizes
     from stalwart.cli.lookup import current_assignment
 
     state = require_state(store, job)
@@ -550,7 +550,8 @@ def _stacks_now(store: Store, job: str, tp: int, pp: int) -> StacksNow:
     taken = capture(store, state, assignment, "auto", sizes, timeout=30.0)
     url, source = service_url(store, None)
     notes: list[str] = []
-    verdict, by = run_diagnosis(taken.bundle, url, source, False, on_note=notes.append)
+    token = service_token(store) if url else None
+    verdict, by = run_diagnosis(taken.bundle, url, source, False, on_note=notes.append, token=token)
     return StacksNow(
         generation=state.generation,
         verdict=verdict.model_dump(mode="json"),

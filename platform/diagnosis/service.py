@@ -1,168 +1,95 @@
 """The diagnosis HTTP service: POST an evidence bundle, get a verdict; read incidents from etcd.
 
-    python -m stalwart.diagnosis.service --host 127.0.0.1 --port 8470 --etcd 127.0.0.1:2379
+    STALWART_DIAGNOSIS_TOKEN=... python -m stalwart.diagnosis.service --host 127.0.0.1 --port 8470 \\
+        --etcd 127.0.0.1:2379
 
 Endpoints: POST /v1/diagnose, GET /v1/incidents/{job}/{id} (and /v1/incidents/{id}?job=), GET
-/healthz, GET /metrics (Prometheus), OpenAPI at /openapi.json (docs at /docs). Request bodies are
-limited in size (32 MiB by default, 413 beyond it) and may be gzip-compressed (Content-Encoding:
-gzip; the limit then applies to the compressed body, and the decompressed one has its own, larger
-limit): 16,384 ranks' stack dumps compress about 50 times. A bad payload gets a 400 (not JSON) or a
-422 whose message names the offending fields. The diagnosis itself runs in a worker thread.
+/healthz, GET /metrics (Prometheus), OpenAPI at /openapi.json (docs at /docs).
+
+Callers authenticate with `Authorization: Bearer <token>` (the token from STALWART_DIAGNOSIS_TOKEN
+or --token-file; 401 without one, 403 with another), checked before the body is read; /healthz,
+/metrics and the OpenAPI document are open and read-only. Bodies are bounded (32 MiB as sent, 413
+beyond; gzip accepted, 256 MiB once inflated, refused as soon as it passes that). At most
+--max-concurrent bundles are decoded and diagnosed at once, each in a worker process of its own
+(so /healthz answers meanwhile), and --max-queued more wait; past that a request gets 503 with
+Retry-After before its body is read. A bad payload gets a 400 (not JSON) or a 422 whose message
+names the offending fields. docs/security.md has the whole picture.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import signal
-import time
-import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from fastapi.security import HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
-from stalwart.diagnosis.engine import diagnose, resolve_kind
+from stalwart.diagnosis.bundle_worker import diagnose_body
+from stalwart.diagnosis.http_guard import BearerAuth, RequestTimer, Scope
 from stalwart.diagnosis.models import EvidenceBundle, Verdict
+from stalwart.diagnosis.problems import validation_problem
+from stalwart.diagnosis.worker_pool import Admission, Busy, WorkerLost, WorkerPool
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
+from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, check_token
 from stalwart.store.records import Incident
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
-MAX_DECODED_BYTES = 256 * 1024 * 1024
+MIB = 1024 * 1024
+MAX_BODY_BYTES = 32 * MIB
+MAX_DECODED_BYTES = 256 * MIB
 VERSION = "1"
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+OPEN_PATHS = ("/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-class BodyLimit:
-    """ASGI middleware: read the whole request body up to a limit (413 past it), gunzip it when it
-    says Content-Encoding: gzip (bounded too), and hand the app the plain body."""
+@dataclass(frozen=True)
+class Limits:
+    """What one service spends at most on requests."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_decoded: int, on_reject: Callable[[int], None]) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.max_decoded = max_decoded
-        self.on_reject = on_reject
-
-    async def _error(self, send: Send, status: int, message: str) -> None:
-        self.on_reject(status)
-        body = JSONResponse({"detail": message}, status_code=status).body
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        headers = {k.lower(): v for k, v in scope["headers"]}
-        limit_mib = self.max_bytes / (1024 * 1024)
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._error(
-                send,
-                413,
-                f"request body is {int(declared)} bytes; the limit is {limit_mib:g} MiB "
-                "(send stack texts once in `texts`, or gzip the body)",
-            )
-            return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:  # bounded: stops at the limit
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._error(send, 413, f"request body exceeds the limit of {limit_mib:g} MiB")
-                return
-            chunks.append(chunk)
-            more = bool(message.get("more_body"))
-        body = b"".join(chunks)
-        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
-        if encoding == b"gzip":
-            try:
-                inflater = zlib.decompressobj(wbits=31)
-                body = inflater.decompress(body, self.max_decoded + 1)
-            except zlib.error as exc:
-                await self._error(send, 400, f"request body is not valid gzip: {exc}")
-                return
-            if len(body) > self.max_decoded or inflater.unconsumed_tail:
-                limit = self.max_decoded / (1024 * 1024)
-                await self._error(send, 413, f"decompressed request body exceeds {limit:g} MiB")
-                return
-        elif encoding not in (b"identity", b""):
-            await self._error(
-                send, 415, f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}; use gzip or none"
-            )
-            return
-        new_headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-length", b"content-encoding")]
-        new_headers.append((b"content-length", str(len(body)).encode()))
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app({**scope, "headers": new_headers}, replay, send)
+    max_body_bytes: int = MAX_BODY_BYTES  # as sent (compressed or not)
+    max_decoded_bytes: int = MAX_DECODED_BYTES  # after gunzip
+    max_concurrent: int = 2  # bundles decoded and diagnosed at once (one worker process each)
+    max_queued: int = 4  # admitted requests waiting for a worker; past that, 503 at once
+    queue_wait_seconds: float = 20.0  # the longest wait for a worker before a 503
+    body_seconds: float = 60.0  # the longest time a client may take to send its body (408 after)
+    retry_after_seconds: int = 5
+    worker_memory_bytes: int = 4096 * MIB  # address space each worker may add (0: unlimited)
 
 
-class RequestTimer:
-    """ASGI middleware, outermost: every request's duration by method, route template and status
-    (refusals by the body limit included). Unknown paths share one route label: no cardinality blow-up."""
-
-    def __init__(self, app: ASGIApp, routes: Callable[[Scope], str], observe: Callable[[str, str, str, float], None]):
-        self.app = app
-        self.routes = routes
-        self.observe = observe
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        status = "500"
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = str(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            self.observe(scope["method"], self.routes(scope), status, time.perf_counter() - t0)
+def _mib(n: int) -> str:
+    return f"{n / MIB:g} MiB"
 
 
-def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or "body"
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # bounded: stops at the limit
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise HTTPException(413, f"request body exceeds the limit of {_mib(limits.max_body_bytes)}")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-def create_app(
-    store: Store | None = None, *, max_body_bytes: int = MAX_BODY_BYTES, max_decoded_bytes: int = MAX_DECODED_BYTES
-) -> FastAPI:
-    """The service; `store` (etcd) serves the incident endpoints, which answer 503 without one."""
+def create_app(store: Store | None = None, *, token: str | None, limits: Limits | None = None) -> FastAPI:
+    """The service; `store` (etcd) serves the incident endpoints, which answer 503 without one.
+    `token` None serves everyone (`--no-auth`, for a loopback-only service)."""
+    limits = limits or Limits()
     registry = CollectorRegistry(auto_describe=True)
     diagnoses = Counter(
         "stalwart_diagnosis_requests",
@@ -190,56 +117,106 @@ def create_app(
         registry=registry,
         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     )
+    in_flight = Gauge(
+        "stalwart_diagnosis_bundles_in_flight", "Bundles being diagnosed or waiting.", ("state",), registry=registry
+    )
+    admission = Admission(limits.max_concurrent, limits.max_queued, limits.queue_wait_seconds)
+    pool = WorkerPool(limits.max_concurrent, limits.worker_memory_bytes)
+    in_flight.labels("working").set_function(lambda: admission.working)
+    in_flight.labels("waiting").set_function(lambda: admission.waiting)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            pool.stop()
 
     app = FastAPI(
         title="Stalwart diagnosis",
         version=VERSION,
-        description="Localizes faulty machines from stack traces, metrics and logs; serves incidents.",
+        description="Localizes faulty machines from stack traces, metrics and logs; serves incidents. "
+        "Every endpoint but /healthz, /metrics and this document needs the service's bearer token.",
+        lifespan=lifespan,
     )
     app.state.store = store
+    bearer = HTTPBearer(auto_error=False, description="The service's token (STALWART_DIAGNOSIS_TOKEN).")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            rejected.labels("400").inc()
-            where = next((e.get("ctx", {}).get("error", "") for e in errors if e.get("type") == "json_invalid"), "")
-            return JSONResponse({"detail": f"request body is not valid JSON: {where}".rstrip(": ")}, status_code=400)
-        rejected.labels("422").inc()
-        parts = [f"{_field(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors[:10]]
-        more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
-        return JSONResponse(
-            {
-                "detail": "invalid evidence bundle: " + "; ".join(parts) + more,
-                "errors": [
-                    {
-                        "loc": [str(x) for x in e.get("loc", ())],
-                        "msg": str(e.get("msg", "")),
-                        "type": str(e.get("type", "")),
-                    }
-                    for e in errors[:50]
-                ],
-            },
-            status_code=422,
-        )
+        status, payload = validation_problem(exc.errors(), what="request")
+        rejected.labels(str(status)).inc()
+        return JSONResponse(payload, status_code=status)
 
-    errors: dict[int | str, dict[str, Any]] = {
-        400: {"description": "the body is not JSON (or not gzip)"},
-        413: {"description": "the body is larger than the limit"},
-        415: {"description": "a Content-Encoding other than gzip"},
-        422: {"description": "not a valid evidence bundle; the message names the fields"},
+    @app.exception_handler(HTTPException)
+    async def _refused(_request: Request, exc: HTTPException) -> JSONResponse:
+        if 400 <= exc.status_code < 500 or exc.status_code == 503:
+            rejected.labels(str(exc.status_code)).inc()
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    auth: dict[int | str, dict[str, Any]] = {
+        401: {"description": "no bearer token"},
+        403: {"description": "a bearer token that is not the service's"},
     }
+    diagnose_errors: dict[int | str, dict[str, Any]] = {
+        **auth,
+        400: {"description": "the body is not JSON (or not gzip)"},
+        408: {"description": "the body did not arrive in time"},
+        413: {"description": "the body is larger than the limit, as sent or once inflated"},
+        415: {"description": "a Content-Type other than JSON, or a Content-Encoding other than gzip"},
+        422: {"description": "not a valid evidence bundle; the message names the fields"},
+        503: {"description": "every diagnosis worker is busy (see Retry-After), or one died"},
+    }
+    busy_headers = {"Retry-After": str(limits.retry_after_seconds)}
 
     @app.post(
-        "/v1/diagnose", response_model=Verdict, summary="Diagnose one failure from its evidence", responses=errors
+        "/v1/diagnose",
+        response_model=Verdict,
+        summary="Diagnose one failure from its evidence",
+        responses=diagnose_errors,
+        dependencies=[Security(bearer)],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EvidenceBundle"}}},
+            }
+        },
     )
-    def post_diagnose(bundle: EvidenceBundle) -> Verdict:
-        kind = resolve_kind(bundle)
-        t0 = time.perf_counter()
-        verdict = diagnose(bundle)
-        latency.labels(kind).observe(time.perf_counter() - t0)
-        diagnoses.labels(kind, verdict.failure_class).inc()
-        return verdict
+    async def post_diagnose(request: Request) -> Response:
+        """Decoded, validated and diagnosed in a worker process; the event loop only moves bytes."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise HTTPException(
+                413,
+                f"request body is {int(declared)} bytes; the limit is {_mib(limits.max_body_bytes)} "
+                "(send stack texts once in `texts`, or gzip the body)",
+            )
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", "", "gzip"):
+            raise HTTPException(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip or none")
+        media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise HTTPException(415, f"unsupported Content-Type {media[:60]!r}; send application/json")
+        try:
+            async with admission.slot():
+                try:
+                    async with asyncio.timeout(limits.body_seconds):
+                        body = await _read_body(request, limits)
+                except TimeoutError:
+                    raise HTTPException(408, f"the body did not arrive within {limits.body_seconds:g}s") from None
+                except ClientDisconnect:
+                    raise HTTPException(400, "the client went away before its body arrived") from None
+                result = await pool.run(diagnose_body, body, encoding == "gzip", limits.max_decoded_bytes)
+        except Busy as exc:
+            raise HTTPException(503, f"busy: {exc}; retry later", headers=busy_headers) from None
+        except WorkerLost as exc:
+            raise HTTPException(503, str(exc), headers=busy_headers) from None
+        if result.status == 200:
+            latency.labels(result.kind).observe(result.seconds)
+            diagnoses.labels(result.kind, result.failure_class).inc()
+        else:
+            rejected.labels(str(result.status)).inc()
+        return Response(result.body, status_code=result.status, media_type="application/json")
 
     def _incident(job: str, incident_id: str) -> dict[str, Any]:
         if app.state.store is None:
@@ -247,9 +224,9 @@ def create_app(
             raise HTTPException(503, "this diagnosis service has no etcd store configured (start it with --etcd)")
         try:
             key = keys.incident(job, incident_id)
-        except ValueError as exc:
+        except ValueError:
             incidents_served.labels("bad_request").inc()
-            raise HTTPException(400, f"invalid job or incident id: {exc}") from None
+            raise HTTPException(400, f"invalid job or incident id: {job[:64]!r}, {incident_id[:64]!r}") from None
         try:
             incident = app.state.store.get(key, Incident)
         except StoreUnavailable as exc:
@@ -261,29 +238,57 @@ def create_app(
         incidents_served.labels("found").inc()
         return incident.model_dump(mode="json")
 
-    @app.get("/v1/incidents/{job}/{incident_id}", summary="One incident of a job, as the controller recorded it")
+    incident_errors: dict[int | str, dict[str, Any]] = {
+        **auth,
+        400: {"description": "not a valid job or incident id"},
+        404: {"description": "no such incident"},
+        422: {"description": "a required parameter is missing"},
+        503: {"description": "no etcd configured, or etcd did not answer"},
+    }
+
+    @app.get(
+        "/v1/incidents/{job}/{incident_id}",
+        summary="One incident of a job, as the controller recorded it",
+        responses=incident_errors,
+        dependencies=[Security(bearer)],
+    )
     def get_incident(job: str, incident_id: str) -> dict[str, Any]:
         return _incident(job, incident_id)
 
-    @app.get("/v1/incidents/{incident_id}", summary="One incident (the job as a query parameter)")
+    @app.get(
+        "/v1/incidents/{incident_id}",
+        summary="One incident (the job as a query parameter)",
+        responses=incident_errors,
+        dependencies=[Security(bearer)],
+    )
     def get_incident_by_id(
         incident_id: str, job: str = Query(..., description="the job the incident belongs to")
     ) -> dict[str, Any]:
         return _incident(job, incident_id)
 
-    @app.get("/healthz", summary="Liveness")
-    def healthz() -> dict[str, str]:
+    @app.get("/healthz", summary="Liveness (open, read-only)")
+    async def healthz() -> dict[str, str]:  # on the event loop itself: no thread to wait for
         return {"status": "ok", "store": "configured" if app.state.store is not None else "none"}
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    @app.get("/metrics", summary="Prometheus metrics (open, read-only)", response_class=Response)
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, plus the EvidenceBundle schema that /v1/diagnose's body refers to
+        (the route reads the raw body: validation happens in a worker process)."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            bundle = EvidenceBundle.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(bundle.pop("$defs", {}))
+            schemas["EvidenceBundle"] = bundle
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(
-        BodyLimit,
-        max_bytes=max_body_bytes,
-        max_decoded=max_decoded_bytes,
-        on_reject=lambda status: rejected.labels(str(status)).inc(),
+        BearerAuth, token=token, open_paths=OPEN_PATHS, on_reject=lambda status: rejected.labels(str(status)).inc()
     )
 
     def route_of(scope: Scope) -> str:
@@ -292,12 +297,30 @@ def create_app(
                 return str(getattr(route, "path", "other"))
         return "other"
 
-    app.add_middleware(
+    app.add_middleware(  # added last: outermost
         RequestTimer,
         routes=route_of,
         observe=lambda method, route, status, seconds: requests.labels(method, route, status).observe(seconds),
     )
     return app
+
+
+def read_token(args: argparse.Namespace) -> str | None:
+    """The token from --token-file or STALWART_DIAGNOSIS_TOKEN; None only with --no-auth on loopback."""
+    raw: str | None = None
+    if args.token_file is not None:
+        raw = Path(args.token_file).read_text()
+    elif os.environ.get(DIAGNOSIS_TOKEN_ENV):
+        raw = os.environ[DIAGNOSIS_TOKEN_ENV]
+    if raw is not None:
+        return check_token(raw, "the diagnosis service's token")
+    if args.no_auth:
+        if args.host not in LOOPBACK:
+            raise ValueError(f"--no-auth serves anyone who can connect: only on loopback, not on {args.host}")
+        return None
+    raise ValueError(
+        f"no token: set {DIAGNOSIS_TOKEN_ENV} or --token-file (a mounted Secret), or pass --no-auth on loopback"
+    )
 
 
 def _already_stopped(_signum: int, _frame: object) -> None:
@@ -308,29 +331,52 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(description="Stalwart's diagnosis service")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (not every interface)")
     parser.add_argument("--port", type=int, default=8470)
     parser.add_argument("--etcd", default=None, help="HOST:PORT of etcd, for the incident endpoints")
     parser.add_argument(
-        "--max-body-mib",
-        type=float,
-        default=MAX_BODY_BYTES / (1024 * 1024),
-        help="largest request body, as sent (compressed or not)",
+        "--token-file", default=None, help=f"a file holding the bearer token (else ${DIAGNOSIS_TOKEN_ENV})"
+    )
+    parser.add_argument("--no-auth", action="store_true", help="serve without a token (loopback only)")
+    defaults = Limits()
+    parser.add_argument(
+        "--max-body-mib", type=float, default=defaults.max_body_bytes / MIB, help="largest body as sent"
     )
     parser.add_argument(
-        "--max-decoded-mib",
+        "--max-decoded-mib", type=float, default=defaults.max_decoded_bytes / MIB, help="largest body after gunzip"
+    )
+    parser.add_argument(
+        "--max-concurrent", type=int, default=defaults.max_concurrent, help="bundles diagnosed at once (workers)"
+    )
+    parser.add_argument("--max-queued", type=int, default=defaults.max_queued, help="bundles waiting for a worker")
+    parser.add_argument(
+        "--body-seconds", type=float, default=defaults.body_seconds, help="time a client has to send its body (408)"
+    )
+    parser.add_argument(
+        "--worker-memory-mib",
         type=float,
-        default=MAX_DECODED_BYTES / (1024 * 1024),
-        help="largest request body after gunzip",
+        default=defaults.worker_memory_bytes / MIB,
+        help="memory each worker may add (0: unlimited)",
     )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
+    if args.max_concurrent < 1 or args.max_queued < 0:
+        parser.error("--max-concurrent must be at least 1 and --max-queued at least 0")
+    try:
+        token = read_token(args)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     store = Store(args.etcd) if args.etcd else None
-    app = create_app(
-        store,
-        max_body_bytes=int(args.max_body_mib * 1024 * 1024),
-        max_decoded_bytes=int(args.max_decoded_mib * 1024 * 1024),
+    limits = Limits(
+        max_body_bytes=int(args.max_body_mib * MIB),
+        max_decoded_bytes=int(args.max_decoded_mib * MIB),
+        max_concurrent=args.max_concurrent,
+        max_queued=args.max_queued,
+        body_seconds=args.body_seconds,
+        worker_memory_bytes=int(args.worker_memory_mib * MIB),
     )
+    app = create_app(store, token=token, limits=limits)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
     )

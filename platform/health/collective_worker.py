@@ -30,6 +30,7 @@ from stalwart.health.collectives import (
     node_groups,
 )
 from stalwart.health.compute_check import compute_digest, disagreeing_ranks
+from stalwart.net import bound_tcp_store
 
 HANG_ENV = "STALWART_FAULT_COLLECTIVE_HANG"
 SLOW_START_ENV = "STALWART_FAULT_SLOW_START_SECONDS"  # start this many seconds late (at most 60)
@@ -80,12 +81,12 @@ def main() -> int:
         limit = datetime.timedelta(seconds=timeout)
         # Rendezvous waits for the slowest process to start (seconds on a loaded host); the short
         # collective timeout applies from then on, so a hung peer is noticed quickly.
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            world,
-            rank == 0,
-            timeout=datetime.timedelta(seconds=rendezvous_timeout),
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store_timeout = datetime.timedelta(seconds=rendezvous_timeout)
+        store = (  # rank 0 serves it on MASTER_ADDR only, not on every interface (docs/security.md)
+            bound_tcp_store(addr, port, world, store_timeout, wait_for_workers=True)
+            if rank == 0
+            else dist.TCPStore(addr, port, world, False, timeout=store_timeout)
         )
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=limit)
         # Every group gets the same timeout: new_group's default is the 30-minute one.

@@ -35,6 +35,7 @@ from stalwart.runner.summary import JobSnapshot, snapshot
 from stalwart.spec import TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
+from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token, publish_service_token, replace_job_token
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import JobPhase, JobState, ServiceEndpoint
@@ -91,6 +92,7 @@ class LocalRun:
         self.controller: subprocess.Popen[bytes] | None = None
         self.diagnosis: subprocess.Popen[bytes] | None = None
         self.diagnosis_port: int | None = None
+        self._diagnosis_token = new_token()  # the controller sends it; `stalwart diagnose` reads it from etcd
         self.metrics_port = metrics_port
         self.job_metrics: JobExporter | None = None
         self.console_port = console_port
@@ -119,6 +121,7 @@ class LocalRun:
         ]
         env = {
             **os.environ,
+            DIAGNOSIS_TOKEN_ENV: self._diagnosis_token,
             PREFLIGHT_FAULTS_ENV: json.dumps(preflight_fault_env(self.faults)),
             NODE_FAULTS_ENV: json.dumps(node_fault_env(self.faults)),
         }
@@ -129,7 +132,7 @@ class LocalRun:
         self.controller_starts += 1
 
     def _start_diagnosis(self, store: Store, endpoint: str) -> None:
-        """Host the diagnosis service, as a cluster would run it, and publish its URL in etcd."""
+        """Host the diagnosis service, as a cluster would run it, and publish its URL and token in etcd."""
         port = self.diagnosis_port = free_port()
         argv = [
             sys.executable,
@@ -142,8 +145,10 @@ class LocalRun:
             "--etcd",
             endpoint,
         ]
+        env = {**os.environ, DIAGNOSIS_TOKEN_ENV: self._diagnosis_token}
         with open(self.workdir / "diagnosis.log", "ab") as log:
-            self.diagnosis = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.diagnosis = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        publish_service_token(store, "diagnosis", self._diagnosis_token)
         store.put(
             keys.service("diagnosis"),
             ServiceEndpoint(name="diagnosis", url=f"http://127.0.0.1:{port}", registered_at=time.time()),
@@ -184,6 +189,7 @@ class LocalRun:
             raise JobAlreadyExists(f"job {self.job.name!r} is already {state.phase.value} in etcd at {store.endpoint}")
         if state is not None:  # a finished job of the same name: start over
             store.delete_prefix(keys.job_prefix(self.job.name))
+        replace_job_token(store, self.job.name)  # before the spec: whoever reads the spec finds the token
         store.put(keys.job_spec(self.job.name), json.dumps(document))
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -256,6 +262,7 @@ class LocalRun:
                 if store is not None:
                     try:
                         store.delete(keys.service("diagnosis"))  # the URL would point at nothing now
+                        store.delete(keys.service_token("diagnosis"))
                     except Exception:
                         pass
             if cluster is not None:

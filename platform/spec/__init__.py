@@ -1,6 +1,7 @@
 """The TrainingJob spec model and its YAML loader."""
 
-from stalwart.spec.loader import SpecError, load_job, parse_job
+from stalwart.spec.confinement import ALLOWED_PATHS_ENV, ConfinementError, PathConfinement
+from stalwart.spec.loader import SpecError, confined, load_job, parse_job
 from stalwart.spec.model import (
     API_VERSION,
     INFRASTRUCTURE_EVENTS,
@@ -27,11 +28,13 @@ from stalwart.spec.model import (
 )
 
 __all__ = [
+    "ALLOWED_PATHS_ENV",
     "API_VERSION",
     "INFRASTRUCTURE_EVENTS",
     "KIND",
     "CheckpointSettings",
     "CleanPodPolicy",
+    "ConfinementError",
     "DataPlaneSettings",
     "DataSettings",
     "DataSource",
@@ -40,6 +43,7 @@ __all__ = [
     "FailurePolicy",
     "FailurePolicyRule",
     "FaultTolerance",
+    "PathConfinement",
     "RecoveryMode",
     "Resources",
     "RestartScope",
@@ -50,6 +54,7 @@ __all__ = [
     "SpecError",
     "TrainingJob",
     "TrainingJobSpec",
+    "confined",
     "load_job",
     "parse_job",
 ]

@@ -12,7 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from stalwart.spec.env_names import refusal
 from stalwart.spec.kubernetes import KubernetesShape
+from stalwart.spec.messages import brief
 
 API_VERSION = "stalwart.dev/v1alpha1"
 KIND = "TrainingJob"
@@ -20,6 +22,12 @@ KIND = "TrainingJob"
 # DNS-1123 label: the name becomes part of etcd keys, pod names and Service names.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A checkpoint location: a path, or a URI of a storage tier (stalwart.checkpoint.storage.open_storage).
+_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+CHECKPOINT_SCHEMES = ("file", "s3", "mem")
+# Linux refuses to exec a process with one argument or NAME=value longer than 128 KiB (MAX_ARG_STRLEN).
+MAX_ARG_CHARS = 65_536
+MAX_ENV_NAME_CHARS = 256
 
 
 class SpecModel(BaseModel):
@@ -36,7 +44,7 @@ class SpecModel(BaseModel):
 def _check_dns_label(value: str) -> str:
     if len(value) > 63 or not _DNS_LABEL.match(value):
         raise ValueError(
-            f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
+            f"{brief(value)} is not a DNS-1123 label (lowercase letters, digits and '-', "
             "starting and ending with a letter or digit, at most 63 characters)"
         )
     return value
@@ -166,16 +174,23 @@ class Role(SpecModel):
         int, Field(ge=1, le=64, description="Worker processes per node (usually one per GPU).")
     ] = 1
     command: Annotated[
-        list[str],
+        list[Annotated[str, Field(max_length=MAX_ARG_CHARS)]],
         Field(min_length=1, max_length=256, description="Worker command, run once per process."),
     ]
     env: Annotated[
         dict[str, str],
-        Field(max_length=256, description="Extra environment variables for the workers."),
+        Field(
+            max_length=256,
+            description="Extra environment variables for the workers. The platform's (RANK, MASTER_ADDR, "
+            "STALWART_*, TORCHELASTIC_*, ...) and the dynamic loader's (LD_*) are refused.",
+        ),
     ] = {}
     working_dir: Annotated[
         str | None,
-        Field(description="Working directory of the workers; relative paths are relative to the job file."),
+        Field(
+            description="Working directory of the workers; relative paths are relative to the job file. It must "
+            "lie inside the job's folder or a folder the administrator allows (STALWART_ALLOWED_PATHS)."
+        ),
     ] = None
     restart_scope: Annotated[
         RestartScope, Field(description="What restarts when a worker of this role fails: Job or Role.")
@@ -208,9 +223,17 @@ class Role(SpecModel):
     @field_validator("env")
     @classmethod
     def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
-        for key in env:
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+        problems = []
+        for key, value in env.items():
+            if len(key) > MAX_ENV_NAME_CHARS or not _ENV_NAME.match(key):
+                problems.append(f"{brief(key)} is not a valid environment variable name")
+            elif (why := refusal(key)) is not None:
+                problems.append(why)
+            elif len(value) > MAX_ARG_CHARS:
+                problems.append(f"{key}'s value has {len(value):,} characters; at most {MAX_ARG_CHARS:,}")
+        if problems:
+            more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+            raise ValueError("; ".join(problems[:5]) + more)
         return env
 
 
@@ -487,7 +510,10 @@ class CheckpointSettings(SpecModel):
 
     uri: Annotated[
         str | None,
-        Field(description="Checkpoint location (a path or file:// URI). Default: the run's own folder."),
+        Field(
+            description="Checkpoint location: a path or file:// URI inside the job's folder (or a folder the "
+            "administrator allows), or an s3:// or mem:// URI. Default: the run's own folder."
+        ),
     ] = None
     interval_steps: Annotated[int, Field(ge=1, le=10_000_000, description="Save every this many steps.")] = 10
     keep_last: Annotated[int, Field(ge=1, le=1000, description="Committed checkpoints to keep.")] = 3
@@ -501,6 +527,16 @@ class CheckpointSettings(SpecModel):
     memory_capacity_gib: Annotated[
         float, Field(gt=0, le=4096, description="Host memory each node's checkpoint store may use.")
     ] = 16.0
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, uri: str | None) -> str | None:
+        match = _URI_SCHEME.match(uri) if uri else None
+        if match and match.group(1).lower() not in CHECKPOINT_SCHEMES:
+            raise ValueError(f"unsupported URI scheme {brief(match.group(1))}: use a path, file://, s3:// or mem://")
+        if uri is not None and not uri.strip():
+            raise ValueError("an empty location: leave uri out to checkpoint in the run's folder")
+        return uri
 
 
 class DataSource(SpecModel):
@@ -658,14 +694,14 @@ class TrainingJob(SpecModel):
     @classmethod
     def _check_api_version(cls, v: str) -> str:
         if v != API_VERSION:
-            raise ValueError(f"expected {API_VERSION!r}, got {v!r}")
+            raise ValueError(f"expected {API_VERSION!r}, got {brief(v)}")
         return v
 
     @field_validator("kind")
     @classmethod
     def _check_kind(cls, v: str) -> str:
         if v != KIND:
-            raise ValueError(f"expected {KIND!r}, got {v!r}")
+            raise ValueError(f"expected {KIND!r}, got {brief(v)}")
         return v
 
     @property

@@ -3,6 +3,8 @@
 Agents and the controller talk to each other only through these keys:
 
     /stalwart/v1/jobs/{job}/spec                       TrainingJob document (JSON)
+    /stalwart/v1/jobs/{job}/token                      the job's credential (a bare string; never printed:
+                                                       stalwart.store.credentials)
     /stalwart/v1/jobs/{job}/state                      JobState: phase, generation, restarts
     /stalwart/v1/jobs/{job}/leader                     controller election, under the leader's lease
     /stalwart/v1/jobs/{job}/generations/{gen:08d}      Assignment: ranks and rendezvous of a generation
@@ -27,6 +29,8 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/checkpoint-token           the memory stores' token, when none was given (text)
     /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
     /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
+    /stalwart/v1/service-tokens/{name}                 the bearer token its callers send (a bare string),
+                                                       published by `stalwart run` beside the URL
     /stalwart/v1/operators/{name}/leader               Kubernetes operator election, under the leader's lease
 """
 
@@ -55,6 +59,10 @@ def job_prefix(job: str) -> str:
 
 def job_spec(job: str) -> str:
     return job_prefix(job) + "spec"
+
+
+def job_token(job: str) -> str:
+    return job_prefix(job) + "token"
 
 
 def job_state(job: str) -> str:
@@ -186,6 +194,11 @@ def cordon(node: str) -> str:
 
 def service(name: str) -> str:
     return f"{ROOT}/services/{_seg(name)}"
+
+
+def service_token(name: str) -> str:
+    """Apart from /services/: a listing of the services' URLs never reads a token."""
+    return f"{ROOT}/service-tokens/{_seg(name)}"
 
 
 def job_name_from_key(key: str) -> str | None:

@@ -130,6 +130,9 @@ http://{{ include "stalwart.fullname" . }}-diagnosis.{{ .Release.Namespace }}.sv
 - apiGroups: [""]
   resources: [services]
   verbs: [get, create, delete]
+- apiGroups: [""]  # each job's token Secret: written and deleted, never read (no get, list or watch)
+  resources: [secrets]
+  verbs: [create, patch, delete]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
@@ -149,4 +152,17 @@ http://{{ include "stalwart.fullname" . }}-diagnosis.{{ .Release.Namespace }}.sv
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [get, list, watch]
+{{- end -}}
+
+{{- /* The diagnosis service's bearer token: a Secret the chart makes, or diagnosis.tokenSecret. */ -}}
+{{- define "stalwart.diagnosisTokenSecret" -}}
+{{- .Values.diagnosis.tokenSecret | default (printf "%s-diagnosis-token" (include "stalwart.fullname" .)) -}}
+{{- end -}}
+
+{{- define "stalwart.diagnosisTokenEnv" -}}
+- name: STALWART_DIAGNOSIS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "stalwart.diagnosisTokenSecret" . }}
+      key: token
 {{- end -}}

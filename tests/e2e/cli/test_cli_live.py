@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from support.cli_commands import check_command, stalwart_commands
 from support.paths import REPO
@@ -29,7 +30,7 @@ from typer.testing import CliRunner
 from stalwart.cli.main import app
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process, wait_for
-from stalwart.store import Store, keys
+from stalwart.store import Store, credentials, keys
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import Assignment, Cordon, JobState, ServiceEndpoint
@@ -205,6 +206,41 @@ def test_logs_fetch_a_ranks_output_from_its_node(live: LiveRun) -> None:
     assert any(line.startswith("step ") for line in rank0["lines"]), rank0["lines"]
     every = json.loads(stalwart(live, "logs", JOB, "-o", "json").stdout)
     assert sorted(r["rank"] for r in every) == [0, 1, 2, 3]
+
+
+def test_tokens_stay_out_of_listings_and_logs_and_services_listen_on_loopback(live: LiveRun) -> None:
+    """The job's token and the diagnosis service's exist (etcd), and no listing, JSON output or log
+    of the run shows either; the agents' /metrics and memory stores and the diagnosis service listen
+    on 127.0.0.1, not on every interface."""
+    job_token = credentials.job_token(live.store, JOB)
+    service_token = credentials.service_token(live.store, "diagnosis")
+    assert job_token and service_token and job_token != service_token
+    outputs = [
+        stalwart(live, *args).output
+        for args in (("jobs", "-o", "json"), ("status", JOB, "-o", "json"), ("incidents", "-o", "json"), ("jobs",))
+    ]
+    logs = [f.read_bytes() for f in live.workdir.rglob("*") if f.is_file() and f.stat().st_size < 64 << 20]
+    assert len(logs) > 5
+    for secret in (job_token, service_token):
+        assert not any(secret in out for out in outputs)
+        assert not any(secret.encode() in data for data in logs)
+    registrations = read_nodes(live.store, JOB).registrations
+    published = live.store.get(keys.service("diagnosis"), ServiceEndpoint)
+    assert published is not None
+    service_port = int(published.url.rsplit(":", 1)[1])
+    pids = {r.agent_pid for r in registrations.values()}
+    for pid in list(pids):
+        pids |= {
+            p.pid for p in psutil.Process(pid).children(recursive=True) if "memory_server" in " ".join(p.cmdline())
+        }
+    pids |= {c.pid for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == service_port}
+    listening = [
+        (pid, c.laddr) for pid in pids for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"
+    ]
+    ports = {a.port for _, a in listening}
+    assert service_port in ports and {r.metrics_port for r in registrations.values()} <= ports
+    assert {r.memory_port for r in registrations.values() if r.memory_port} <= ports
+    assert {a.ip for _, a in listening} == {"127.0.0.1"}, listening
 
 
 # -- a real terminal ----------------------------------------------------------------------------

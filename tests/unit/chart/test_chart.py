@@ -4,6 +4,7 @@ are refused by values.schema.json with a message naming the value."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 from support.chart import CHART, VALUE_SETS, notes, render
 
+from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
 from stalwart.store.etcd_auth import ENV_NAMES as ETCD_ENV_NAMES
 from stalwart_operator.config import OperatorConfig
 
@@ -49,7 +51,10 @@ def test_the_default_install() -> None:
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["STALWART_ETCD"] == "stalwart-etcd.stalwart.svc:2379"
     assert env["STALWART_DIAGNOSIS_URL"] == "http://stalwart-diagnosis.stalwart.svc:8470"
-    assert set(env) <= {"STALWART_" + f.upper() for f in OperatorConfig.model_fields} | set(ETCD_ENV_NAMES)
+    # Settings, the etcd client's, and the diagnosis service's token (from its Secret) for the
+    # controllers it hosts.
+    allowed = {"STALWART_" + f.upper() for f in OperatorConfig.model_fields} | set(ETCD_ENV_NAMES)
+    assert set(env) - {DIAGNOSIS_TOKEN_ENV} <= allowed
     OperatorConfig.from_env({k: v for k, v in env.items() if v is not None})  # the operator accepts them
     [etcd] = by_kind(docs, "StatefulSet")
     assert etcd["spec"]["replicas"] == 3
@@ -83,6 +88,31 @@ def test_monitoring_objects_and_the_console() -> None:
     [console] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "stalwart-console"]
     container = console["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["stalwart", "console"] and "--port=8480" in container["args"]
+
+
+def test_the_diagnosis_token_reaches_the_service_and_its_callers_only() -> None:
+    """One Secret (made by the chart, or named in diagnosis.tokenSecret) feeds the service, the
+    operator (its controllers send it) and the console; the service listens on its pod's IP."""
+    token_ref = {"name": "STALWART_DIAGNOSIS_TOKEN", "valueFrom": {"secretKeyRef": {"name": "", "key": "token"}}}
+    for values, secret in (
+        ({"console": {"enabled": True}}, "stalwart-diagnosis-token"),
+        ({"console": {"enabled": True}, "diagnosis": {"tokenSecret": "mine"}}, "mine"),
+    ):
+        docs = render(values)
+        made = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == "stalwart-diagnosis-token"]
+        assert len(made) == (secret == "stalwart-diagnosis-token")
+        if made:
+            assert len(base64.b64decode(made[0]["data"]["token"])) == 48
+        expected = {**token_ref, "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}}
+        for name in ("stalwart-diagnosis", "stalwart-operator", "stalwart-console"):
+            [deployment] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == name]
+            container = deployment["spec"]["template"]["spec"]["containers"][0]
+            assert expected in container["env"], name
+        [service] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "stalwart-diagnosis"]
+        container = service["spec"]["template"]["spec"]["containers"][0]
+        assert "--host=$(POD_IP)" in container["args"]
+        assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
+    assert not by_kind(render(VALUE_SETS["external-etcd-minimal"]), "Secret")  # no service, no token
 
 
 def test_an_external_etcd_replaces_the_bundled_one() -> None:

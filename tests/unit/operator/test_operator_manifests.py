@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import yaml
 from support.chart import render
 from support.paths import REPO
 
-from stalwart.spec import SpecError, parse_job
+from stalwart.spec import ALLOWED_PATHS_ENV, SpecError, parse_job
+from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, JOB_TOKEN_ENV
 from stalwart.store.etcd_auth import ENV_NAMES as ETCD_ENV_NAMES
 from stalwart_operator import names, pods
 from stalwart_operator.config import OperatorConfig
@@ -48,7 +50,10 @@ def test_the_install_set_is_complete() -> None:
     assert pod["serviceAccountName"] == "stalwart-operator" and deployment["spec"]["replicas"] == 2
     env = {e["name"] for e in pod["containers"][0]["env"]}
     assert {"STALWART_ETCD", "STALWART_IDENTITY"} <= env
-    assert set(env) <= {"STALWART_" + f.upper() for f in OperatorConfig.model_fields} | set(ETCD_ENV_NAMES)
+    # Settings, the etcd client's, and the diagnosis service's token (from its Secret) for the
+    # controllers it hosts.
+    allowed = {"STALWART_" + f.upper() for f in OperatorConfig.model_fields} | set(ETCD_ENV_NAMES)
+    assert set(env) - {DIAGNOSIS_TOKEN_ENV} <= allowed
 
 
 def test_the_cluster_role_grants_no_more_than_needed() -> None:
@@ -56,7 +61,9 @@ def test_the_cluster_role_grants_no_more_than_needed() -> None:
     granted = {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
-    assert not any(v in ("*", "escalate", "bind", "impersonate") or r in ("*", "secrets") for _, r, v in granted)
+    assert not any(v in ("*", "escalate", "bind", "impersonate") or r == "*" for _, r, v in granted)
+    # The job's token Secret is written and deleted; no Secret is ever read.
+    assert {v for _, r, v in granted if r == "secrets"} == {"create", "patch", "delete"}
     assert ("", "pods", "create") in granted and ("", "nodes", "patch") in granted
     assert ("stalwart.dev", "trainingjobs/status", "patch") in granted
     assert not any(r == "nodes" and v in ("create", "delete") for _, r, v in granted)
@@ -136,11 +143,36 @@ def test_a_node_pod_runs_the_agent_with_gpus_and_the_job_environment() -> None:
         "memory": "1000Gi",
         "nvidia.com/gpu": "8",
     }
-    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    env = {e["name"]: e.get("value") or e["valueFrom"] for e in container["env"]}
     assert env["STALWART_JOB"] == "ml.demo" and env["STALWART_NODE"] == "node-3"
-    assert env["STALWART_ETCD"] == CONFIG.etcd and env["STALWART_MACHINE"] == "spec.nodeName"
+    assert env["STALWART_ETCD"] == CONFIG.etcd and env["STALWART_MACHINE"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}
+    }
+    # The agent's services listen on the pod's address; the job's token comes from its Secret.
+    assert env["STALWART_NODE_ADDRESS"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert "STALWART_METRICS_HOST" not in env and ALLOWED_PATHS_ENV not in env
+    assert env[JOB_TOKEN_ENV] == {"secretKeyRef": {"name": "demo-stalwart-token", "key": "token"}}
     args = container["args"]
     assert args[args.index("--job") + 1] == "$(STALWART_JOB)" and "--job-dir" in args
+    configured = pods.node_pod(
+        job(),
+        namespace="ml",
+        job_id="ml.demo",
+        node="node-3",
+        role=job().spec.roles[0],
+        owner_uid="u-1",
+        config=CONFIG.model_copy(update={"allowed_paths": ["/data", "/ckpt"], "agent_metrics_host": "10.0.0.1"}),
+        total_pods=6,
+    )
+    env = {e["name"]: e.get("value") for e in configured["spec"]["containers"][0]["env"]}
+    assert env[ALLOWED_PATHS_ENV] == "/data:/ckpt" and env["STALWART_METRICS_HOST"] == "10.0.0.1"
+
+
+def test_the_job_token_secret_validates() -> None:
+    secret = pods.job_token_secret(job(), namespace="ml", owner_uid="u-1", token="t" * 43)
+    validate(secret)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert base64.b64decode(secret["data"]["token"]) == b"t" * 43
 
 
 def test_a_role_template_is_merged_over_the_operators_pod() -> None:

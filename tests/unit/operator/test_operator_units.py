@@ -3,6 +3,7 @@ election between replicas, and KubernetesCluster's pods and cordons against the 
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -12,7 +13,7 @@ import kubernetes
 import pytest
 from support.kubesim import ApiServer, raw
 
-from stalwart.spec import parse_job
+from stalwart.spec import SpecError, parse_job
 from stalwart.store import Store, keys
 from stalwart.store.records import JobPhase, JobState, OperatorRequest, RequestKind
 from stalwart_operator import crd, names
@@ -27,6 +28,10 @@ def test_config_from_the_environment() -> None:
         {"STALWART_ETCD": "etcd:2379", "STALWART_NAMESPACES": "a, b", "STALWART_RENDEZVOUS_PORT": "29501"}
     )
     assert config.etcd == "etcd:2379" and config.namespaces == ["a", "b"] and config.rendezvous_port == 29501
+    assert OperatorConfig.from_env({"STALWART_ETCD": "e:1", "STALWART_ALLOWED_PATHS": "/data:/ckpt"}).allowed_paths == [
+        "/data",
+        "/ckpt",
+    ]
     with pytest.raises(ValueError, match="STALWART_ETCD"):
         OperatorConfig.from_env({})
 
@@ -191,3 +196,47 @@ def test_kubernetes_cluster_pods_and_cordons(api: ApiServer, store: Store) -> No
     assert cluster.list_nodes() == []
     store.delete_prefix(keys.job_prefix(job_id))
     assert json.loads(json.dumps(cluster.pod_manifest("node-1")))["metadata"]["labels"][names.ROLE_LABEL] == "trainer"
+
+
+def test_the_job_token_lives_in_etcd_and_in_a_secret_the_operator_never_reads(api: ApiServer, store: Store) -> None:
+    from stalwart.store.credentials import job_token
+    from stalwart_operator.runtime import Runtime
+
+    body = {
+        "apiVersion": "stalwart.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "tok", "namespace": "default", "uid": "uid-tok"},
+        "spec": {"roles": [{"name": "trainer", "command": ["python", "t.py"]}]},
+    }
+    job_id = names.job_id("default", "tok")
+    store.delete_prefix(keys.job_prefix(job_id))
+    client = api.client()
+    core = kubernetes.client.CoreV1Api(client)
+    rt = Runtime(OperatorConfig(etcd=store.endpoint, job_dir="/workspace"), store, client)
+    job = rt.parse(body)
+
+    def secret_token() -> str:
+        secret = raw(core.read_namespaced_secret("tok-stalwart-token", "default", _preload_content=False))
+        return base64.b64decode(secret["data"]["token"]).decode()
+
+    rt.ensure_token(job, "default", "uid-tok")
+    token = job_token(store, job_id)
+    assert token and len(token) >= 40 and secret_token() == token
+    rt.ensure_token(job, "default", "uid-tok")  # a resumed operator: the same token, not a new one
+    assert job_token(store, job_id) == token == secret_token()
+    core.patch_namespaced_secret(  # a Secret left by an earlier job of the same name
+        "tok-stalwart-token", "default", {"data": {"token": base64.b64encode(b"stale").decode()}}
+    )
+    rt.ensure_token(job, "default", "uid-tok")
+    assert secret_token() == token
+    rt.cleanup(job, "tok", "default", "uid-tok")
+    assert job_token(store, job_id) is None
+    with pytest.raises(kubernetes.client.exceptions.ApiException):
+        core.read_namespaced_secret("tok-stalwart-token", "default")
+    # The custom resource's paths are confined to the image's job folder (and the allowed ones).
+    escaping = {**body, "spec": {"roles": [{"name": "t", "command": ["x"], "workingDir": "../../etc"}]}}
+    with pytest.raises(SpecError, match=r"spec.roles\[0\].workingDir: '../../etc' resolves to '/etc'"):
+        rt.parse(escaping)
+    allowed = Runtime(OperatorConfig(etcd=store.endpoint, allowed_paths=["/etc"]), store, client)
+    assert allowed.parse(escaping).spec.roles[0].working_dir == "../../etc"
+    rt.close()

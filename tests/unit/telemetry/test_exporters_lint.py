@@ -54,6 +54,7 @@ def test_the_job_exporters_metrics_pass_promtool(store: Store) -> None:
 
 
 def test_the_diagnosis_services_metrics_pass_promtool() -> None:
-    client = TestClient(create_app(None))
+    client = TestClient(create_app(None, token="a-token-for-the-lint-only"))
     assert client.get("/healthz").status_code == 200
+    assert client.post("/v1/diagnose", content=b"{}").status_code == 401  # a refusal, counted
     lint(client.get("/metrics").content)

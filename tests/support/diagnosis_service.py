@@ -1,0 +1,66 @@
+"""The diagnosis service as tests run it: its own process on a free loopback port, with a token."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stalwart.net import free_port
+from stalwart.processes import spawn, stop_process, wait_for
+from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token
+
+
+@dataclass
+class Service:
+    proc: subprocess.Popen[bytes]
+    url: str
+    token: str
+    log: Path
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
+
+
+def start_service(tmp: Path, *args: str, token: str | None = None) -> Service:
+    """Started and answering /healthz; `token` None makes one (the service refuses to start without)."""
+    token = token or new_token()
+    port = free_port()
+    log = tmp / f"service-{port}.log"
+    with open(log, "wb") as f:
+        proc = spawn(
+            [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port), *args],
+            env={**os.environ, DIAGNOSIS_TOKEN_ENV: token},
+            stdout=f,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            return True
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    if not wait_for(up, 120, 0.2) or proc.poll() is not None:
+        stop_process(proc, grace=2)
+        pytest.fail(f"the diagnosis service did not come up:\n{log.read_text()[-3000:]}")
+    return Service(proc, url, token, log)
+
+
+@contextmanager
+def running_service(tmp: Path, *args: str) -> Iterator[Service]:
+    service = start_service(tmp, *args)
+    try:
+        yield service
+    finally:
+        stop_process(service.proc, grace=10)
