@@ -296,7 +296,13 @@ def test_a_template_may_not_take_the_operators_names() -> None:
             "containers": [
                 {
                     "name": "agent",
-                    "env": [{"name": "STALWART_ETCD", "value": "elsewhere:2379"}],
+                    "env": [
+                        {"name": "STALWART_ETCD", "value": "elsewhere:2379"},
+                        {"name": "STALWART_JOB_TOKEN", "value": "guessed"},
+                        {"name": "LD_PRELOAD", "value": "/x.so"},
+                        {"name": "RANK", "value": "0"},
+                        {"name": "NCCL_DEBUG", "value": "INFO"},
+                    ],
                     "volumeMounts": [{"name": "missing", "mountPath": "/dev/shm"}],
                 }
             ],
@@ -305,6 +311,10 @@ def test_a_template_may_not_take_the_operators_names() -> None:
     problems = pods.template_problems(parse_job(doc), CONFIG)
     assert any("'dshm' is the operator's" in p for p in problems)
     assert any("STALWART_ETCD is set by the operator" in p for p in problems)
+    assert any("STALWART_JOB_TOKEN is set by the operator" in p for p in problems)
+    assert any("LD_PRELOAD would change what the dynamic loader loads" in p for p in problems)
+    assert any("RANK is set by the platform" in p for p in problems)
+    assert not any("NCCL_DEBUG" in p for p in problems)  # the job's own variables are fine
     assert any("/dev/shm is the operator's" in p for p in problems)
     assert any("no volume named 'missing'" in p for p in problems)
     doc["spec"]["roles"][0]["template"] = {"metadata": {"labels": {"stalwart.dev/job": "other"}}}
