@@ -26,6 +26,7 @@ from support.paths import REPO
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
 from stalwart.store import Store, keys
+from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.records import (
     Assignment,
@@ -226,10 +227,14 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     diagnosis_port = free_port()
     diagnosis: subprocess.Popen[bytes] | None = None
     try:
-        # The diagnosis service, as the chart deploys it; the operator publishes its URL.
+        # The diagnosis service, as the chart deploys it, with its token (the chart's Secret); the
+        # operator publishes its URL and its hosted controllers send the token.
+        diagnosis_token = new_token()
         with open(tmp / "diagnosis.log", "ab") as out:
             diagnosis = spawn(
-                [sys.executable, "-m", "stalwart.diagnosis.service", "--port", str(diagnosis_port)], stdout=out
+                [sys.executable, "-m", "stalwart.diagnosis.service", "--port", str(diagnosis_port)],
+                env={**os.environ, DIAGNOSIS_TOKEN_ENV: diagnosis_token},
+                stdout=out,
             )
         kubelet = Kubelet(api, [f"gpu-{i}" for i in range(8)], tmp / "pods").start()
         env = {
@@ -250,6 +255,7 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "STALWART_JOB_METRICS_HOST": "127.0.0.1",
             "STALWART_ELECTION_TTL_SECONDS": "3",
             "STALWART_DIAGNOSIS_URL": f"http://127.0.0.1:{diagnosis_port}",
+            DIAGNOSIS_TOKEN_ENV: diagnosis_token,
         }
         log = tmp / "operator.log"
         with open(log, "ab") as out:
