@@ -14,9 +14,9 @@ from typing import Any
 from stalwart.spec import ALLOWED_PATHS_ENV, Role, TrainingJob
 from stalwart.spec.env_names import refusal as env_refusal
 from stalwart.spec.model import PodTemplateOverride
+from stalwart.store.credentials import JOB_TOKEN_ENV
 from stalwart.store.etcd_auth import CA_ENV, CERT_ENV, KEY_ENV
 from stalwart.store.etcd_auth import ENV_NAMES as ETCD_ENV_NAMES
-from stalwart.store.credentials import JOB_TOKEN_ENV
 from stalwart_operator import names
 from stalwart_operator.config import OperatorConfig
 
