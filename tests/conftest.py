@@ -35,6 +35,7 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.pop(_name, None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = item.path.relative_to(REPO / "tests").parts
