@@ -6,8 +6,9 @@
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
-# The suite runs on WORKERS pytest-xdist processes (tests/conftest.py keeps each worker's
-# processes, shared memory and data apart); WORKERS=0 runs it in this process.
+# The unit tests run on WORKERS pytest-xdist processes (tests/conftest.py keeps each worker's
+# processes, shared memory and data apart); the end-to-end tests on E2E_WORKERS, none by default:
+# they are CPU-bound (docs/testing.md), so on 2 cores more workers only starve each other's jobs.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -23,8 +24,10 @@ HTMX    := $(CONSOLE)/static/vendor/htmx.min.js
 # `stalwart` (DESIGN.md), so they read it through links under build/packages.
 PACKAGES := build/packages
 
-WORKERS ?= 3
-XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+WORKERS     ?= 3
+E2E_WORKERS ?= 0
+XDIST       := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+E2E_XDIST   := $(if $(filter 0,$(E2E_WORKERS)),,-n $(E2E_WORKERS) --dist loadgroup)
 
 .PHONY: install browser demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
 
@@ -88,7 +91,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q $(XDIST)
 
 test-e2e: install
-	$(BIN)/python -m pytest tests/e2e $(XDIST)
+	$(BIN)/python -m pytest tests/e2e $(E2E_XDIST)
 
 # Run a test many times, optionally beside busy processes, to find flakes (docs/testing.md):
 #   make flakes TEST=tests/e2e/operator/test_operator_e2e.py RUNS=5 LOAD=2
@@ -98,7 +101,8 @@ flakes: $(STAMP)
 	$(BIN)/python tests/support/flakes.py $(TEST) --runs $(RUNS) --load $(LOAD)
 
 test: lint typecheck install
-	$(BIN)/python -m pytest $(XDIST)
+	$(BIN)/python -m pytest tests/unit $(XDIST)
+	$(BIN)/python -m pytest tests/e2e $(E2E_XDIST)
 
 clean:
 	rm -rf $(VENV) .stalwart .pytest_cache
