@@ -136,10 +136,22 @@ def test_s3_dying_mid_save_fails_the_save_cleanly_and_commits_nothing(monkeypatc
         ckpt = Checkpointer(storage)
         small = {"x": torch.arange(100.0)}
         assert ckpt.save(small, 1).wait().committed
+        # Parts after the first wait until S3 is gone: a quick machine would otherwise finish the
+        # upload before the test stops the server.
+        s3_gone = threading.Event()
+        call = storage._call
+
+        def held_call(op: str, key: str, **kwargs: object) -> dict:
+            if op == "upload_part" and kwargs["PartNumber"] != 1:
+                s3_gone.wait(120)
+            return call(op, key, **kwargs)
+
+        monkeypatch.setattr(storage, "_call", held_call)
         big = {"x": torch.arange(100.0) + 1, "ballast": torch.randn(6 << 20)}  # 24 MiB: five parts
         handle = ckpt.save(big, 2)
-        assert wait_for(lambda: storage.bytes_written >= 5 << 20 or handle.done(), 60)
+        assert wait_for(lambda: storage.bytes_written >= 5 << 20, 60)
         server.stop()  # S3 dies with parts in flight
+        s3_gone.set()
         result = handle.wait(timeout=120)
         assert not result.committed and "upload_part" in (result.error or ""), result.error
         assert "s3://dying/run/step-0000000002/__0_0.distcp" in (result.error or "")  # it names where
