@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,3 +56,12 @@ def sample(text: str, name: str, **labels: str) -> float | None:
             if s.name == name and dict(s.labels) == labels:
                 return float(s.value)
     return None
+
+
+def promtool_check(text: bytes) -> str:
+    """`promtool check metrics` on an exporter's output: no name breaks Prometheus's naming rules."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: `make install` installs Debian's prometheus package (as root)"
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert out.returncode == 0, (out.stdout + out.stderr).decode()
+    return (out.stdout + out.stderr).decode()

@@ -472,12 +472,13 @@ def test_the_console_refuses_to_listen_beyond_loopback_with_no_sign_in() -> None
 
 
 def test_metrics_for_prometheus_need_no_sign_in_and_count_actions(app) -> None:  # type: ignore[no-untyped-def]
-    from support.metrics_doc import documented, families
+    from support.metrics_doc import documented, families, promtool_check
 
     c = client(app, STRANGER)
     c.post(f"/jobs/{DONE}/actions/check", data={"reason": "x"}, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
     scrape = c.get("/metrics")
     assert scrape.status_code == 200
+    promtool_check(scrape.content)
     found = families(scrape.text)
     doc = documented("Web console")
     assert set(doc) <= set(found), (sorted(doc), sorted(found))

@@ -1,12 +1,12 @@
-"""`promtool check metrics` on every exporter's output: no name breaks Prometheus's naming rules."""
+"""`promtool check metrics` on every exporter's output: no name breaks Prometheus's naming rules.
+(The console's is checked with its pages, in tests/unit/console.)"""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 
 from fastapi.testclient import TestClient
+from support.metrics_doc import promtool_check as lint
 
 from stalwart.agents.metrics import MetricsExporter
 from stalwart.diagnosis.service import create_app
@@ -14,14 +14,6 @@ from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import CheckpointTiming, JobPhase, JobState, ProgressReport, WorkerState, WorkerStatus
 from stalwart.telemetry.job_exporter import JobExporter
-
-
-def lint(text: bytes) -> str:
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: `make install` installs Debian's prometheus package (as root)"
-    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=60)
-    assert out.returncode == 0, (out.stdout + out.stderr).decode()
-    return (out.stdout + out.stderr).decode()
 
 
 def test_the_agents_metrics_pass_promtool() -> None:
