@@ -26,8 +26,9 @@ PACKAGES := build/packages
 
 WORKERS     ?= 3
 E2E_WORKERS ?= 0
-XDIST       := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
-E2E_XDIST   := $(if $(filter 0,$(E2E_WORKERS)),,-n $(E2E_WORKERS) --dist loadgroup)
+xdist        = $(if $(filter 0,$(1)),,-n $(1) --dist loadgroup)
+XDIST       := $(call xdist,$(WORKERS))
+E2E_XDIST   := $(call xdist,$(E2E_WORKERS))
 
 .PHONY: install browser demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
 

@@ -18,7 +18,7 @@ import pytest
 from support.paths import REPO
 
 from stalwart.net import free_port
-from stalwart.processes import spawn, stop_process
+from stalwart.processes import spawn, stop_process, wait_for
 
 JOB = "pretrain-tiny"
 DASHBOARD = REPO / "charts" / "stalwart" / "dashboards" / "stalwart.json"
@@ -50,16 +50,16 @@ class Live:
 
 def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, limit: float = 120) -> None:
     """Until Prometheus answers its readiness endpoint (it opens its port after loading its TSDB)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         assert server.poll() is None, f"prometheus exited ({server.returncode}):\n{log.read_text()[-3000:]}"
         try:
-            if httpx.get(f"{url}/-/ready", timeout=5).status_code == 200:
-                return
+            return httpx.get(f"{url}/-/ready", timeout=5).status_code == 200
         except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"prometheus not ready after {limit:.0f} s:\n{log.read_text()[-3000:]}")
+            return False
+
+    if not wait_for(ready, limit, interval=0.2):
+        pytest.fail(f"prometheus not ready after {limit:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
