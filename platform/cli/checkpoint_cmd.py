@@ -6,13 +6,13 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from stalwart.cli.errors import print_error
+from stalwart.cli.output import out
+
 app = typer.Typer(help="List, inspect, export and import checkpoints.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
 
 URI_HELP = "A folder, file:///path, s3://bucket/prefix?endpoint=URL, or mem://host:port/ns?peer=host:port"
 
@@ -23,7 +23,7 @@ def _open(uri: str):  # type: ignore[no-untyped-def]
     try:
         return open_storage(uri)
     except ValueError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         raise typer.Exit(2) from None
 
 
@@ -49,7 +49,7 @@ def list_checkpoints(
     try:
         infos = Checkpointer(_open(uri)).catalog()
     except StorageError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         raise typer.Exit(1) from None
     if output == "json":
         print(json.dumps([i.model_dump() for i in infos], indent=2))
@@ -91,7 +91,7 @@ def inspect(
     try:
         _, manifest = Checkpointer(_open(uri)).manifest(step)
     except (NoCheckpoint, ManifestError) as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         raise typer.Exit(1) from None
     if output == "json":
         print(manifest.model_dump_json(indent=2))
@@ -139,7 +139,7 @@ def export_dcp_cmd(
     try:
         result = export_dcp(_open(uri), step, out_dir)
     except (CheckpointError, StorageError) as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         raise typer.Exit(1) from None
     out.print(
         f"exported step {result.step} ({result.tensors} tensors, {result.values} values, "
@@ -164,9 +164,9 @@ def import_torchsnapshot_cmd(
     try:
         result = import_torchsnapshot(source, _open(uri), step)
     except (ValueError, RuntimeError) as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         raise typer.Exit(1) from None
     if not result.committed:
-        err.print(f"[bold red]error:[/] import failed: {escape(str(result.error))}")
+        print_error(f"import failed: {str(result.error)}")
         raise typer.Exit(1)
     out.print(f"imported {source} as step {step} ({_human(result.total_bytes)}) into {uri}", highlight=False)

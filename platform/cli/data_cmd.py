@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+from stalwart.cli.errors import print_error
+from stalwart.cli.output import out
 
 app = typer.Typer(help="Build and verify token shards for the data loader.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
 
 
 @app.command()
@@ -30,12 +29,12 @@ def build(
 
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        err.print(f"[bold red]error:[/] no such file: {escape(', '.join(missing))}")
+        print_error(f"no such file: {', '.join(missing)}")
         raise typer.Exit(2)
     try:
         paths = build_shards(files, out_dir, prefix=prefix, shard_tokens=shard_tokens, overwrite=overwrite)
     except (DataError, ValueError, FileExistsError) as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         raise typer.Exit(1) from None
     out.print(f"built {len(paths)} shard(s) in {out_dir}: {', '.join(p.name for p in paths)}", highlight=False)
 
@@ -51,6 +50,6 @@ def verify(files: Annotated[list[Path], typer.Argument(help="Shard files to chec
     try:
         verify_shards(files)
     except DataError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         raise typer.Exit(1) from None
     out.print(f"{len(files)} shard(s) OK")

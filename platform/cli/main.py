@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from stalwart.cli.errors import print_error
 from stalwart.logs import configure
 
 app = typer.Typer(
@@ -21,7 +20,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,
 )
-err = Console(stderr=True)
 
 
 def _register_groups() -> None:
@@ -40,7 +38,7 @@ _register_groups()
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    print_error(message)
     return typer.Exit(code)
 
 
@@ -138,7 +136,7 @@ def agent(
     try:
         code = NodeAgent(Store(etcd), job, node, workdir, job_dir).run()
     except AgentExit as exc:
-        err.print(str(exc))
+        print_error(str(exc))
         code = exc.code
     raise typer.Exit(code)
 

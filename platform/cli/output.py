@@ -12,6 +12,8 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 
+from stalwart.styles import terminal_width
+
 
 class OutputFormat(str, Enum):
     TABLE = "table"
@@ -23,7 +25,7 @@ OutputOption = Annotated[
     typer.Option("--output", "-o", case_sensitive=False, help="table for people, json for scripts."),
 ]
 
-out = Console()
+out = Console(width=terminal_width())
 
 
 def print_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any] | list[Any]) -> None:

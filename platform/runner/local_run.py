@@ -39,6 +39,7 @@ from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token, publish_s
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import JobPhase, JobState, ServiceEndpoint
+from stalwart.styles import terminal_width
 from stalwart.telemetry.job_exporter import JobExporter
 from stalwart.telemetry.scrape_targets import FILE_NAME as TARGETS_FILE
 from stalwart.telemetry.scrape_targets import target_groups, write_targets
@@ -85,7 +86,7 @@ class LocalRun:
         self.external_etcd = etcd_endpoint
         self.faults = faults or []
         # Off a terminal (CI, a pipe), lines are not wrapped at 80 columns.
-        self.console = console or Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+        self.console = console or Console(soft_wrap=True, width=terminal_width())
         self.timeout = timeout
         self.log = get_logger("stalwart.run", job=job.name)
         self.etcd: EtcdServer | None = None

@@ -170,6 +170,16 @@ def test_an_unknown_job_is_one_line_naming_the_jobs_there(etcd: EtcdServer, tmp_
     assert_one_line_error(cli("incident", "inc-9999-zzzzzz", "--etcd", etcd.endpoint), 1, "no incident")
 
 
+def test_a_long_error_stays_one_line_in_a_narrow_terminal(tmp_path: Path) -> None:
+    """Every command group prints its errors unwrapped: CI caught a path split mid-word at 80 columns."""
+    deep = tmp_path / ("a-long-folder-name-" * 6) / "ckpt"
+    narrow = {"COLUMNS": "40"}
+    assert_one_line_error(
+        cli_process("checkpoint", "export-dcp", str(deep), "100", str(tmp_path / "out"), env=narrow), 1, str(deep)
+    )
+    assert_one_line_error(cli_process("data", "verify", str(deep), env=narrow), 1)
+
+
 def test_the_parallel_layout_must_multiply_to_the_world_size() -> None:
     from stalwart.cli.diagnose_cmd import topology_sizes
 
