@@ -1,9 +1,11 @@
 """A tiny GPT, pretrained with DDP. A plain torchrun-style script: it reads RANK, WORLD_SIZE, ...
 
-It runs unchanged under `torchrun` or under Stalwart; under Stalwart it also reports progress to its
-node agent, reads batches from its node's shadow loader, and checkpoints where the job spec says.
-Resuming is exact: the data loader's state (a few counters) rides in the checkpoint with the model,
-the optimizer and the RNG, so a resumed run sees exactly the samples a clean run would have.
+It runs unchanged under `torchrun` or under Stalwart; under Stalwart it also reports progress (and
+where each step's time went) to its node agent, reads batches from its node's shadow loader, and
+checkpoints where the job spec says. Resuming is exact: the data loader's state (a few counters)
+rides in the checkpoint with the model, the optimizer and the RNG, so a resumed run sees exactly the
+samples a clean run would have. A NaN loss needs no code here: the worker SDK's report_step raises
+it, the controller rolls back, and Checkpointer.load honours the rollback's bound.
 
     stalwart data build examples/data/shards examples/data/stories.txt examples/data/logs.txt
     torchrun --nproc-per-node 2 examples/pretrain_tiny.py --steps 50
@@ -12,7 +14,6 @@ the optimizer and the RNG, so a resumed run sees exactly the samples a clean run
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 
@@ -23,7 +24,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # Outside Stalwart (no agent socket) these are no-ops, so the script also runs under plain torchrun.
-from stalwart.agents.worker_sdk import report_load, report_save, report_step
+from stalwart import worker_contract as contract
+from stalwart.agents.worker_sdk import PeriodicCheckpoints, StepTimer, report_load
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
 from stalwart.dataloader import DataConfig, SourceSpec, open_loader
 
@@ -65,8 +67,8 @@ class TinyGPT(nn.Module):
 # ---------------------------------------------------------------------------------------- data
 def data_config(shards: str, seq: int, seed: int) -> DataConfig:
     """Under Stalwart the job spec's data section arrives in the environment; otherwise, --shards."""
-    if os.environ.get("STALWART_DATA_CONFIG"):
-        return DataConfig.model_validate_json(os.environ["STALWART_DATA_CONFIG"])
+    if os.environ.get(contract.DATA_CONFIG):
+        return DataConfig.model_validate_json(os.environ[contract.DATA_CONFIG])
     return DataConfig(sources=[SourceSpec(name="text", shards=[shards])], seq_len=seq, seed=seed)
 
 
@@ -108,26 +110,31 @@ def main() -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
 
-    rolled_back = os.environ.get("STALWART_RESUME_MAX_STEP")  # set while the controller rolls back
+    rolled_back = contract.resume_max_step() is not None  # set while the controller rolls back
     config = data_config(args.shards, args.seq, args.seed)
-    micro_batch = int(os.environ.get("STALWART_DATA_MICRO_BATCH", args.batch))
+    micro_batch = contract.int_var(contract.DATA_MICRO_BATCH) or args.batch
     loader = open_loader(config, dp_rank=rank, dp_size=world, micro_batch=micro_batch)
     t_data = time.perf_counter()
     model = DDP(TinyGPT(seq=config.seq_len).to(device), device_ids=[device.index] if use_cuda else None)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    interval = int(os.environ.get("STALWART_CHECKPOINT_INTERVAL", "10"))
-    keep = int(os.environ.get("STALWART_CHECKPOINT_KEEP", "3"))
+    interval = contract.int_var(contract.CHECKPOINT_INTERVAL) or 10
+    keep = contract.int_var(contract.CHECKPOINT_KEEP) or 3
     # Under Stalwart: host memory (this node and a peer) first, then storage; a restart reads the
     # fastest tier that holds the checkpoint whole.
-    tiers = [open_storage(os.environ.get("STALWART_CHECKPOINT_URI", "checkpoints/pretrain-tiny"))]
-    if os.environ.get("STALWART_CHECKPOINT_MEMORY_URI"):
-        tiers.insert(0, open_storage(os.environ["STALWART_CHECKPOINT_MEMORY_URI"]))
+    tiers = [open_storage(os.environ.get(contract.CHECKPOINT_URI, "checkpoints/pretrain-tiny"))]
+    if os.environ.get(contract.CHECKPOINT_MEMORY_URI):
+        tiers.insert(0, open_storage(os.environ[contract.CHECKPOINT_MEMORY_URI]))
     ckpt = Checkpointer(tiers, retention=RetentionPolicy(keep_last=keep))
     state = {"train": TrainState(model, optim), "rng": RNGState(), "data": loader}
     t_model = time.perf_counter()
-    start = resume(ckpt, state)
+    try:
+        start = ckpt.load(state, fallback=True)  # the newest, or the newest a rollback allows
+    except NoCheckpoint:
+        start = 0
     t_ckpt = time.perf_counter()
-    pending = None
+    if start:
+        report_load(start, t_ckpt - t_model, ckpt.last_load_tier)  # for the agent's metrics
+    checkpoints = PeriodicCheckpoints(ckpt, state, loader, interval, last_step=args.steps)
     if rank == 0:
         print(
             f"world={world} device={device} resuming_from_step={start} tier={ckpt.last_load_tier or '-'} "
@@ -136,66 +143,38 @@ def main() -> None:
             flush=True,
         )
 
+    timer = StepTimer()
     for step in range(start + 1, args.steps + 1):
-        t0 = time.perf_counter()
-        data = loader.next_batch().tokens.to(device)
-        logits = model(data[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
-        if step == args.nan_at_step and rolled_back is None and rank == world - 1:
-            loss = loss * float("nan")  # a transient numerical fault: gone after the rollback
-        if step == args.raise_at_step:
-            raise ValueError(f"shapes do not match in my_custom_layer at step {step} (a bug in the training code)")
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        optim.step()
-        loss_value = loss.detach()
-        dist.all_reduce(loss_value, op=dist.ReduceOp.AVG if use_cuda else dist.ReduceOp.SUM)
-        mean_loss = loss_value.item() / (1 if use_cuda else world)
-        if not math.isfinite(mean_loss):
-            raise FloatingPointError(f"loss is {mean_loss} at step {step}")
+        with timer.phase("data"):
+            data = loader.next_batch().tokens.to(device)
+        with timer.phase("compute"):  # forward and backward (DDP's gradient all-reduce included)
+            logits = model(data[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+            if step == args.nan_at_step and not rolled_back and rank == world - 1:
+                loss = loss * float("nan")  # a transient numerical fault: gone after the rollback
+            if step == args.raise_at_step:
+                raise ValueError(f"shapes do not match in my_custom_layer at step {step} (a bug in the training code)")
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+        with timer.phase("optimizer"):
+            optim.step()
+        with timer.phase("comm"):
+            loss_value = loss.detach()
+            dist.all_reduce(loss_value, op=dist.ReduceOp.AVG if use_cuda else dist.ReduceOp.SUM)
+            mean_loss = loss_value.item() / (1 if use_cuda else world)
         if args.step_delay:
             time.sleep(args.step_delay)
-        step_time = time.perf_counter() - t0
-        report_step(step, loss=mean_loss, tokens=micro_batch * config.seq_len, step_time=step_time)
+        # A NaN or infinite loss raises here (the worker SDK's check), and the job rolls back.
+        step_time = timer.report(step, loss=mean_loss, tokens=micro_batch * config.seq_len)
         if rank == 0 and (step % 10 == 0 or step == start + 1):
             print(f"step {step} loss {mean_loss:.4f} step_time {step_time * 1000:.0f}ms", flush=True)
-        if pending is not None and pending.done():
-            pending = on_saved(pending.wait(), rank)
-        if step % interval == 0 or step == args.steps:
-            pending = ckpt.save(state, step)  # returns once staged; written while training goes on
+        checkpoints.after_step(step)  # every `interval` steps; written while training goes on
 
-    if pending is not None:
-        on_saved(pending.wait(), rank)
+    checkpoints.finish()
     ckpt.close()
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
-
-
-def resume(ckpt: Checkpointer, state: dict) -> int:  # type: ignore[type-arg]
-    """The newest checkpoint that passes its checksums; after a rollback, the newest no later than
-    the step the controller allows (STALWART_RESUME_MAX_STEP)."""
-    limit = os.environ.get("STALWART_RESUME_MAX_STEP")
-    steps = sorted({c.step for c in ckpt.catalog()}, reverse=True)
-    if limit is not None:
-        steps = [s for s in steps if s <= int(limit)]
-    if not steps:
-        return 0
-    t0 = time.perf_counter()
-    try:
-        step = ckpt.load(state, steps[0], fallback=True)
-    except NoCheckpoint:
-        return 0
-    report_load(step, time.perf_counter() - t0, ckpt.last_load_tier)
-    return step
-
-
-def on_saved(result, rank: int) -> None:  # type: ignore[no-untyped-def]
-    """A failed save is reported and training goes on: the previous checkpoint still stands."""
-    report_save(result)  # the engine's timings and bytes, for the agent's metrics
-    if not result.committed and rank == 0:
-        print(f"checkpoint at step {result.step} failed: {result.error}", flush=True)
-    return None
 
 
 if __name__ == "__main__":

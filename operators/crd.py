@@ -224,6 +224,31 @@ def _template_rules(template: Schema) -> None:
     assert container["name"]["enum"] == [AGENT_CONTAINER]
 
 
+def _parallelism_rules() -> list[Schema]:
+    """The role's parallelism must split its world (replicas x processesPerNode), as the model checks."""
+
+    def field(obj: str, name: str, default: object = 1) -> str:
+        return f"(has({obj}.{name}) ? {obj}.{name} : {default})"
+
+    p = "self.parallelism"
+    ppn = Role.model_fields["processes_per_node"].default
+    world = f"({_replicas} * {field('self', 'processesPerNode', ppn)})"
+    model = f"({field(p, 'tensor')} * {field(p, 'context')} * {field(p, 'pipeline')})"
+    fits = f"{world} % {model} == 0"
+    expert = f"({world} / {model}) % {field(p, 'expert')} == 0"
+    return [
+        {
+            "rule": f"!has(self.parallelism) || {fits}",
+            "message": "parallelism.tensor x context x pipeline must divide replicas x processesPerNode "
+            "(data parallelism is what is left)",
+        },
+        {
+            "rule": f"!has(self.parallelism) || !({fits}) || {expert}",
+            "message": "parallelism.expert must divide the data-parallel size",
+        },
+    ]
+
+
 def spec_schema() -> Schema:
     """The spec's schema plus what the JSON Schema cannot carry: list semantics and CEL rules."""
     spec = model_schema(TrainingJobSpec)
@@ -250,7 +275,8 @@ def spec_schema() -> Schema:
             "rule": f"(has(self.minReplicas) ? self.minReplicas : 1) <= {_replicas} && "
             f"{_replicas} <= (has(self.maxReplicas) ? self.maxReplicas : {_replicas})",
             "message": "elastic bounds: minReplicas <= replicas <= maxReplicas",
-        }
+        },
+        *_parallelism_rules(),
     ]
     _template_rules(role["template"])
     props["managedBy"]["x-kubernetes-validations"] = [

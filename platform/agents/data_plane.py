@@ -1,18 +1,43 @@
-"""The node's shadow data loader: started by the agent, it outlives every restart of the workers."""
+"""The node's data plane: what outlives every restart of the workers, not the node.
+
+- The shadow data loader (stalwart.dataloader): a process beside the workers that has the next
+  batches ready; with a warm standby, pre-warmed to the last checkpoint's position when it is
+  promoted.
+- The host-memory checkpoint store: this node's checkpoint copies, and its peer's second copies.
+  The peer is a node outside every parallel group of this node's ranks (stalwart.checkpoint.peers,
+  fed by the job's Topology), so one failure domain never holds both copies of a shard.
+"""
 
 from __future__ import annotations
 
 import glob
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from stalwart.dataloader import DataConfig, ShadowLoaderSupervisor, SourceSpec
-from stalwart.spec import DataSettings
+from stalwart.checkpoint.memory_auth import TOKEN_ENV
+from stalwart.logs import ContextLogger
+from stalwart.net import free_port
+from stalwart.processes import spawn, stop_process
+from stalwart.spec import DataSettings, TrainingJob
+from stalwart.spec.topology import Topology
+from stalwart.store.records import Assignment, NodeAssignment, NodeRegistration
 
-CONFIG_ENV = "STALWART_DATA_CONFIG"
+if TYPE_CHECKING:
+    from stalwart.dataloader import DataConfig, ShadowLoaderSupervisor
+
+
+class DataPlaneError(RuntimeError):
+    """The data plane cannot start (no shards, a bad data section): the agent exits with it."""
 
 
 def data_config(settings: DataSettings, job_dir: Path) -> DataConfig:
     """The loader's config from the job spec, with shard paths made absolute (relative to the job file)."""
+    from stalwart.dataloader import DataConfig, SourceSpec
+
     sources = []
     for src in settings.sources:
         patterns = [p if Path(p).is_absolute() else str(job_dir / p) for p in src.shards]
@@ -33,5 +58,125 @@ def data_config(settings: DataSettings, job_dir: Path) -> DataConfig:
 def start_shadow_loader(
     settings: DataSettings, job_dir: Path, job: str, node: str, lanes: int
 ) -> ShadowLoaderSupervisor:
+    from stalwart.dataloader import ShadowLoaderSupervisor
+
     config = data_config(settings, job_dir)
     return ShadowLoaderSupervisor(config, job=job, node=node, lanes=lanes, max_micro_batch=settings.micro_batch).start()
+
+
+def memory_peer(node: str, topology: Topology) -> str | None:
+    """Where this node's second checkpoint copy goes: a node outside every parallel group of its ranks
+    (the next node in ring order when the layout leaves none)."""
+    from stalwart.checkpoint.peers import choose_peers
+
+    return choose_peers(topology.rank_nodes, topology.parallel_groups()).get(node)
+
+
+def memory_uri(
+    node: str, job: str, assignment: Assignment, topology: Topology, registrations: Mapping[str, NodeRegistration]
+) -> str | None:
+    """This node's memory store, its peer (outside every parallel group of its ranks) for the second
+    copy, and every node of the generation to read from after a node was replaced."""
+    stores = {
+        n.node: f"{r.address}:{r.memory_port}"
+        for n in assignment.nodes
+        if (r := registrations.get(n.node)) is not None and r.memory_port
+    }
+    if node not in stores:
+        return None
+    peer = memory_peer(node, topology)
+    query = [f"peer={stores[peer]}"] if peer in stores else []
+    query.append("nodes=" + ",".join(stores[n] for n in sorted(stores) if n != node))
+    return f"mem://{stores[node]}/{job}?" + "&".join(query)
+
+
+class DataPlane:
+    def __init__(
+        self,
+        job: TrainingJob,
+        job_dir: Path,
+        node: str,
+        address: str,
+        log_dir: Path,
+        log: ContextLogger,
+        token: Callable[[], str],
+    ):
+        """`token()` is the job's checkpoint token, which the memory store asks of every caller."""
+        self.job, self.job_dir, self.node, self.address = job, job_dir, node, address
+        self.token = token
+        self.log_dir = log_dir
+        self.log = log
+        self.shadow_loader: ShadowLoaderSupervisor | None = None
+        self.memory_store: subprocess.Popen[bytes] | None = None
+        self.memory_port: int | None = None
+
+    def start(self) -> None:
+        self._start_shadow_loader()
+        self._start_memory_store()
+
+    def _start_shadow_loader(self) -> None:
+        data = self.job.spec.data
+        if data is None:
+            return
+        lanes = max(r.processes_per_node for r in self.job.spec.roles)
+        try:
+            self.shadow_loader = start_shadow_loader(data, self.job_dir, self.job.name, self.node, lanes)
+        except (FileNotFoundError, ValueError) as exc:
+            raise DataPlaneError(f"cannot start the shadow data loader: {exc}") from None
+        self.log.info("shadow loader started", fields={"segment": self.shadow_loader.name})
+
+    def _start_memory_store(self) -> None:
+        checkpoint = self.job.spec.checkpoint
+        if not checkpoint.memory:
+            return
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "stalwart.checkpoint.memory_server",
+            "--host",
+            self.address,
+            "--port",
+            str(port),
+            "--capacity-gib",
+            str(checkpoint.memory_capacity_gib),
+        ]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / "memory-store.log", "ab") as log:
+            # The token by environment: argv is public. The store listens on the node's address only.
+            env = {**os.environ, TOKEN_ENV: self.token()}
+            self.memory_store = spawn(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.memory_port = port
+
+    @property
+    def shadow_segment(self) -> str | None:
+        return self.shadow_loader.name if self.shadow_loader is not None else None
+
+    @property
+    def data_config_json(self) -> str | None:
+        return self.shadow_loader.config.model_dump_json() if self.shadow_loader is not None else None
+
+    def prewarm_loader(
+        self, topology: Topology, node: NodeAssignment, data_state: Mapping[str, Any]
+    ) -> list[int] | None:
+        """Have the shadow loader compute, from the loader's state at the checkpoint the workers will
+        load, the batches they will ask for first (lane i serves local rank i's data-parallel rank).
+        Returns those data-parallel ranks, or None when there is nothing to pre-warm."""
+        from stalwart.dataloader import LoaderState
+
+        data = self.job.spec.data
+        if self.shadow_loader is None or data is None:
+            return None
+        layout = topology.role(node.role)
+        ranks = [topology.coords(node.first_rank + i).dp for i in range(node.local_world_size)]
+        state = LoaderState(seed=data.seed, **dict(data_state))
+        self.shadow_loader.prewarm(state, dp_size=layout.dp, micro_batch=data.micro_batch, dp_ranks=ranks)
+        return ranks
+
+    def close(self) -> None:
+        if self.memory_store is not None:
+            stop_process(self.memory_store, grace=2.0)
+            self.memory_store = None
+        if self.shadow_loader is not None:
+            self.shadow_loader.close()
+            self.shadow_loader = None

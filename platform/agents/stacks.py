@@ -28,6 +28,7 @@ from stalwart.store.records import Record
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_BYTES = 64 * 1024
+NATIVE_SHARE = 0.5  # of a capture's time budget, the most `py-spy dump --native` may take
 _POLL = 0.05
 _DUMP_START = re.compile(r"^(Thread|Current thread) 0x[0-9a-f]+ \(most recent call first\):", re.MULTILINE)
 
@@ -66,11 +67,19 @@ def find_py_spy() -> str | None:
     return str(local) if local.exists() else None
 
 
+# A native frame of `py-spy dump --native`: "    pthread_cond_wait (libc.so.6)", "    0x7fb7cd8a3f16 (libc.so.6)".
+_NATIVE_FRAME = re.compile(r"^\s+(0x[0-9a-fA-F]+ |.*\((lib[^()]*|[^()]*\.so[.\d]*)\)\s*$)")
+
+
 def _truncate(text: str, max_bytes: int) -> tuple[str, bool]:
+    """At most `max_bytes`. Over that, native frames go first: the Python frames (and the thread
+    headers) are what diagnosis reads, and a dump cut short inside a deep native stack would leave
+    a rank judged from native frames alone; only then is the end cut."""
     data = text.encode()
     if len(data) <= max_bytes:
         return text, False
-    return data[:max_bytes].decode(errors="ignore"), True
+    python_only = "\n".join(line for line in text.splitlines() if not _NATIVE_FRAME.match(line))
+    return python_only.encode()[:max_bytes].decode(errors="ignore"), True
 
 
 def _py_spy(binary: str, pid: int, native: bool, timeout: float) -> str:
@@ -155,11 +164,15 @@ def capture_stack(
     if "faulthandler" in methods:
         plan += [(StackMethod.FAULTHANDLER, False)]
     binary = py_spy or find_py_spy()
-    for method, use_native in plan:
+    for i, (method, use_native) in enumerate(plan):
         left = deadline - time.monotonic()
         if left <= 0:
             attempts.append(f"{method.value}: no time left")
             continue
+        if use_native and i < len(plan) - 1:
+            # Leave the cheaper methods time of their own: on a loaded machine `--native` (symbolizing
+            # every native frame) can take the whole budget and leave the rank with no stack at all.
+            left = min(left, NATIVE_SHARE * timeout)
         try:
             if method is StackMethod.FAULTHANDLER:
                 text = _faulthandler(pid, path, left)

@@ -1,56 +1,90 @@
 """The worker SDK: what a training script may call to tell its node agent how it is doing.
 
 Everything here is optional and cheap. Outside Stalwart (no STALWART_PROGRESS_SOCKET), every call
-is a no-op, so the same script runs under plain torchrun.
+is a no-op, so the same script runs under plain torchrun; only the loss check always holds.
+
+    timer = StepTimer()
+    for step in ...:
+        with timer.phase("data"):
+            batch = loader.next_batch()
+        with timer.phase("compute"):
+            loss = forward_backward(batch)
+        with timer.phase("optimizer"):
+            optim.step()
+        with timer.phase("comm"):
+            loss = all_reduce(loss)
+        timer.report(step, loss=loss, tokens=n)   # report_step with the step's phase times
+
+A loss that is NaN or infinite raises FloatingPointError("loss is nan ..."): the worker exits with
+the line the signature database classifies as a NaN loss, and the controller rolls the job back
+(Checkpointer.load honours the rollback bound by itself), with no help from the script.
+
+A training process imports this module, so it must stay light: no grpc, no etcd client, no torch
+(tests/unit/agents/test_worker_sdk.py checks it, and .importlinter forbids the imports).
 """
 
 from __future__ import annotations
 
 import atexit
 import faulthandler
+import math
 import os
 import signal
 import socket
 import sys
+import threading
 import time
-from typing import Protocol
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal, NamedTuple, Protocol
 
-from stalwart.store.records import CheckpointTiming, ProgressReport
+from stalwart import worker_contract as contract
+from stalwart.agents import fault_hooks
+from stalwart.store.records import CheckpointTiming, PhaseTimes, ProgressReport
 
-PROGRESS_SOCKET_ENV = "STALWART_PROGRESS_SOCKET"
 STACK_DUMP_SIGNAL = signal.SIGUSR1
-HANG_SIGNAL = signal.SIGUSR2  # fault injection: hang at the next report_step (tests, demos)
-HANG_LIMIT_SECONDS = 3600.0
-# Fault injection: a rank turns slow, as on a throttled GPU or a flapping link: every later step
-# pays this much more, before its next collective, so the other ranks wait for it there.
-SLOW_SIGNAL: int = signal.SIGRTMIN + 1
-SLOW_STEP_SECONDS = 0.4
-# A replay generation's workers stop, successfully, after this many steps (set by the agent).
-REPLAY_STEPS_ENV = "STALWART_REPLAY_STEPS"
-GENERATION_ENV = "STALWART_GENERATION"  # set by the agent: the generation this worker belongs to
-# Fault injection: a bad machine that passes every check but kills its workers, with no message,
-# after this many steps of every run (set on the node's agent, so its workers inherit it).
-CRASH_AFTER_STEPS_ENV = "STALWART_FAULT_CRASH_AFTER_STEPS"
-CRASH_EXIT_CODE = 134
+Phase = Literal["data", "compute", "optimizer", "comm"]
+PHASES: tuple[Phase, ...] = ("data", "compute", "optimizer", "comm")
 
 _sock: socket.socket | None = None
 _installed = False
-_hang_requested = False
-_slow_requested = False
 _steps_reported = 0
 _unsent: dict[str, ProgressReport] = {}  # report kind -> the newest report the agent's queue refused
 FLUSH_SECONDS = 5.0
+_last_report_at: float | None = None
 
 
-def threading_is_main() -> bool:
-    import threading
+class Layout(NamedTuple):
+    """This worker's parallel layout, from the job spec (through the agent's environment)."""
 
-    return threading.current_thread() is threading.main_thread()
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+
+
+def layout(environ: Mapping[str, str] | None = None) -> Layout:
+    """The role's tensor, pipeline, context, expert and data parallel sizes (all 1 outside Stalwart,
+    where DP is the world)."""
+    env = os.environ if environ is None else environ
+    tp, pp, cp, ep = (
+        contract.int_var(name, env) or 1
+        for name in (
+            contract.TENSOR_PARALLEL,
+            contract.PIPELINE_PARALLEL,
+            contract.CONTEXT_PARALLEL,
+            contract.EXPERT_PARALLEL,
+        )
+    )
+    world = contract.int_var(contract.WORLD_SIZE, env) or 1
+    dp = contract.int_var(contract.DATA_PARALLEL, env) or max(1, world // (tp * pp * cp))
+    return Layout(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp)
 
 
 def _socket() -> socket.socket | None:
     global _sock
-    if _sock is None and os.environ.get(PROGRESS_SOCKET_ENV):
+    if _sock is None and os.environ.get(contract.PROGRESS_SOCKET):
         _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         _sock.setblocking(False)
         atexit.register(_flush_at_exit)
@@ -75,7 +109,7 @@ def _try_unsent() -> bool:
         if sock is None:
             break
         try:
-            sock.sendto(report.dumps().encode(), os.environ[PROGRESS_SOCKET_ENV])
+            sock.sendto(report.dumps().encode(), os.environ[contract.PROGRESS_SOCKET])
         except BlockingIOError:
             return False  # the agent's queue is full: again at the next report
         except OSError:
@@ -92,41 +126,25 @@ def _flush_at_exit() -> None:
 
 
 def _ranks() -> tuple[int, int]:
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def _generation() -> int | None:
-    raw = os.environ.get(GENERATION_ENV)
-    return int(raw) if raw and raw.isdigit() else None
-
-
-def _request_hang(_signum: int, _frame: object) -> None:
-    global _hang_requested
-    _hang_requested = True
-
-
-def _request_slowdown(_signum: int, _frame: object) -> None:
-    global _slow_requested
-    _slow_requested = True
-
-
-def _injected_hang() -> None:
-    """Where an injected hang waits: a rank stuck before its next collective, as a real one would be."""
-    deadline = time.monotonic() + HANG_LIMIT_SECONDS
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
+    return contract.int_var(contract.RANK) or 0, contract.int_var(contract.LOCAL_RANK) or 0
 
 
 def install() -> None:
-    """Dump all thread stacks to stderr on SIGUSR1 (so the agent can capture a hung worker's stack),
-    hang at the next step on SIGUSR2 and turn slow on SIGRTMIN+1 (fault injection). Done at import
-    under Stalwart."""
+    """Dump all thread stacks to stderr on SIGUSR1, so the agent can capture a hung worker's stack,
+    and load the fault hooks a test asked for. Done at import under Stalwart."""
     global _installed
     if not _installed:
-        faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
-        signal.signal(HANG_SIGNAL, _request_hang)
-        signal.signal(SLOW_SIGNAL, _request_slowdown)
+        if threading.current_thread() is threading.main_thread():
+            faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+        fault_hooks.load()
         _installed = True
+
+
+def check_loss(step: int, loss: float | None) -> None:
+    """Raise the NaN failure for a loss that is NaN or infinite (the log line is the signature)."""
+    if loss is not None and not math.isfinite(loss):
+        what = "nan" if math.isnan(loss) else "inf"
+        raise FloatingPointError(f"loss is {what} at step {step} (reported {loss!r}): rolling back")
 
 
 def report_step(
@@ -134,40 +152,58 @@ def report_step(
     loss: float | None = None,
     tokens: int | None = None,
     step_time: float | None = None,
+    *,
+    data_time: float | None = None,
+    compute_time: float | None = None,
+    optimizer_time: float | None = None,
+    comm_time: float | None = None,
 ) -> None:
-    """Report a completed training step (call once per step, after the optimizer step)."""
-    global _steps_reported
+    """Report a completed training step (call once per step, after the optimizer step).
+
+    The phase times say where the step went: waiting for data, forward and backward, the
+    optimizer step, blocked in communication (seconds; leave out what you do not measure). The
+    rest of the wall time since the previous report is reported as `other`.
+    """
+    global _steps_reported, _last_report_at
     install()
-    if _hang_requested:
-        _injected_hang()
-    if _slow_requested:
-        time.sleep(SLOW_STEP_SECONDS)
+    check_loss(step, loss)
+    fault_hooks.at_step(step)
     _steps_reported += 1
-    if os.environ.get(CRASH_AFTER_STEPS_ENV) and _steps_reported >= int(os.environ[CRASH_AFTER_STEPS_ENV]):
-        os._exit(CRASH_EXIT_CODE)
+    now = time.monotonic()
+    measured = [t for t in (data_time, compute_time, optimizer_time, comm_time) if t is not None]
+    phases = None
+    if measured:
+        other = None if _last_report_at is None else max(0.0, now - _last_report_at - sum(measured))
+        phases = PhaseTimes(data=data_time, compute=compute_time, optimizer=optimizer_time, comm=comm_time, other=other)
+    _last_report_at = now
     rank, local_rank = _ranks()
     _send(
         ProgressReport(
             kind="step",
             rank=rank,
             local_rank=local_rank,
-            generation=_generation(),
+            generation=contract.int_var(contract.GENERATION),
             step=step,
             loss=loss,
             tokens=tokens,
             step_time=step_time,
             sent_at=time.time(),
+            phases=phases,
         )
     )
     _end_replay_if_done()
 
 
 def _end_replay_if_done() -> None:
-    if os.environ.get(REPLAY_STEPS_ENV) and _steps_reported >= int(os.environ[REPLAY_STEPS_ENV]):
+    """A replay generation's workers stop, successfully, after the steps the controller asked for."""
+    steps = contract.int_var(contract.REPLAY_STEPS)
+    if steps and _steps_reported >= steps:
         _flush_at_exit()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)  # every rank of the group stops after the same step's collectives: none is left waiting
+        # Every rank of the group stops after the same step's collectives, so none is left waiting;
+        # exiting at once skips the process group's teardown, which would wait for the others.
+        os._exit(0)
 
 
 class SaveOutcome(Protocol):
@@ -181,7 +217,7 @@ class SaveOutcome(Protocol):
     tiers: list[str]
 
 
-def _send_checkpoint(step: int, timing: CheckpointTiming | None) -> None:
+def _send_checkpoint(step: int, timing: CheckpointTiming | None, data_state: Mapping[str, Any] | None) -> None:
     rank, local_rank = _ranks()
     _send(
         ProgressReport(
@@ -190,19 +226,22 @@ def _send_checkpoint(step: int, timing: CheckpointTiming | None) -> None:
             local_rank=local_rank,
             step=step,
             sent_at=time.time(),
-            generation=_generation(),
+            generation=contract.int_var(contract.GENERATION),
             checkpoint=timing,
+            data_state=dict(data_state) if data_state is not None else None,
         )
     )
 
 
-def report_checkpoint(step: int) -> None:
+def report_checkpoint(step: int, data_state: Mapping[str, Any] | None = None) -> None:
     """Report that the checkpoint for `step` is committed (without timings: prefer report_save)."""
-    _send_checkpoint(step, None)
+    _send_checkpoint(step, None, data_state)
 
 
-def report_save(result: SaveOutcome) -> None:
-    """Report a finished save, committed or not, with the engine's timings (`SaveHandle.wait()`)."""
+def report_save(result: SaveOutcome, data_state: Mapping[str, Any] | None = None) -> None:
+    """Report a finished save, committed or not, with the engine's timings (`SaveHandle.wait()`);
+    `data_state` is the data loader's `state_delta()` at that step, which lets a standby pre-warm
+    its shadow loader for the ranks it takes over."""
     _send_checkpoint(
         result.step,
         CheckpointTiming(
@@ -213,15 +252,91 @@ def report_save(result: SaveOutcome) -> None:
             bytes_written=result.bytes_written,
             tiers=list(result.tiers),
         ),
+        data_state,
     )
 
 
 def report_load(step: int, seconds: float, tier: str | None) -> None:
     """Report a checkpoint load: the step, how long it took and the tier it came from."""
     _send_checkpoint(
-        step, CheckpointTiming(operation="load", seconds=seconds, tiers=[tier] if tier else [], committed=True)
+        step, CheckpointTiming(operation="load", seconds=seconds, tiers=[tier] if tier else [], committed=True), None
     )
 
 
-if os.environ.get(PROGRESS_SOCKET_ENV) and threading_is_main():
+class PeriodicCheckpoints:
+    """Save every `interval` steps (and at `last_step`) without waiting for the write, and report each
+    save once it is done (report_save), with the data loader's state at that step; a failed save is
+    said on rank 0 and training goes on (the previous checkpoint still stands). Works with any checkpointer
+    whose `save(state, step)` returns a handle with `done()` and `wait()` (stalwart.checkpoint's does).
+    """
+
+    def __init__(self, checkpointer: Any, state: Any, loader: Any, interval: int, last_step: int) -> None:
+        self.checkpointer, self.state, self.loader = checkpointer, state, loader
+        self.interval, self.last_step = interval, last_step
+        self._pending: Any = None
+        self._data_state: Mapping[str, Any] | None = None
+
+    def after_step(self, step: int) -> None:
+        if self._pending is not None and self._pending.done():
+            self._report(self._pending.wait())
+        if step % self.interval == 0 or step == self.last_step:
+            if self._pending is not None:
+                self._report(self._pending.wait())  # one save in flight at a time
+            self._data_state = self.loader.state_delta()  # the loader's position at this checkpoint
+            self._pending = self.checkpointer.save(self.state, step)  # returns once staged
+
+    def finish(self) -> None:
+        if self._pending is not None:
+            self._report(self._pending.wait())
+
+    def _report(self, result: Any) -> None:
+        self._pending = None
+        report_save(result, data_state=self._data_state)  # the engine's timings, for the agent's metrics
+        if not result.committed and _ranks()[0] == 0:
+            print(f"checkpoint at step {result.step} failed: {result.error}", flush=True)
+
+
+class StepTimer:
+    """Times the phases of a step for report_step: `with timer.phase("data"): ...`, then
+    `timer.report(step, loss=...)`. A phase entered several times in a step adds up."""
+
+    def __init__(self) -> None:
+        self.times: dict[Phase, float] = {}
+        self._started = time.perf_counter()
+
+    @contextmanager
+    def phase(self, name: Phase) -> Iterator[None]:
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r} (one of {', '.join(PHASES)})")
+        started = time.perf_counter()
+        try:
+            fault_hooks.at_phase(name)  # inside the phase: an injected slow loader is slow data loading
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - started
+
+    def step_time(self) -> float:
+        """Seconds since the step started (the previous report, or the timer's creation)."""
+        return time.perf_counter() - self._started
+
+    def report(self, step: int, loss: float | None = None, tokens: int | None = None) -> float:
+        """report_step with this step's phase times; starts the next step. Returns the step time."""
+        elapsed = self.step_time()
+        t = self.times
+        report_step(
+            step,
+            loss=loss,
+            tokens=tokens,
+            step_time=elapsed,
+            data_time=t.get("data"),
+            compute_time=t.get("compute"),
+            optimizer_time=t.get("optimizer"),
+            comm_time=t.get("comm"),
+        )
+        self.times = {}
+        self._started = time.perf_counter()
+        return elapsed
+
+
+if os.environ.get(contract.PROGRESS_SOCKET) and threading.current_thread() is threading.main_thread():
     install()  # at import: a worker that hangs before its first step still answers SIGUSR1

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,23 +41,6 @@ def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 10
         return []
     text = data.decode(errors="replace")
     return [line[:500] for line in deque(text.splitlines(), maxlen=lines)]
-
-
-def torchrun_env(assignment: Assignment, node: NodeAssignment, local_rank: int) -> dict[str, str]:
-    """The environment torchrun gives a worker, so an unmodified torchrun-style script runs."""
-    rank = node.first_rank + local_rank
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(node.world_size or assignment.world_size),
-        "LOCAL_WORLD_SIZE": str(node.local_world_size),
-        "GROUP_RANK": str(node.node_rank),
-        "ROLE_NAME": node.role,
-        "MASTER_ADDR": node.master_addr or assignment.master_addr,
-        "MASTER_PORT": str(node.master_port or assignment.master_port),
-        "TORCHELASTIC_RUN_ID": assignment.job,
-        "TORCHELASTIC_RESTART_COUNT": str(max(0, assignment.generation - 1)),
-    }
 
 
 @dataclass
@@ -121,23 +103,22 @@ class WorkerGroup:
         assignment: Assignment,
         node: NodeAssignment,
         command: list[str],
-        env: dict[str, str],
+        envs: Sequence[Mapping[str, str]],
         working_dir: Path,
         log_dir: Path,
         launcher: Launcher | None = None,
     ) -> None:
-        """`launcher` may start a worker faster than a cold spawn (a warm worker); when it returns
-        None the worker is spawned cold."""
+        """One worker per environment in `envs` (local rank order; stalwart.agents.launcher.worker_env
+        makes them). `launcher` may start a worker faster than a cold spawn (a warm worker); when it
+        returns None the worker is spawned cold."""
+        if len(envs) != node.local_world_size:
+            raise ValueError(f"{len(envs)} worker environments for {node.local_world_size} local ranks")
         self.generation = assignment.generation
         self.workers: list[Worker] = []
         self.warm_starts = 0
         log_dir.mkdir(parents=True, exist_ok=True)
-        # Workers find `python` (and the project's tools) in the agent's own environment.
-        path = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.environ.get("PATH", ""))])
-        for local_rank in range(node.local_world_size):
-            worker_env = {**env, "PATH": path, **torchrun_env(assignment, node, local_rank)}
-            worker_env.setdefault("OMP_NUM_THREADS", "1")
-            worker_env.setdefault("PYTHONUNBUFFERED", "1")
+        for local_rank, env in enumerate(envs):
+            worker_env = dict(env)
             log_path = log_dir / f"rank-{node.first_rank + local_rank}.log"
             proc = launcher(list(command), worker_env, working_dir, log_path) if launcher else None
             self.warm_starts += proc is not None
@@ -178,12 +159,13 @@ class WorkerGroup:
         if report.kind == "checkpoint":
             timing = report.checkpoint
             if timing is None or (timing.operation == "save" and timing.committed):
-                s.last_checkpoint_step = report.step
+                s.last_checkpoint_step, s.last_checkpoint_data = report.step, report.data_state
             return
         now = report.sent_at or time.time()
         if s.first_step is None:
             s.first_step, s.first_step_at, s.first_loss = report.step, now, report.loss
         s.step, s.loss, s.step_time, s.last_progress_at = report.step, report.loss, report.step_time, now
+        s.phases = report.phases
         if report.tokens is not None and report.step_time:
             s.tokens_per_second = report.tokens / report.step_time
 

@@ -65,6 +65,7 @@ from stalwart.checkpoint.staging import StagingBuffers
 from stalwart.checkpoint.step_guard import Gate, StepGuard, storage_key
 from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
 from stalwart.checkpoint.writer import RankFileWriter
+from stalwart.worker_contract import resume_max_step
 
 __all__ = [
     "CheckpointError",
@@ -584,10 +585,13 @@ class Checkpointer:
 
         With `fallback`, a checkpoint that fails its checksums (its shards', its values' or its
         commit marker's) is skipped for the one before it. Any other error stops every rank at once.
+        With no step given, a rollback's bound (STALWART_RESUME_MAX_STEP, set by the agent) holds.
         """
         self.wait()  # a save still copying reads the tensors this load is about to overwrite
         steps = sorted({c.step for c in self.catalog()}, reverse=True)
         steps = self._broadcast(steps)  # every rank considers the same candidates
+        if step is None and (bound := resume_max_step()) is not None:
+            steps = [s for s in steps if s <= bound]  # a rollback: nothing newer than the controller allows
         if step is not None:
             if step not in steps:
                 raise NoCheckpoint(f"step {step} has no committed checkpoint (committed: {sorted(steps)})")

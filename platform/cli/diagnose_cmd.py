@@ -1,9 +1,10 @@
 """`stalwart diagnose JOB`: capture every rank's stack now, run the diagnosis, print the verdict.
 
-The evidence is gathered the way the controller gathers it (a stack request every agent answers, the
-heartbeats' metric vectors and log tails), so what on-call sees is what the controller would decide
-on. The verdict comes from the diagnosis service when one is configured or published in etcd, else
-from the same engine run in this process; the output says which.
+The evidence is gathered the way the controller gathers it (a stack request every agent answers with
+its workers' stacks and its node's recent metric window, the heartbeats' log tails, the parallel
+layout from the job's spec), so what on-call sees is what the controller would decide on. The
+verdict comes from the diagnosis service when one is configured or published in etcd, else from the
+same engine run in this process; the output says which.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from stalwart.cli.connection import DiagnosisUrlOption, EtcdOption, open_store, resolve
 from stalwart.cli.errors import EXIT_USAGE, CliError, cli_errors, err, print_note
-from stalwart.cli.lookup import JobArg, current_assignment, require_state
+from stalwart.cli.lookup import JobArg, current_assignment, job_topology, require_state
 from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
 from stalwart.store import keys
 from stalwart.store.client import Store
@@ -29,6 +30,7 @@ from stalwart.store.records import Assignment, JobState, ServiceEndpoint, StackR
 
 if TYPE_CHECKING:
     from stalwart.diagnosis.models import EvidenceBundle
+    from stalwart.diagnosis.models import Topology as EngineTopology
 
 
 class Kind(str, Enum):
@@ -51,35 +53,40 @@ def topology_sizes(world: int, tp: int, pp: int, dp: int | None) -> tuple[int, i
     return tp, pp, dp
 
 
+def engine_topology(
+    store: Store, job: str, assignment: Assignment, overrides: tuple[int | None, int | None, int | None]
+) -> EngineTopology:
+    """The layout from the job's spec, unless --tp/--pp/--dp override it."""
+    from stalwart.diagnosis.models import Topology as EngineTopology
+
+    tp, pp, dp = overrides
+    if tp is None and pp is None and dp is None:
+        layout = job_topology(store, job, assignment)
+        if layout is None or layout.world_size != assignment.world_size:
+            raise CliError(f"job {job!r}: its spec in etcd gives no layout for this generation; pass --tp/--pp")
+        return EngineTopology.of(layout)
+    tp, pp, dp = topology_sizes(assignment.world_size, tp or 1, pp or 1, dp)
+    return EngineTopology(world_size=assignment.world_size, tp=tp, pp=pp, dp=dp, rank_nodes=assignment.rank_nodes())
+
+
 def build_bundle(
     store: Store,
     state: JobState,
     assignment: Assignment,
     reports: list[StackReport],
     kind: str,
-    sizes: tuple[int, int, int],
+    topology: EngineTopology,
 ) -> EvidenceBundle:
-    """The EvidenceBundle: topology from the generation's assignment, stacks, metric vectors, log tails."""
-    from stalwart.diagnosis.models import (
-        EvidenceBundle,
-        NodeMetrics,
-        RankLog,
-        Topology,
-        rank_stacks,
-    )
+    """The EvidenceBundle: the layout, stacks, each node's metric window, log tails."""
+    from stalwart.controller.metric_windows import node_metrics
+    from stalwart.diagnosis.models import EvidenceBundle, RankLog, rank_stacks
 
-    owners = assignment.rank_nodes()
-    tp, pp, dp = sizes
-    stacks = rank_stacks(reports)
     beats = read_nodes(store, state.job).heartbeats
-    metrics, logs = [], []
+    logs = []
     for node in (n.node for n in assignment.nodes):
         beat = beats.get(node)
         if beat is None or beat.generation != state.generation:
             continue
-        vector: dict[str, Any] = beat.vector or {}
-        series = {k: [float(v)] for k, v in vector.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        metrics.append(NodeMetrics(node=node, series=series))
         for w in beat.workers:
             if w.log_tail or w.exit_code is not None:
                 logs.append(RankLog(rank=w.rank, node=node, exit_code=w.exit_code, lines=w.log_tail))
@@ -87,9 +94,9 @@ def build_bundle(
         job=state.job,
         generation=state.generation,
         kind=kind,
-        topology=Topology(world_size=assignment.world_size, tp=tp, pp=pp, dp=dp, rank_nodes=owners),
-        stacks=stacks,
-        metrics=metrics,
+        topology=topology,
+        stacks=rank_stacks(reports),
+        metrics=node_metrics(reports, {}),
         logs=logs,
     )
 
@@ -152,26 +159,45 @@ class Capture:
 
 
 def capture(
-    store: Store, state: JobState, assignment: Assignment, kind: str, sizes: tuple[int, int, int], timeout: float
+    store: Store,
+    state: JobState,
+    assignment: Assignment,
+    kind: str,
+    overrides: tuple[int | None, int | None, int | None],
+    timeout: float,
 ) -> Capture:
-    """Ask every agent for its workers' stacks (as the controller does) and build the evidence bundle."""
+    """Ask every agent for its workers' stacks (as the controller does) and build the evidence bundle;
+    the layout is the job's own unless `overrides` (tp, pp, dp) give another."""
     from stalwart.controller.stack_collection import collect_stacks, request_stacks
 
+    topology = engine_topology(store, state.job, assignment, overrides)
     nodes = [n.node for n in assignment.nodes]
     started = time.monotonic()
     reports = collect_stacks(store, state.job, request_stacks(store, state.job), nodes, timeout=timeout)
+    reports = [r for r in reports if r.node in nodes]  # standbys answer too; only the generation's count
     silent = sorted(set(nodes) - {r.node for r in reports})
-    bundle = build_bundle(store, state, assignment, reports, kind, sizes)
+    bundle = build_bundle(store, state, assignment, reports, kind, topology)
     return Capture(state, assignment, bundle, silent, time.monotonic() - started)
+
+
+def layout_text(bundle: EvidenceBundle) -> str:
+    t = bundle.topology
+    return f"tp {t.tp} × pp {t.pp} × dp {t.dp}" if t is not None else "unknown"
 
 
 @cli_errors
 def diagnose(
     job: JobArg,
     kind: Annotated[Kind, typer.Option(help="What to look for; auto: whatever the evidence shows.")] = Kind.AUTO,
-    tp: Annotated[int, typer.Option(min=1, help="Tensor-parallel size (ranks of a TP group are consecutive).")] = 1,
-    pp: Annotated[int, typer.Option(min=1, help="Pipeline-parallel size.")] = 1,
-    dp: Annotated[int | None, typer.Option(min=1, help="Data-parallel size (default: world / (tp × pp)).")] = None,
+    tp: Annotated[
+        int | None, typer.Option(min=1, help="Override the job's tensor-parallel size (default: from its spec).")
+    ] = None,
+    pp: Annotated[
+        int | None, typer.Option(min=1, help="Override the job's pipeline-parallel size (default: from its spec).")
+    ] = None,
+    dp: Annotated[
+        int | None, typer.Option(min=1, help="Override the data-parallel size (default: what is left).")
+    ] = None,
     local: Annotated[bool, typer.Option("--local", help="Use the engine in this process, not the service.")] = False,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for every node's stacks.")] = 30.0,
     save_bundle: Annotated[
@@ -187,11 +213,14 @@ def diagnose(
 
     The stack groups: ranks with the same stack; in a hang, the outlier group is where it starts.
 
+    The parallel layout (TP, PP, DP groups) comes from the job's spec; --tp/--pp/--dp override it.
+    Each node's last minute of metrics (step and phase times, GPU and host readings) goes with it.
+
     Examples:
 
         stalwart diagnose pretrain-tiny
 
-        stalwart diagnose pretrain-tiny --kind hang --tp 2
+        stalwart diagnose pretrain-3d --kind hang
 
         stalwart diagnose pretrain-tiny --local --save-bundle bundle.json -o json
     """
@@ -204,12 +233,11 @@ def diagnose(
     with open_store(etcd) as store:
         state = require_state(store, job)
         assignment = current_assignment(store, state)
-        sizes = topology_sizes(assignment.world_size, tp, pp, dp)
         with err.status(
             f"capturing the stacks of {assignment.world_size} ranks on {len(assignment.nodes)} nodes "
             f"(up to {timeout:.0f}s)"
         ):
-            captured_now = capture(store, state, assignment, kind.value, sizes, timeout)
+            captured_now = capture(store, state, assignment, kind.value, (tp, pp, dp), timeout)
         if captured_now.silent:
             print_note(
                 f"no stacks from {', '.join(captured_now.silent)} within {timeout:.0f}s: diagnosing without them"
@@ -224,6 +252,7 @@ def diagnose(
         print_json(verdict)
         return
     captured = sum(1 for s in bundle.stacks if s.text)
+    samples = max((len(next(iter(m.series.values()), [])) for m in bundle.metrics), default=0)
     out.print(
         verdict_view(
             verdict.model_dump(mode="json"),
@@ -232,7 +261,8 @@ def diagnose(
         )
     )
     out.print(
-        f"[dim]diagnosed by {by} from {captured} of {assignment.world_size} stacks, captured in "
-        f"{captured_now.seconds:.1f}s[/]",
+        f"[dim]diagnosed by {by} from {captured} of {assignment.world_size} stacks and {samples} metric "
+        f"samples of {len(bundle.metrics)} nodes, captured in {captured_now.seconds:.1f}s; layout "
+        f"{layout_text(bundle)}[/]",
         highlight=False,
     )

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from stalwart.cli.errors import CliError, NotFound
+from stalwart.spec import SpecError, parse_job
+from stalwart.spec.topology import Topology
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import Assignment, Incident, JobState
@@ -77,6 +79,19 @@ def current_assignment(store: Store, state: JobState) -> Assignment:
             f"job {state.job!r} has no running generation (phase {state.phase.value}, generation {state.generation})"
         )
     return assignment
+
+
+def job_topology(store: Store, job: str, assignment: Assignment | None) -> Topology | None:
+    """The job's parallel layout (its spec in etcd), ranks placed as the assignment places them;
+    None when the spec is missing or unreadable (a job written by an older Stalwart)."""
+    raw = store.get_raw(keys.job_spec(job))
+    if raw is None:
+        return None
+    try:
+        spec = parse_job(json.loads(raw), keys.job_spec(job)).spec
+        return Topology.from_spec(spec, assignment.rank_nodes() if assignment else {})
+    except (SpecError, ValueError):
+        return None
 
 
 def jobs_with_node(store: Store, node: str) -> list[str]:

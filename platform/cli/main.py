@@ -50,7 +50,8 @@ def run(
         typer.Option(
             "--inject",
             help="Inject a fault, e.g. kill-worker:rank=1,step=20, kill-node:node=1,step=30, "
-            "kill-controller:step=25, hang-worker:rank=1,step=20, slow-worker:rank=3,step=20. Repeatable.",
+            "kill-controller:step=25, hang-worker:rank=1,step=20, slow-worker:rank=3,step=20, "
+            "slow-data:rank=5,step=20,seconds=1, bad-node:node=1. Repeatable.",
         ),
     ] = None,
     workdir: Annotated[

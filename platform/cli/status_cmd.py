@@ -13,7 +13,7 @@ from rich.text import Text
 from stalwart.cli.connection import EtcdOption, open_store
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.incidents_cmd import IncidentRow, incident_row, incidents_table
-from stalwart.cli.lookup import JobArg, require_state
+from stalwart.cli.lookup import JobArg, job_topology, require_state
 from stalwart.cli.output import (
     OutputFormat,
     OutputOption,
@@ -25,6 +25,7 @@ from stalwart.cli.output import (
     print_json,
 )
 from stalwart.cli.verdict_view import rank_ranges
+from stalwart.spec.topology import Topology
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
@@ -65,6 +66,8 @@ class NodeRow(BaseModel):
 class RankRow(BaseModel):
     rank: int
     node: str | None
+    # The rank's place in its role's parallel layout: role, tp, cp, dp, pp, ep (from the job's spec).
+    coords: dict[str, int | str] | None = None
     health: str  # ok, stalled, starting, crashed, done, missing
     pid: int | None
     step: int | None
@@ -90,6 +93,7 @@ class StatusReport(BaseModel):
     tokens_per_second: float | None
     ettr: dict[str, float | None]  # stalwart.controller.ettr.EttrReport, as JSON (keeps the import lazy)
     age_seconds: float
+    layout: str | None = None  # "trainer: tp 2 x pp 2 x dp 2"
     open_incident: str | None
     nodes: list[NodeRow]
     ranks: list[RankRow]
@@ -143,7 +147,15 @@ def node_rows(store: Store, state: JobState, assignment: Assignment | None, now:
     return rows
 
 
-def _rank_rows(store: Store, state: JobState, assignment: Assignment | None, now: float) -> list[RankRow]:
+def _coords(topology: Topology | None, rank: int) -> dict[str, int | str] | None:
+    if topology is None or not 0 <= rank < topology.world_size:
+        return None
+    return dict(topology.coords(rank)._asdict())
+
+
+def _rank_rows(
+    store: Store, state: JobState, assignment: Assignment | None, now: float, topology: Topology | None = None
+) -> list[RankRow]:
     beats = read_nodes(store, state.job).heartbeats
     owner = assignment.rank_nodes() if assignment else {}
     seen: dict[int, RankRow] = {}
@@ -154,6 +166,7 @@ def _rank_rows(store: Store, state: JobState, assignment: Assignment | None, now
             seen[w.rank] = RankRow(
                 rank=w.rank,
                 node=node,
+                coords=_coords(topology, w.rank),
                 health=rank_health(w, now),
                 pid=w.pid,
                 step=w.step,
@@ -170,6 +183,7 @@ def _rank_rows(store: Store, state: JobState, assignment: Assignment | None, now
             seen[rank] = RankRow(
                 rank=rank,
                 node=node,
+                coords=_coords(topology, rank),
                 health="missing",
                 pid=None,
                 step=None,
@@ -190,7 +204,10 @@ def read_status(store: Store, job: str) -> StatusReport:
     now = time.time()
     state = require_state(store, job)
     assignment = store.get(keys.generation(job, state.generation), Assignment) if state.generation else None
-    ranks = _rank_rows(store, state, assignment, now)
+    topology = job_topology(store, job, assignment)
+    if topology is not None and assignment is not None and topology.world_size != assignment.world_size:
+        topology = None  # a replay generation: its groups are smaller copies of the job
+    ranks = _rank_rows(store, state, assignment, now, topology)
     incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)
     checkpoints = store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry)
     requests = store.get_prefix(keys.requests_prefix(job), OperatorRequest)
@@ -210,6 +227,7 @@ def read_status(store: Store, job: str) -> StatusReport:
         tokens_per_second=sum(tps) if tps else None,
         ettr=compute_ettr(state, incidents, now).model_dump(),
         age_seconds=now - state.created_at,
+        layout=topology.describe() if topology is not None else None,
         open_incident=state.open_incident,
         nodes=node_rows(store, state, assignment, now),
         ranks=ranks,
@@ -254,6 +272,8 @@ def _header(r: StatusReport) -> Table:
     )
     if r.reason or r.message:
         t.add_row("reason", f"{r.reason or '-'}: {r.message or ''}")
+    if r.layout:
+        t.add_row("layout", r.layout)
     t.add_row("progress", f"step {num(r.step)}  loss {num(r.loss, '.4f')}  tokens/s {num(r.tokens_per_second, ',.0f')}")
     t.add_row("restarts", f"{r.restarts} ({r.infra_restarts} caused by the infrastructure)")
     e = r.ettr
@@ -290,11 +310,24 @@ def nodes_table(rows: list[NodeRow]) -> Table:
     return t
 
 
+def coords_text(coords: dict[str, int | str] | None, dims: tuple[str, ...]) -> str:
+    """'tp1 pp0 dp1' for the dimensions the job splits."""
+    return " ".join(f"{d}{coords[d]}" for d in dims) if coords else "-"
+
+
+def split_dims(rows: list[RankRow]) -> tuple[str, ...]:
+    """The parallel dimensions some rank has a non-zero coordinate in (none for a job that is only DP)."""
+    dims = tuple(d for d in ("tp", "cp", "pp", "ep") if any(r.coords and r.coords.get(d) for r in rows))
+    return (*dims, "dp") if dims else ()
+
+
 def ranks_table(rows: list[RankRow]) -> Table:
-    """Fits 80 columns: the exit code goes with the health, the class column only when a rank has one."""
+    """Fits 80 columns: the exit code goes with the health, the class column only when a rank has one,
+    the layout column only when the job splits the model (in plain DP it is the rank)."""
     with_class = any(r.failure_class for r in rows)
+    dims = split_dims(rows)
     t = Table(title="ranks", title_justify="left", box=box.SIMPLE_HEAVY, pad_edge=False)
-    for col in ("rank", "node", "health", "step", "loss", "step time", "last step") + (
+    for col in ("rank", "node", *(("layout",) if dims else ()), "health", "step", "loss", "step time", "last step") + (
         ("class",) if with_class else ()
     ):
         t.add_column(col, no_wrap=True, justify="right" if col in ("rank", "step", "loss", "step time") else "left")
@@ -305,6 +338,7 @@ def ranks_table(rows: list[RankRow]) -> Table:
         cells: list[str | Text] = [
             str(r.rank),
             r.node or "-",
+            *([coords_text(r.coords, dims)] if dims else []),
             health,
             num(r.step),
             num(r.loss, ".4f"),

@@ -19,7 +19,7 @@ from stalwart.processes import kill_session, signal_session, spawn, wait_for
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
 
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
-NODE_FAULTS_ENV = "STALWART_NODE_FAULTS"  # {"node-1": {"VAR": "value"}}: injected machine faults
+NODE_FAULTS_ENV = "STALWART_NODE_FAULTS"  # {"node-1" or "*": {"VAR": "value"}}: injected faults
 
 
 class LocalCluster(Cluster):
@@ -71,6 +71,7 @@ class LocalCluster(Cluster):
         # As a pod does not get the operator's environment, an agent (and so its workers) does not
         # get the control plane's credentials: the diagnosis service's token stays with the controller.
         env = {k: v for k, v in os.environ.items() if k != DIAGNOSIS_TOKEN_ENV}
+        env.update(faults.get("*", {}))  # "*": every node, standbys included
         env.update(faults.get(name, {}))
         with open(node_dir / "agent.log", "ab") as log:
             proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, die_with_parent=False, new_session=True)

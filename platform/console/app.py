@@ -541,13 +541,14 @@ class StacksNow(BaseModel):
 
 def _stacks_now(store: Store, job: str, tp: int, pp: int) -> StacksNow:
     """The same capture and diagnosis as `stalwart diagnose JOB`."""
-    from stalwart.cli.diagnose_cmd import capture, run_diagnosis, service_token, service_url, topology_sizes
+    from stalwart.cli.diagnose_cmd import capture, run_diagnosis, service_token, service_url
     from stalwart.cli.lookup import current_assignment
 
     state = require_state(store, job)
     assignment = current_assignment(store, state)
-    sizes = topology_sizes(assignment.world_size, tp, pp, None)
-    taken = capture(store, state, assignment, "auto", sizes, timeout=30.0)
+    # The job's own layout (its spec's parallelism), unless the page asks for another.
+    layout = (tp, pp, None) if tp > 1 or pp > 1 else (None, None, None)
+    taken = capture(store, state, assignment, "auto", layout, timeout=30.0)
     url, source = service_url(store, None)
     notes: list[str] = []
     token = service_token(store) if url else None

@@ -141,7 +141,7 @@ def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> No
     if why_not:
         plan.log("warning", "failures keep coming with nothing to blame, and the job cannot be replayed", why=why_not)
         return
-    state.replay = plan_replay(state.slots)
+    state.replay = plan_replay(spec, state.slots)
     plan.log(
         "warning",
         "failures keep coming with nothing to blame; dual-phase replay",

@@ -1,5 +1,10 @@
 """The controller's side of diagnosis: gather evidence from the agents, ask for a verdict.
 
+The evidence carries the job's parallel layout (stalwart.spec.topology, from the spec and the
+generation's placement), so the engine names the TP/PP/DP group the outliers share, and each node's
+recent metric window (the agents send it with their stacks), so `metric_outliers` can name a slow
+node the stacks do not.
+
 The diagnosis service is asked over HTTP when the controller knows its URL (`stalwart run` hosts
 one and publishes it in etcd); without one, or when it does not answer, the same engine runs in
 this process, so a hang is never left undiagnosed because a service is down.
@@ -15,8 +20,11 @@ from typing import Any
 from stalwart.controller.metric_windows import node_metrics
 from stalwart.controller.stack_collection import collect_stacks, request_stacks
 from stalwart.logs import ContextLogger
+from stalwart.spec import SpecError, TrainingJobSpec
+from stalwart.spec.topology import Topology
 from stalwart.store import keys
 from stalwart.store.client import Store
+from stalwart.store.jobs import read_spec
 from stalwart.store.records import Assignment, ServiceEndpoint, StackReport, WorkerStatus
 
 # node -> its recent metric vectors (NodeMetricVector dicts, oldest first), as the controller saw them
@@ -49,11 +57,31 @@ def _verdict(bundle: Any, url: str | None, log: ContextLogger) -> Any:
     return diagnose_local(bundle, url, on_unavailable=unavailable)
 
 
-def _topology(assignment: Assignment) -> Any:
-    from stalwart.diagnosis.models import Topology
+def job_topology(spec: TrainingJobSpec, assignment: Assignment) -> Topology:
+    """The generation's layout: the spec's parallelism, ranks placed as the assignment places them."""
+    return Topology.from_spec(spec, assignment.rank_nodes())
 
-    rank_nodes = assignment.rank_nodes()
-    return Topology(world_size=assignment.world_size, tp=1, pp=1, dp=assignment.world_size, rank_nodes=rank_nodes)
+
+def _stored_topology(store: Store | None, job: str, assignment: Assignment) -> Topology | None:
+    """The layout from the job's spec in etcd (what the agents launched the workers with)."""
+    if store is None:
+        return None
+    try:
+        stored = read_spec(store, job)
+        return job_topology(stored.spec, assignment) if stored is not None else None
+    except (SpecError, ValueError):
+        return None
+
+
+def _topology(store: Store | None, job: str, assignment: Assignment, topology: Topology | None) -> Any:
+    """The engine's models.Topology, made from the job's Topology (given, else read from etcd)."""
+    from stalwart.diagnosis.models import Topology as EngineTopology
+
+    layout = topology or _stored_topology(store, job, assignment)
+    if layout is None or layout.world_size != assignment.world_size:
+        # No spec to read it from: ranks placed on their nodes, every rank a data-parallel replica.
+        return EngineTopology(world_size=assignment.world_size, rank_nodes=assignment.rank_nodes())
+    return EngineTopology.of(layout)
 
 
 def _finding(verdict: Any) -> Finding:
@@ -67,19 +95,19 @@ def _finding(verdict: Any) -> Finding:
     return Finding(suspects=suspects, evidence=evidence, verdict=data, runbook=verdict.runbook or None)
 
 
-def _capture(
-    store: Store, job: str, assignment: Assignment, log: ContextLogger
-) -> tuple[list[Any], list[str], list[StackReport]]:
-    """Every worker's stack, now; the nodes that did not answer; the agents' reports."""
-    from stalwart.diagnosis.models import rank_stacks
-
+def _capture(store: Store, job: str, assignment: Assignment, log: ContextLogger) -> tuple[list[StackReport], list[str]]:
+    """Every node's stack report (its workers' stacks and its metric window), now; and the nodes that
+    did not answer."""
     request_id = request_stacks(store, job)
     nodes = [n.node for n in assignment.nodes]
-    reports = collect_stacks(store, job, request_id, nodes, timeout=STACK_COLLECT_SECONDS)
+    # Standbys answer too (every agent of the job watches the requests); only the generation's count.
+    reports = [
+        r for r in collect_stacks(store, job, request_id, nodes, timeout=STACK_COLLECT_SECONDS) if r.node in nodes
+    ]
     missing = sorted(set(nodes) - {r.node for r in reports})
     if missing:
         log.warning("no stacks from some nodes", fields={"nodes": missing})
-    return rank_stacks(reports), missing, reports
+    return reports, missing
 
 
 def diagnose_hang(
@@ -89,16 +117,23 @@ def diagnose_hang(
     url: str | None,
     log: ContextLogger,
     history: MetricHistory | None = None,
+    *,
+    topology: Topology | None = None,
 ) -> Finding:
     """Capture every worker's stack now, group them, and name the node(s) the outliers share; each
-    node's recent metrics (its agent's window, else `history`) go with them."""
-    from stalwart.diagnosis.models import EvidenceBundle
+    node's recent metrics (its agent's window, else `history`) back the stacks, or name the node
+    when the stacks cannot."""
+    from stalwart.diagnosis.models import EvidenceBundle, rank_stacks
 
-    stacks, missing, reports = _capture(store, job, assignment, log)
+    reports, missing = _capture(store, job, assignment, log)
     bundle = EvidenceBundle(
-        job=job, generation=assignment.generation, kind="hang", topology=_topology(assignment), stacks=stacks
+        job=job,
+        generation=assignment.generation,
+        kind="hang",
+        topology=_topology(store, job, assignment, topology),
+        stacks=rank_stacks(reports),
+        metrics=node_metrics(reports, history or {}),
     )
-    bundle.metrics = node_metrics(reports, history or {})
     finding = _finding(_verdict(bundle, url, log))
     if missing and not finding.suspects:
         # A node that cannot even report its stacks is the likeliest culprit.
@@ -116,37 +151,56 @@ def diagnose_slowdown(
     rounds: int,
     interval: float,
     history: MetricHistory | None = None,
+    *,
+    topology: Topology | None = None,
 ) -> Finding:
     """Rounds of stacks, `interval` seconds apart: the node whose ranks the others keep waiting for
-    is the slow one, and metric outliers (the last round's windows, else `history`) name it when
-    the stacks do not. A node that stops answering is not judged here (its lease will be)."""
-    from stalwart.diagnosis.models import EvidenceBundle
+    is the slow one, and metric outliers (the last round's windows, else `history`) say it too, or
+    alone when the stacks do not tell. A node that stops answering is not judged here (its lease
+    will be)."""
+    from stalwart.diagnosis.models import EvidenceBundle, rank_stacks
 
     captured = []
     reports: list[StackReport] = []
     for i in range(rounds):
         if i:
             time.sleep(interval)
-        stacks, _missing, reports = _capture(store, job, assignment, log)
-        captured.append(stacks)
+        reports, _missing = _capture(store, job, assignment, log)
+        captured.append(rank_stacks(reports))
     bundle = EvidenceBundle(
-        job=job, generation=assignment.generation, kind="slowdown", topology=_topology(assignment), rounds=captured
+        job=job,
+        generation=assignment.generation,
+        kind="slowdown",
+        topology=_topology(store, job, assignment, topology),
+        rounds=captured,
+        metrics=node_metrics(reports, history or {}),
     )
-    bundle.metrics = node_metrics(reports, history or {})
     return _finding(_verdict(bundle, url, log))
 
 
 def diagnose_crash(
-    job: str, assignment: Assignment, crashed: list[tuple[str, WorkerStatus]], url: str | None, log: ContextLogger
+    job: str,
+    assignment: Assignment,
+    crashed: list[tuple[str, WorkerStatus]],
+    url: str | None,
+    log: ContextLogger,
+    *,
+    topology: Topology | None = None,
+    store: Store | None = None,
 ) -> Finding | None:
-    """The service's reading of the crashed workers' logs (None if diagnosis is not installed)."""
+    """The service's reading of the crashed workers' logs (None if diagnosis is not installed). The
+    layout is `topology`, else the spec's in `store`'s etcd."""
     try:
         from stalwart.diagnosis.models import EvidenceBundle, RankLog
     except ImportError:
         return None
     logs = [RankLog(rank=w.rank, node=n, exit_code=w.exit_code, lines=w.log_tail[-40:]) for n, w in crashed]
     bundle = EvidenceBundle(
-        job=job, generation=assignment.generation, kind="crash", topology=_topology(assignment), logs=logs
+        job=job,
+        generation=assignment.generation,
+        kind="crash",
+        topology=_topology(store, job, assignment, topology),
+        logs=logs,
     )
     try:
         return _finding(_verdict(bundle, url, log))

@@ -1,11 +1,17 @@
 """Running a dual-phase replay (the ladder's last rung) on the job's own nodes.
 
-The plan comes from `stalwart.diagnosis.replay`; this module turns a phase of it into a generation
-whose nodes run in independent groups (each its own rendezvous and world size, a few steps from
-scratch), judges each group from the agents' heartbeats, and reads the faulty node off the two
-failing groups. The job's spec has no pipeline layout, so every node is one data-parallel replica
-(PP = 1): the horizontal phase is then the whole job, which has just failed twice and need not run
-again, and the vertical phase runs each node alone.
+The plan comes from `stalwart.diagnosis.replay` (ByteRobust's grouping: horizontal groups of
+m = k x PP machines, k whole pipelines each, n = DP/k of them; vertical groups one pipeline each,
+assembled diagonally across the horizontal ones), laid over the job's machine grid, which the
+job's Topology derives from the spec's parallelism (stalwart.spec.topology.Topology.machine_grid).
+This module turns a phase of the plan into a generation whose nodes run in independent groups
+(each a smaller copy of the job: its own rendezvous, the same TP, CP and PP, fewer data-parallel
+replicas, a few steps from scratch), judges each group from the agents' heartbeats, and reads the
+faulty node off the two failing groups.
+
+A group's nodes are kept in rank order (stage-major: stage 0 of each of its pipelines, then stage
+1, ...), so node i of a group holds ranks i x processesPerNode.. of the group's own layout. A group
+that is the whole job (plain data parallelism on few nodes) has just failed and is not run again.
 """
 
 from __future__ import annotations
@@ -14,9 +20,17 @@ import time
 from collections.abc import Callable, Mapping
 
 from stalwart.spec import TrainingJobSpec
+from stalwart.spec.topology import MachineGrid, Topology, stage_major
 from stalwart.store.records import Assignment, Heartbeat, NodeAssignment, ReplayGroupRun, ReplayState
 
 WHOLE_JOB = "the whole job (it has just failed with nothing to blame)"
+
+
+def machine_grid(spec: TrainingJobSpec, slots: list[str]) -> MachineGrid:
+    """The job's nodes as pipeline stages x data-parallel blocks (ValueError says why not)."""
+    procs = spec.roles[0].processes_per_node
+    rank_nodes = {i * procs + j: node for i, node in enumerate(slots) for j in range(procs)}
+    return Topology.from_spec(spec, rank_nodes).machine_grid()
 
 
 def replayable(spec: TrainingJobSpec, slots: list[str]) -> str | None:
@@ -25,16 +39,30 @@ def replayable(spec: TrainingJobSpec, slots: list[str]) -> str | None:
         return "replay needs a single-role job (its groups are smaller copies of it)"
     if len(slots) < 2:
         return "replay needs at least two nodes"
+    try:
+        grid = machine_grid(spec, slots)
+    except ValueError as exc:
+        return f"replay needs whole machines per pipeline stage: {exc}"
+    if grid.dp < grid.pp:
+        return (
+            f"replay of {grid.dp} data-parallel machine column(s) under {grid.pp} pipeline stages needs "
+            f"{grid.pp - grid.dp} known-good spare machine(s) in its vertical groups, which is not supported yet"
+        )
+    if grid.replicas_per_machine % spec.roles[0].parallelism.expert:
+        return "replay needs each node's data-parallel replicas to hold whole expert-parallel groups"
     return None
 
 
-def plan(slots: list[str]) -> ReplayState:
+def plan(spec: TrainingJobSpec, slots: list[str]) -> ReplayState:
+    """The replay's groups over the job's machine grid; a horizontal group that is the whole job
+    counts as failed already."""
     from stalwart.diagnosis.replay import plan_replay
 
-    layout = plan_replay(1, len(slots), slots)
+    grid = machine_grid(spec, slots)
+    layout = plan_replay(grid.pp, grid.dp, grid.machines)
     state = ReplayState(
-        horizontal=[ReplayGroupRun(id=g.id, nodes=g.machines) for g in layout.horizontal],
-        vertical=[ReplayGroupRun(id=g.id, nodes=g.machines) for g in layout.vertical],
+        horizontal=[ReplayGroupRun(id=g.id, nodes=stage_major(g.pipelines)) for g in layout.horizontal],
+        vertical=[ReplayGroupRun(id=g.id, nodes=stage_major(g.pipelines)) for g in layout.vertical],
     )
     for group in state.horizontal:
         if sorted(group.nodes) == sorted(slots):
@@ -109,16 +137,22 @@ def judge(
 
 
 def conclusion(replay: ReplayState) -> tuple[str | None, str]:
-    """The faulty node (or None) and the sentence that says how the replay found it."""
-    from stalwart.diagnosis.replay import ReplayInconclusive, locate, plan_replay
+    """The faulty node (or None) and the sentence that says how the replay found it: the one node
+    the failing horizontal and the failing vertical group share."""
+    from stalwart.diagnosis.replay import ReplayInconclusive, common_machine
 
-    failed_h = [g.id for g in replay.horizontal if g.outcome == "failed"]
-    failed_v = [g.id for g in replay.vertical if g.outcome == "failed"]
-    summary = f"replay: horizontal groups failed {failed_h}, vertical groups failed {failed_v}"
-    # The plan `plan` made, again: with PP = 1 the horizontal groups hold the slots in order.
-    slots = [n for g in replay.horizontal for n in g.nodes]
+    failed_h = [g for g in replay.horizontal if g.outcome == "failed"]
+    failed_v = [g for g in replay.vertical if g.outcome == "failed"]
+    ids_h, ids_v = [g.id for g in failed_h], [g.id for g in failed_v]
+    summary = f"replay: horizontal groups failed {ids_h}, vertical groups failed {ids_v}"
+    if len(failed_h) != 1 or len(failed_v) != 1:
+        return None, (
+            f"{summary}: inconclusive (dual-phase replay singles out one faulty machine when exactly one "
+            "group of each phase fails)"
+        )
+    h, v = failed_h[0], failed_v[0]
     try:
-        node = locate(plan_replay(1, len(slots), slots), failed_h, failed_v)
+        node = common_machine(h.id, h.nodes, v.id, v.nodes)
     except ReplayInconclusive as exc:
         return None, f"{summary}: inconclusive ({exc})"
     return node, f"{summary}: {node} is in both"

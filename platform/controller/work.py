@@ -118,7 +118,9 @@ def perform(work: Work, ctx: WorkContext) -> WorkResult:
         if isinstance(work, CrashDiagnosis):
             found = _assignment(ctx, work.generation)
             diagnosis = (
-                diagnose_crash(ctx.job, found, list(work.crashed), ctx.diagnosis_url(), ctx.log) if found else None
+                diagnose_crash(ctx.job, found, list(work.crashed), ctx.diagnosis_url(), ctx.log, store=ctx.store)
+                if found
+                else None
             )
             return WorkResult(work, ctx.clock.time(), diagnosis=diagnosis)
         assignment = _assignment(ctx, work.generation)

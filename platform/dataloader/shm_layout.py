@@ -28,9 +28,10 @@ import numpy as np
 
 from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.liveness import alive, start_ms
+from stalwart.worker_contract import DATALOADER_SHM
 
 SHM_DIR_ENV = "STALWART_SHM_DIR"
-SHM_ENV = "STALWART_DATALOADER_SHM"  # the segment's name, set for workers by whoever runs the loader (the agent)
+SHM_ENV = DATALOADER_SHM  # the segment's name, set for workers by whoever runs the loader (the agent)
 NAME_PREFIX = "stalwart-dl."
 MAGIC = 0x31304C4453545753  # "SWTSDL01"
 LAYOUT_VERSION = 1

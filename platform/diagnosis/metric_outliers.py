@@ -29,6 +29,14 @@ DIRECTIONS: dict[str, Direction] = {
     "compute_time_s": "high",
     "compute_time_max_s": "high",
     "data_time_s": "high",
+    "data_time_max_s": "high",
+    "optimizer_time_s": "high",
+    "optimizer_time_max_s": "high",
+    # A node the others wait for spends less time blocked than they do; one with a bad link, more.
+    "comm_time_s": "both",
+    "comm_time_max_s": "both",
+    "other_time_s": "high",
+    "other_time_max_s": "high",
     "progress_age_s": "high",
     "tokens_per_second": "low",
     "samples_per_second": "low",
@@ -52,9 +60,30 @@ ABSOLUTE_FLOOR: dict[str, float] = {
     "compute_time_s": 0.01,
     "compute_time_max_s": 0.01,
     "data_time_s": 0.01,
+    "data_time_max_s": 0.01,
+    "optimizer_time_s": 0.01,
+    "optimizer_time_max_s": 0.01,
+    "comm_time_s": 0.01,
+    "comm_time_max_s": 0.01,
+    "other_time_s": 0.01,
+    "other_time_max_s": 0.01,
     "progress_age_s": 1.0,
 }
 RELATIVE_FLOOR = 0.10  # ... nor smaller than 10% of the typical value
+# A rank's phase times (the worker SDK's): a difference is worth naming a node for only when it is
+# 10% of a step (the nodes' median step time) or more; below that it is scheduling noise.
+STEP_SCALED = frozenset(
+    f"{phase}_time{suffix}"
+    for phase in ("data", "compute", "optimizer", "comm", "other")
+    for suffix in ("_s", "_max_s")
+)
+STEP_TIME = "step_time_s"
+# Phases that hold the waits for other ranks (forward and backward hold TP and PP communication,
+# DDP's gradient all-reduce; `comm` is waiting itself): in synchronous training the ranks that wait
+# for a slow one stand out in them too. When another node is out in a local phase (data, optimizer,
+# the rest of the step), they are leads (half weight); alone (a throttled GPU), they name the node.
+WAIT_INCLUSIVE = frozenset({"compute_time_s", "compute_time_max_s", "comm_time_s", "comm_time_max_s"})
+LEAD_WEIGHT = 0.5
 _WORD = {"high": "above", "low": "below", "both": "away from"}
 FULL_RUN_FACTOR = 2  # a metric out for 2 x persist windows in a row counts fully
 
@@ -101,13 +130,18 @@ def _windows(x: np.ndarray, cfg: OutlierConfig) -> np.ndarray:
         return np.nanmedian(view, axis=2)
 
 
-def _z(values: np.ndarray, name: str, direction: Direction) -> tuple[np.ndarray, np.ndarray]:
-    """Robust z-scores (bad direction positive) per node and window, and whether each clears the floors."""
+def _z(
+    values: np.ndarray, name: str, direction: Direction, step: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Robust z-scores (bad direction positive) per node and window, and whether each clears the
+    floors; `step` (per window, the nodes' median step time) scales the floor of a phase time."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         med = np.nanmedian(values, axis=0)
         mad = np.nanmedian(np.abs(values - med), axis=0)
     floor = np.maximum(RELATIVE_FLOOR * np.abs(med), ABSOLUTE_FLOOR.get(name, 1e-9))
+    if step is not None:
+        floor = np.maximum(floor, np.nan_to_num(RELATIVE_FLOOR * step, nan=0.0))
     scale = np.maximum(1.4826 * mad, floor / 3.0)
     dev = values - med
     z = dev / scale
@@ -133,6 +167,16 @@ def _longest_run(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return best, end
 
 
+def _step_scale(metrics: Sequence[NodeMetrics], nodes: list[str], cfg: OutlierConfig) -> np.ndarray | None:
+    """Per window, the nodes' median step time (None when no node reports one)."""
+    win = _windows(_matrix(metrics, STEP_TIME, nodes), cfg)
+    if win.shape[1] == 0:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(win, axis=0)
+
+
 def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = None) -> MetricFindings:
     cfg = cfg or OutlierConfig()
     out = MetricFindings()
@@ -141,6 +185,7 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
         return out
     names = sorted({k for m in metrics for k in m.series})
     per_node: dict[int, list[MetricScore]] = {}
+    step = _step_scale(metrics, nodes, cfg) if STEP_SCALED & set(names) else None
     for name in names:
         direction = DIRECTIONS.get(name, "both")
         x = _matrix(metrics, name, nodes)
@@ -149,7 +194,10 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
             continue
         out.metrics_seen += 1
         out.windows = max(out.windows, win.shape[1])
-        z, big = _z(win, name, direction)
+        scale = (
+            step[-win.shape[1] :] if step is not None and name in STEP_SCALED and len(step) >= win.shape[1] else None
+        )
+        z, big = _z(win, name, direction, scale)
         flags = (z >= cfg.z_threshold) & big
         run, end = _longest_run(flags)
         for i in np.flatnonzero(run >= cfg.persist):
@@ -158,13 +206,23 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
             per_node.setdefault(int(i), []).append(
                 MetricScore(metric=name, node=nodes[i], score=round(score, 2), windows=int(run[i]))
             )
+    # When some node is out in a local phase (data, optimizer, the rest of the step), the nodes out
+    # only in the phases that hold the waits are its victims more likely than culprits: leads.
+    local_culprit = any(m.metric in STEP_SCALED - WAIT_INCLUSIVE for scores in per_node.values() for m in scores)
     for index, scores in per_node.items():
         scores.sort(key=lambda s: -s.score)
         out.ranking.extend(scores)
         node = nodes[index]
         # Each metric weighs by how long it persisted (full weight at FULL_RUN windows in a row): one
         # metric barely past `persist` is a lead, a long run or several agreeing metrics a finding.
-        weight = sum(min(1.0, s.windows / (FULL_RUN_FACTOR * cfg.persist)) for s in scores)
+        # A quantity's mean and max over the node's ranks are one measurement: the stronger counts.
+        family: dict[str, float] = {}
+        for m in scores:
+            lead = local_culprit and m.metric in WAIT_INCLUSIVE
+            w = min(1.0, m.windows / (FULL_RUN_FACTOR * cfg.persist)) * (LEAD_WEIGHT if lead else 1.0)
+            key = m.metric.replace("_max_s", "_s")
+            family[key] = max(family.get(key, 0.0), w)
+        weight = sum(family.values())
         out.node_scores[node] = round(min(0.95, 0.3 + 0.3 * weight), 2)
         out.reasons[node] = [
             f"{s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "

@@ -6,9 +6,12 @@ in bounded time and memory; the HTTP layer adds a limit on the body itself.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from stalwart.spec.topology import Topology as JobTopology
 
 MAX_RANKS = 65_536
 MAX_NODES = 65_536
@@ -132,6 +135,17 @@ class Topology(_Model):
 
     def node_of(self, rank: int) -> NodeName:
         return self.rank_nodes.get(rank, f"rank-{rank}")
+
+    @classmethod
+    def of(cls, job: JobTopology) -> Topology:
+        """The engine's view of the job's layout (stalwart.spec.topology), placement included. The
+        engine reads one layout, so a job of several roles is seen as one data-parallel world: its
+        suspects are then grouped by node and rank, never by a parallel group that spans roles."""
+        world = job.world_size
+        if len(job.roles) == 1:
+            r = job.roles[0]
+            return cls(world_size=world, tp=r.tp, cp=r.cp, pp=r.pp, dp=r.dp, ep=r.ep, rank_nodes=dict(job.rank_nodes))
+        return cls(world_size=world, dp=world, rank_nodes=dict(job.rank_nodes))
 
 
 class RankStack(_Model):

@@ -142,10 +142,17 @@ def locate(plan: ReplayPlan, horizontal_failed: Sequence[int | str], vertical_fa
     """The machine in both failing groups (given as indices or ids), spares excluded."""
     h = _failed(plan, "horizontal", horizontal_failed)
     v = _failed(plan, "vertical", vertical_failed)
-    common = (set(h.machines) & set(v.machines)) - set(v.spares) - set(h.spares)
+    return common_machine(h.id, h.machines, v.id, v.machines, [*h.spares, *v.spares])
+
+
+def common_machine(
+    h_id: str, h_machines: Sequence[str], v_id: str, v_machines: Sequence[str], spares: Sequence[str] = ()
+) -> str:
+    """The one machine a failing horizontal and a failing vertical group share (spares excluded)."""
+    common = (set(h_machines) & set(v_machines)) - set(spares)
     if len(common) != 1:
         raise ReplayInconclusive(
-            f"groups {h.id} and {v.id} share {len(common)} machines; the replay results are "
+            f"groups {h_id} and {v_id} share {len(common)} machines; the replay results are "
             "inconsistent with a single faulty machine"
         )
     return common.pop()

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from stalwart.agents.worker_sdk import HANG_SIGNAL, SLOW_SIGNAL
 from stalwart.cluster.local import LocalCluster
 from stalwart.faults.spec import FaultKind, FaultSpec
+from stalwart.faults.worker_faults import HANG_SIGNAL, SLOW_DATA_SIGNAL, SLOW_SIGNAL
 from stalwart.logs import get_logger
 from stalwart.store.records import Heartbeat, JobPhase, JobState
 
@@ -19,6 +19,7 @@ _WORKER_SIGNALS = {
     FaultKind.KILL_WORKER: signal.SIGKILL,
     FaultKind.HANG_WORKER: HANG_SIGNAL,
     FaultKind.SLOW_WORKER: SLOW_SIGNAL,
+    FaultKind.SLOW_DATA: SLOW_DATA_SIGNAL,
 }
 
 

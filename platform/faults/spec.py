@@ -6,7 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from stalwart.agents.worker_sdk import CRASH_AFTER_STEPS_ENV
+from stalwart import worker_contract as contract
+from stalwart.faults.worker_faults import WorkerFaults
 
 
 class FaultKind(str, Enum):
@@ -17,7 +18,8 @@ class FaultKind(str, Enum):
     FREEZE_NODE = "freeze-node"
     KILL_CONTROLLER = "kill-controller"  # SIGKILL the controller process
     HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
-    SLOW_WORKER = "slow-worker"  # one rank turns slow: every later step takes longer (worker SDK, SIGRTMIN+1)
+    SLOW_WORKER = "slow-worker"  # one rank turns slow: every later step takes longer (SIGRTMIN+1)
+    SLOW_DATA = "slow-data"  # one rank's data loading alone turns slow: every later batch waits (SIGRTMIN+2)
     CORRUPT_COMPUTE = "corrupt-compute"  # pre-flight: the node's compute check gives wrong bits
     COLLECTIVE_HANG = "collective-hang"  # pre-flight: the node never joins the collective test
     # A bad machine no check catches: its workers die, with no message, 5 steps into every run.
@@ -42,10 +44,12 @@ class FaultSpec(BaseModel):
     step: int = Field(default=1, ge=0, description="fire once the job has reached this step")
     rank: int | None = Field(default=None, ge=0)
     node: str | None = None
+    seconds: float | None = Field(default=None, gt=0, le=600, description="slow-worker, slow-data: the delay")
 
     def describe(self) -> str:
         target = f" rank={self.rank}" if self.rank is not None else f" node={self.node}" if self.node else ""
-        return f"{self.kind.value}{target} at step {self.step}"
+        delay = f" +{self.seconds:g}s" if self.seconds is not None else ""
+        return f"{self.kind.value}{target}{delay} at step {self.step}"
 
 
 _REQUIRED = {
@@ -54,6 +58,7 @@ _REQUIRED = {
     FaultKind.FREEZE_NODE: "node",
     FaultKind.HANG_WORKER: "rank",
     FaultKind.SLOW_WORKER: "rank",
+    FaultKind.SLOW_DATA: "rank",
     FaultKind.CORRUPT_COMPUTE: "node",
     FaultKind.COLLECTIVE_HANG: "node",
     FaultKind.BAD_NODE: "node",
@@ -62,16 +67,20 @@ _PREFLIGHT_ENV = {
     FaultKind.CORRUPT_COMPUTE: {"STALWART_FAULT_CORRUPT_COMPUTE": "1"},
     FaultKind.COLLECTIVE_HANG: {"STALWART_FAULT_COLLECTIVE_HANG": "1"},
 }
-# Set on the node's agent, whose workers inherit it (the worker SDK acts on it).
-_NODE_ENV = {FaultKind.BAD_NODE: {CRASH_AFTER_STEPS_ENV: "5"}}
+BAD_NODE_CRASH_AFTER_STEPS = 5
+# Faults the injector fires with a signal that the worker's hooks answer (stalwart.faults.worker_faults).
+_WORKER_SIGNAL_FAULTS = (FaultKind.HANG_WORKER, FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA)
+
+
+def _node_name(node: str) -> str:
+    return f"node-{node}" if node.isdigit() else node
 
 
 def _per_node(faults: list[FaultSpec], table: dict[FaultKind, dict[str, str]]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for f in faults:
         if f.kind in table and f.node is not None:
-            node = f"node-{f.node}" if f.node.isdigit() else f.node
-            out.setdefault(node, {}).update(table[f.kind])
+            out.setdefault(_node_name(f.node), {}).update(table[f.kind])
     return out
 
 
@@ -81,8 +90,23 @@ def preflight_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
 
 
 def node_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
-    """Machine faults as environment for the named nodes' agents (node index -> node-N)."""
-    return _per_node(faults, _NODE_ENV)
+    """Environment for the nodes' agents, whose workers inherit it (node index -> node-N; "*": every
+    node, standbys included): the worker faults to arm through the SDK's hook module."""
+    signals = any(f.kind in _WORKER_SIGNAL_FAULTS for f in faults)
+    delays = {f.kind: f.seconds for f in faults if f.seconds is not None}
+    armed = WorkerFaults(
+        signals=signals,
+        **({"slow_step_seconds": delays[FaultKind.SLOW_WORKER]} if FaultKind.SLOW_WORKER in delays else {}),
+        **({"slow_data_seconds": delays[FaultKind.SLOW_DATA]} if FaultKind.SLOW_DATA in delays else {}),
+    )
+    bad = {_node_name(f.node) for f in faults if f.kind is FaultKind.BAD_NODE and f.node is not None}
+    out: dict[str, dict[str, str]] = {}
+    if signals:
+        out["*"] = {contract.FAULT_HOOKS: armed.model_dump_json()}
+    for node in sorted(bad):
+        crashing = armed.model_copy(update={"crash_after_steps": BAD_NODE_CRASH_AFTER_STEPS})
+        out[node] = {contract.FAULT_HOOKS: crashing.model_dump_json()}
+    return out
 
 
 CONTROLLER_CRASH_ENV = "STALWART_FAULT_CONTROLLER_CRASH"  # "after-evict"

@@ -27,6 +27,17 @@ class NodeMetricVector(Record):
     step_time_max_s: float | None = None
     tokens_per_second: float | None = None  # sum over ranks
     progress_age_s: float | None = None  # time since the least recent rank's last progress
+    # Where the ranks' last steps went (the worker SDK's phase times): mean and max over the ranks.
+    data_time_s: float | None = None  # waiting for the next batch
+    data_time_max_s: float | None = None
+    compute_time_s: float | None = None  # forward and backward
+    compute_time_max_s: float | None = None
+    optimizer_time_s: float | None = None
+    optimizer_time_max_s: float | None = None
+    comm_time_s: float | None = None  # blocked in communication outside forward and backward
+    comm_time_max_s: float | None = None
+    other_time_s: float | None = None  # step wall time no phase accounts for
+    other_time_max_s: float | None = None
     gpu_count: int | None = None
     gpu_utilization_pct: float | None = None  # mean over GPUs
     gpu_temperature_c: float | None = None  # hottest GPU
@@ -34,6 +45,9 @@ class NodeMetricVector(Record):
     nic_error_delta: int | None = None  # error counters grown since the previous reading
     cpu_percent: float | None = None
     memory_percent: float | None = None
+
+
+PHASE_NAMES = ("data", "compute", "optimizer", "comm", "other")  # stalwart.store.records.PhaseTimes
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -67,6 +81,11 @@ def node_metric_vector(
         tokens_per_second=sum(tps) if tps else None,
         progress_age_s=now - min(progress) if progress else None,
     )
+    for phase in PHASE_NAMES:
+        values = [v for w in running if w.phases is not None and (v := getattr(w.phases, phase)) is not None]
+        if values:
+            setattr(vector, f"{phase}_time_s", mean(values))
+            setattr(vector, f"{phase}_time_max_s", max(values))
     if gpus is not None:
         responding = [g for g in gpus if g.responding]
         temps = [g.temperature_c for g in responding if g.temperature_c is not None]

@@ -147,6 +147,49 @@ class PodTemplateOverride(SpecModel):
     spec: Annotated[PodSpecOverride, Field(description="Fields of the pod spec.")] = PodSpecOverride()
 
 
+class Parallelism(SpecModel):
+    """How a role's ranks split the model. Data parallelism is what is left of the role's world
+    (replicas x processesPerNode) once tensor, context and pipeline parallelism are taken out.
+
+    Ranks are laid out as Megatron-core lays them out by default, tensor fastest and pipeline
+    slowest (see stalwart.spec.topology): rank = tp + TP * (cp + CP * (dp + DP * pp)).
+    """
+
+    tensor: Annotated[int, Field(ge=1, le=4096, description="Tensor-parallel size (TP).")] = 1
+    pipeline: Annotated[int, Field(ge=1, le=4096, description="Pipeline-parallel size (PP): stages.")] = 1
+    context: Annotated[int, Field(ge=1, le=4096, description="Context-parallel size (CP).")] = 1
+    expert: Annotated[
+        int,
+        Field(
+            ge=1, le=4096, description="Expert-parallel size (EP); it subdivides data parallelism, so it divides DP."
+        ),
+    ] = 1
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one model replica: TP x CP x PP."""
+        return self.tensor * self.context * self.pipeline
+
+    def problem(self, world: int) -> str | None:
+        """Why this layout cannot split a world of `world` ranks, or None."""
+        mp = self.model_parallel
+        if world % mp:
+            return (
+                f"tensor {self.tensor} x context {self.context} x pipeline {self.pipeline} = {mp} "
+                f"does not divide the world of {world} ranks (data parallelism would be {world}/{mp})"
+            )
+        if (world // mp) % self.expert:
+            return f"expert {self.expert} does not divide the data-parallel size {world // mp}"
+        return None
+
+    def data_parallel(self, world: int) -> int:
+        """DP for a world of `world` ranks; raises ValueError when the layout does not fit it."""
+        problem = self.problem(world)
+        if problem:
+            raise ValueError(problem)
+        return world // self.model_parallel
+
+
 class Role(SpecModel):
     """A group of identical nodes running the same command (trainer, actor, rollout, ...)."""
 
@@ -207,6 +250,14 @@ class Role(SpecModel):
         ),
     ] = None
 
+    parallelism: Annotated[
+        Parallelism,
+        Field(
+            description="Tensor, pipeline, context and expert parallel sizes; data parallelism is "
+            "replicas x processesPerNode / (tensor x context x pipeline)."
+        ),
+    ] = Parallelism()
+
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:
@@ -235,6 +286,24 @@ class Role(SpecModel):
             more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
             raise ValueError("; ".join(problems[:5]) + more)
         return env
+
+    @model_validator(mode="after")
+    def _layout_fits_the_world(self) -> Role:
+        problem = self.parallelism.problem(self.world_size)
+        if problem:
+            raise ValueError(
+                f"role {self.name!r}: parallelism does not fit its {self.world_size} ranks "
+                f"({self.replicas} replicas x {self.processes_per_node} processesPerNode): {problem}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.processes_per_node
+
+    @property
+    def data_parallel(self) -> int:
+        return self.parallelism.data_parallel(self.world_size)
 
 
 class FaultTolerance(SpecModel):

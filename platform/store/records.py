@@ -245,6 +245,10 @@ class WorkerStatus(Record):
     first_step_at: float | None = None
     first_loss: float | None = None
     last_checkpoint_step: int | None = None
+    # The data loader's state delta at that checkpoint (position, fingerprint): a standby that takes
+    # this rank's place pre-warms its shadow loader from it.
+    last_checkpoint_data: dict[str, Any] | None = None
+    phases: PhaseTimes | None = None  # the last step's, as the SDK reported them
     log_tail: list[str] = []
     # What the agent's streaming scan of this worker's output found (the most recent, bounded).
     matches: list[LogMatch] = []
@@ -263,6 +267,8 @@ class Heartbeat(Record):
     vector: dict | None = None
     # Machine faults the probes found (Xid 79, uncorrectable ECC, NIC down, disk full...): evict now.
     machine_faults: list[str] = []
+    # The agent's named state (stalwart.agents.supervisor.AgentState): standby, idle, running...
+    agent_state: str | None = None
 
 
 class NodeAssignment(Record):
@@ -378,6 +384,16 @@ class CheckpointTiming(BaseModel):
     tiers: list[str] = []  # save: the tiers written; load: the tier read
 
 
+class PhaseTimes(BaseModel):
+    """One step of one rank, split by where its time went (seconds; None: not measured)."""
+
+    data: float | None = None  # waiting for the next batch
+    compute: float | None = None  # forward and backward
+    optimizer: float | None = None  # the optimizer step
+    comm: float | None = None  # blocked in communication outside forward and backward
+    other: float | None = None  # the step's wall time that no phase accounts for
+
+
 class ProgressReport(Record):
     """Sent by the worker SDK to its agent over the local socket, once per step or event."""
 
@@ -393,6 +409,11 @@ class ProgressReport(Record):
     # not count as the new generation's progress (same ranks, same socket).
     generation: int | None = None
     checkpoint: CheckpointTiming | None = None  # kind "checkpoint": the engine's timings, when given
+    # Where the step's time went (seconds; None: not measured): waiting for data, forward and
+    # backward, the optimizer step, blocked in communication, and the rest of the step's wall time.
+    phases: PhaseTimes | None = None
+    # With a checkpoint: the data loader's state delta at that step (position, fingerprint).
+    data_state: dict[str, Any] | None = None
 
 
 class LogRequest(Record):

@@ -196,8 +196,8 @@ def test_agent_never_imports_torch() -> None:
         "import sys, stalwart.agents.agent, stalwart.agents.data_plane, stalwart.checkpoint.peers, "
         "stalwart.signatures\n"
         "from stalwart.dataloader import SHM_ENV\n"
-        "from stalwart.agents.agent import _prewarm\n"
-        "_prewarm()\n"
+        "from stalwart.agents.standby import prewarm_imports\n"
+        "prewarm_imports()\n"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -225,7 +225,7 @@ def test_a_report_from_the_previous_generation_is_not_the_new_ones_progress(tmp_
         assignment,
         node,
         [sys.executable, "-c", "import time; time.sleep(60)"],
-        dict(os.environ),
+        [dict(os.environ)],
         tmp_path,
         tmp_path / "logs",
     )

@@ -5,14 +5,13 @@ Each test runs the real command in a subprocess and reads its JSON summary; noth
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from support import stalwart_run
 from support.orphans import cmdline, tagged_processes
 from support.paths import REPO
 
@@ -23,51 +22,13 @@ STEPS = 60
 INITIAL_LOSS = 5.0  # ln(256) ≈ 5.55 for an untrained byte-level model
 
 
-def job_variant(
-    tmp_path: Path,
-    *,
-    args: list[str] = (),
-    fault_tolerance: dict[str, Any] | None = None,  # type: ignore[assignment]
-    failure_policy: dict[str, Any] | None = None,
-    standbys: int = 0,
-) -> Path:
-    """e2e.yaml with extra worker arguments or policy settings, written where the test can use it."""
-    doc = yaml.safe_load(JOB.read_text())
-    role = doc["spec"]["roles"][0]
-    role["command"] += list(args)
-    role["workingDir"] = str((JOB.parent / role["workingDir"]).resolve())
-    for source in doc["spec"]["data"]["sources"]:
-        source["shards"] = [str((JOB.parent / s).resolve()) for s in source["shards"]]
-    doc["spec"]["faultTolerance"].update(fault_tolerance or {})
-    doc["spec"]["failurePolicy"].update(failure_policy or {})
-    doc["spec"]["standbys"] = {"count": standbys}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def job_variant(tmp_path: Path, **kw: Any) -> Path:
+    """e2e.yaml with extra worker arguments or policy settings (support.stalwart_run.job_variant)."""
+    return stalwart_run.job_variant(JOB, tmp_path, **kw)
 
 
 def run_job(tmp_path: Path, stalwart_cmd: list[str], *inject: str, job: Path = JOB) -> tuple[int, dict[str, Any], str]:
-    summary = tmp_path / "summary.json"
-    argv = [
-        *stalwart_cmd,
-        "run",
-        str(job),
-        "--workdir",
-        str(tmp_path / "run"),
-        "--summary-json",
-        str(summary),
-        "--timeout",
-        "240",
-    ]
-    for fault in inject:
-        argv += ["--inject", fault]
-    before = {p.pid for p in tagged_processes()}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert summary.exists(), output
-    left = [cmdline(p) for p in tagged_processes() if p.pid not in before]
-    assert not left, f"stalwart run left processes behind: {left}"
-    return proc.returncode, json.loads(summary.read_text()), output
+    return stalwart_run.run_job(tmp_path, stalwart_cmd, job, *inject)
 
 
 def test_a_killed_worker_restarts_in_place_then_nan_rolls_back(tmp_path: Path, stalwart_cmd: list[str]) -> None:
@@ -252,28 +213,11 @@ def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: 
 
 def test_preflight_evicts_bad_nodes_before_the_start(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     job = REPO / "tests" / "data" / "jobs" / "e2e-preflight.yaml"
-    summary = tmp_path / "summary.json"
-    argv = [
-        *stalwart_cmd,
-        "run",
-        str(job),
-        "--workdir",
-        str(tmp_path / "run"),
-        "--summary-json",
-        str(summary),
-        "--inject",
-        "corrupt-compute:node=1",
-        "--inject",
-        "collective-hang:node=0",
-        "--timeout",
-        "280",
-    ]
-    before = {p.pid for p in tagged_processes()}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=320)
-    assert not [p for p in tagged_processes() if p.pid not in before]
-    result = json.loads(summary.read_text())
+    code, result, output = stalwart_run.run_job(
+        tmp_path, stalwart_cmd, job, "corrupt-compute:node=1", "collective-hang:node=0", timeout=280
+    )
     snap = result["snapshot"]
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert code == 0, output
     assert snap["step"] == 20 and snap["restarts"] == 0  # evictions before the start cost no restart
     evicted = {i["node"]: i for i in snap["incidents"]}
     assert set(evicted) == {"node-0", "node-1"}, snap["incidents"]

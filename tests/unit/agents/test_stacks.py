@@ -96,3 +96,17 @@ def test_a_dead_pid_and_several_workers(worker: Worker, tmp_path: Path) -> None:
     assert FUNCTION in dumps[0].text
     assert dumps[1].method is StackMethod.NONE and "no process" in (dumps[1].error or "")
     assert dumps[0].__class__.loads(dumps[0].dumps()) == dumps[0]
+
+
+def test_a_dump_over_budget_keeps_its_python_frames() -> None:
+    """Native frames go first: a deep native stack cut short must not leave a rank with no Python frame."""
+    from stalwart.agents.stacks import _truncate
+
+    header = 'Thread 7 (idle): "MainThread"\n'
+    native = "".join(
+        f"    0x7fb7cd8a{i:04x} (libc.so.6)\n    c10d::Reducer::wait (libtorch_cpu.so)\n" for i in range(200)
+    )
+    python = "    backward (torch/autograd/__init__.py:395)\n    main (pretrain_tiny.py:130)\n"
+    text, truncated = _truncate(header + native + python, max_bytes=1024)
+    assert truncated and len(text.encode()) <= 1024
+    assert "main (pretrain_tiny.py:130)" in text and "libc.so.6" not in text and "MainThread" in text

@@ -159,8 +159,10 @@ def test_a_nic_must_go_down_twice_in_the_window_other_faults_evict_at_once() -> 
 
 def test_replay_of_a_data_parallel_job_runs_each_node_alone_and_names_the_one_that_failed() -> None:
     from stalwart.controller.replay_run import WHOLE_JOB, conclusion, plan
+    from stalwart.spec import Role, TrainingJobSpec
 
-    replay = plan(["node-0", "node-1", "node-2"])
+    spec = TrainingJobSpec(roles=[Role(name="trainer", replicas=3, processes_per_node=2, command=["python"])])
+    replay = plan(spec, ["node-0", "node-1", "node-2"])
     # PP = 1: the horizontal group is the whole job, which has just failed; it is not run again.
     assert [g.nodes for g in replay.vertical] == [["node-0"], ["node-1"], ["node-2"]]
     assert [(g.outcome, g.reason) for g in replay.horizontal] == [("failed", WHOLE_JOB)]

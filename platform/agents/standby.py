@@ -1,0 +1,112 @@
+"""What a node does while it waits as a warm standby, so that taking over a failed node's ranks is fast.
+
+- Imports what starting workers needs the first time (peer choice, the signature database).
+- Keeps the job's newest in-memory checkpoint in its own memory store (standbys.preloadCheckpoint):
+  the ranks it takes over then load locally (stalwart.checkpoint.memory_mirror).
+- Remembers the data loader's state at each checkpoint the job's workers report (the SDK's
+  `report_checkpoint(step, data_state=loader.state_delta())`): when it is promoted, its shadow
+  loader starts on the first batches at once, while its workers are still starting.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from stalwart.checkpoint.storage.base import StorageError
+from stalwart.logs import ContextLogger
+from stalwart.spec import TrainingJob
+from stalwart.store import keys
+from stalwart.store.client import Store, StoreUnavailable
+from stalwart.store.nodes import read_nodes
+from stalwart.store.records import JobState
+
+MIRROR_INTERVAL = 1.0  # a standby looks for a newer checkpoint this often
+KEPT_LOADER_STATES = 8
+
+
+def prewarm_imports() -> None:
+    """Load now what starting workers needs the first time: a standby pays it while it waits, not
+    while the job waits for it. Neither imports torch."""
+    from stalwart.checkpoint.peers import choose_peers  # noqa: F401
+    from stalwart.signatures import default_database
+
+    default_database()
+
+
+class StandbyDuty:
+    def __init__(
+        self,
+        store: Store,
+        job: TrainingJob,
+        node: str,
+        log: ContextLogger,
+        listed: Callable[[], bool],
+        token: Callable[[], str],
+    ) -> None:
+        """`listed()` tells whether the job's state lists this node as a standby now; `token()` is the
+        job's checkpoint token, which the memory stores ask of the mirror."""
+        self.store, self.job, self.node, self.log = store, job, node, log
+        self.token = token
+        self.listed = listed
+        self.memory_address: str | None = None
+        self._loader_states: dict[int, dict[str, Any]] = {}  # checkpoint step -> loader state delta
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._held: int | None = None
+        self._said: str | None = None
+
+    def start(self, memory_address: str | None) -> None:
+        self.memory_address = memory_address
+        threading.Thread(target=prewarm_imports, name="prewarm", daemon=True).start()
+        threading.Thread(target=self._loop, name="standby", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def loader_state(self, max_step: int | None) -> tuple[int, dict[str, Any]] | None:
+        """The newest checkpoint's loader state (no newer than `max_step`, a rollback's bound)."""
+        with self._lock:
+            steps = [s for s in self._loader_states if max_step is None or s <= max_step]
+            return (max(steps), self._loader_states[max(steps)]) if steps else None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(MIRROR_INTERVAL):
+            if not self.listed():
+                continue
+            try:
+                self._round()
+            except (StoreUnavailable, StorageError) as exc:
+                self.log.debug("standby round skipped", fields={"error": str(exc)})
+
+    def _round(self) -> None:
+        state = self.store.get(keys.job_state(self.job.name), JobState)
+        if state is None:
+            return
+        nodes = read_nodes(self.store, self.job.name)
+        with self._lock:
+            for name in state.slots:
+                beat = nodes.heartbeats.get(name)
+                for w in beat.workers if beat else []:
+                    if w.last_checkpoint_step is not None and w.last_checkpoint_data:
+                        self._loader_states[w.last_checkpoint_step] = w.last_checkpoint_data
+            for old in sorted(self._loader_states)[:-KEPT_LOADER_STATES]:
+                del self._loader_states[old]
+        if self.memory_address is None or not self.job.spec.standbys.preload_checkpoint:
+            return
+        from stalwart.checkpoint.memory_mirror import sync_newest
+
+        budget = int(self.job.spec.checkpoint.memory_capacity_gib * (1 << 30) / 2)
+        sources = [
+            f"{r.address}:{r.memory_port}" for n, r in nodes.registrations.items() if n in state.slots and r.memory_port
+        ]
+        result = sync_newest(self.memory_address, sources, self.job.name, budget, self.token()) if sources else None
+        if result is not None and result.step != self._held:
+            self._held = result.step
+            self.log.info(
+                "standby holds the newest checkpoint", fields={"step": self._held, "bytes": result.copied_bytes}
+            )
+        if result is not None and result.skipped and result.skipped != self._said:
+            self._said = result.skipped
+            self.log.warning("standby cannot hold the newest checkpoint", fields={"why": self._said})

@@ -1,0 +1,72 @@
+"""`stalwart run` as the end-to-end tests drive it: a job file made from a test job with overrides,
+the real command in a subprocess, its JSON summary, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from support.orphans import cmdline, tagged_processes
+
+
+def job_variant(
+    job: Path,
+    tmp_path: Path,
+    *,
+    args: list[str] = (),  # type: ignore[assignment]
+    fault_tolerance: dict[str, Any] | None = None,
+    failure_policy: dict[str, Any] | None = None,
+    standbys: int | None = 0,
+) -> Path:
+    """`job` with extra worker arguments or policy settings, its relative paths made absolute,
+    written where the test can use it."""
+    doc = yaml.safe_load(job.read_text())
+    role = doc["spec"]["roles"][0]
+    role["command"] += list(args)
+    role["workingDir"] = str((job.parent / role["workingDir"]).resolve())
+    for source in doc["spec"]["data"]["sources"]:
+        source["shards"] = [str((job.parent / s).resolve()) for s in source["shards"]]
+    doc["spec"]["faultTolerance"].update(fault_tolerance or {})
+    doc["spec"]["failurePolicy"].update(failure_policy or {})
+    if standbys is not None:
+        doc["spec"]["standbys"] = {"count": standbys}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_job(
+    tmp_path: Path, stalwart_cmd: list[str], job: Path, *inject: str, timeout: float = 240
+) -> tuple[int, dict[str, Any], str]:
+    """(exit code, the run's JSON summary, its output); fails if the run left a process behind."""
+    summary = tmp_path / "summary.json"
+    argv = [
+        *stalwart_cmd,
+        "run",
+        str(job),
+        "--workdir",
+        str(tmp_path / "run"),
+        "--summary-json",
+        str(summary),
+        "--timeout",
+        str(timeout),
+    ]
+    for fault in inject:
+        argv += ["--inject", fault]
+    before = {p.pid for p in tagged_processes()}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60)
+    output = proc.stdout + proc.stderr
+    assert summary.exists(), output
+    left = [cmdline(p) for p in tagged_processes() if p.pid not in before]
+    assert not left, f"stalwart run left processes behind: {left}"
+    return proc.returncode, json.loads(summary.read_text()), output
+
+
+def agent_log(run_dir: Path, node: str) -> list[dict[str, Any]]:
+    """A node agent's structured log lines."""
+    path = run_dir / "nodes" / node / "agent.log"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]

@@ -1,0 +1,147 @@
+"""The worker contract as the launcher writes it: `worker_env()` is pure, so every variable is tested here."""
+
+from __future__ import annotations
+
+import time
+
+from stalwart import worker_contract as contract
+from stalwart.agents.launcher import NodeServices, worker_env
+from stalwart.checkpoint.memory_auth import TOKEN_ENV
+from stalwart.spec import Parallelism, Role, TrainingJob
+from stalwart.store.records import Assignment, NodeAssignment
+
+SERVICES = NodeServices(
+    node="node-2",
+    progress_socket="/tmp/stw-x/progress.sock",
+    checkpoint_uri="/ckpt",
+    memory_uri="mem://127.0.0.1:9/j?peer=127.0.0.1:8",
+    checkpoint_token="t0ken",
+    shadow_segment="stalwart-j-node-2",
+    data_config='{"sources": []}',
+    bin_dir="/venv/bin",
+)
+
+
+def job(**role_env: str) -> TrainingJob:
+    role = Role(
+        name="trainer",
+        replicas=4,
+        processes_per_node=2,
+        command=["python", "train.py"],
+        parallelism=Parallelism(tensor=2, pipeline=2),
+        env=role_env,
+    )
+    return TrainingJob.model_validate(
+        {
+            "apiVersion": "stalwart.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "j"},
+            "spec": {
+                "roles": [role.model_dump(by_alias=True)],
+                "checkpoint": {"intervalSteps": 7, "keepLast": 2},
+                "data": {"seqLen": 32, "microBatch": 4, "sources": [{"name": "s", "shards": ["x"]}]},
+            },
+        }
+    )
+
+
+def generation(**kw: object) -> tuple[Assignment, NodeAssignment]:
+    mine = NodeAssignment(node="node-2", node_rank=2, role="trainer", first_rank=4, local_world_size=2)
+    nodes = [
+        NodeAssignment(node=f"node-{i}", node_rank=i, role="trainer", first_rank=2 * i, local_world_size=2)
+        for i in (0, 1, 3)
+    ]
+    assignment = Assignment(
+        job="j",
+        generation=3,
+        world_size=8,
+        master_addr="10.0.0.1",
+        master_port=29500,
+        nodes=[*nodes, mine],
+        created_at=time.time(),
+        **kw,  # type: ignore[arg-type]
+    )
+    return assignment, mine
+
+
+def test_a_worker_gets_torchruns_variables_the_layout_and_the_nodes_services() -> None:
+    assignment, mine = generation(resume_max_step=30, code_version="v2")
+    env = worker_env({"PATH": "/usr/bin", "HOME": "/root"}, job(), assignment, mine, 1, SERVICES)
+    assert {k: env[k] for k in contract.TORCHRUN} == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "2",
+        "ROLE_NAME": "trainer",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "j",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+    }
+    assert [env[k] for k in ("STALWART_TP", "STALWART_PP", "STALWART_CP", "STALWART_EP", "STALWART_DP")] == [
+        "2",
+        "2",
+        "1",
+        "1",
+        "2",
+    ]
+    assert env[contract.GENERATION] == "3" and env[contract.NODE] == "node-2" and env[contract.JOB] == "j"
+    assert env[contract.CHECKPOINT_URI] == "/ckpt" and env[contract.CHECKPOINT_MEMORY_URI] == SERVICES.memory_uri
+    # the memory stores' token by environment, under the name the checkpoint engine reads
+    assert env[contract.CHECKPOINT_TOKEN] == "t0ken" and contract.CHECKPOINT_TOKEN == TOKEN_ENV
+    assert env[contract.CHECKPOINT_INTERVAL] == "7" and env[contract.CHECKPOINT_KEEP] == "2"
+    assert env[contract.RESUME_MAX_STEP] == "30" and env[contract.CODE_VERSION] == "v2"
+    assert env[contract.DATALOADER_SHM] == "stalwart-j-node-2" and env[contract.DATA_MICRO_BATCH] == "4"
+    assert env[contract.PROGRESS_SOCKET] == SERVICES.progress_socket
+    assert env["PATH"] == "/venv/bin:/usr/bin" and env["HOME"] == "/root" and env["OMP_NUM_THREADS"] == "1"
+    assert contract.REPLAY_STEPS not in env
+
+
+def test_the_contract_wins_over_the_roles_env_and_stale_agent_variables() -> None:
+    assignment, mine = generation()
+    base = {contract.RESUME_MAX_STEP: "10", contract.FAULT_HOOKS: "{}", "OMP_NUM_THREADS": "4"}
+    env = worker_env(base, job(RANK="99", MY_FLAG="1"), assignment, mine, 0, SERVICES)
+    assert env["RANK"] == "4" and env["MY_FLAG"] == "1" and env["OMP_NUM_THREADS"] == "4"
+    assert contract.RESUME_MAX_STEP not in env  # no rollback in this generation
+    assert env[contract.FAULT_HOOKS] == "{}"  # injected faults reach the workers through the agent
+
+
+def test_a_replay_group_is_a_smaller_copy_of_the_job() -> None:
+    """Same TP and PP, fewer data-parallel replicas; scratch checkpoints, no memory tier, no rollback
+    bound, its data read in process."""
+    mine = NodeAssignment(
+        node="node-2",
+        node_rank=1,
+        role="trainer",
+        first_rank=2,
+        local_world_size=2,
+        group="v1",
+        master_addr="127.0.0.1",
+        master_port=4000,
+        world_size=4,
+    )
+    assignment = Assignment(
+        job="j",
+        generation=5,
+        world_size=4,
+        master_addr="127.0.0.1",
+        master_port=4000,
+        nodes=[mine],
+        created_at=0.0,
+        replay_steps=8,
+        resume_max_step=30,
+    )
+    env = worker_env({}, job(), assignment, mine, 1, SERVICES)
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("3", "4", "4000")
+    assert (env["STALWART_TP"], env["STALWART_PP"], env["STALWART_DP"]) == ("2", "2", "1")
+    assert env[contract.REPLAY_STEPS] == "8"
+    assert env[contract.CHECKPOINT_URI] == "/ckpt-replay/gen-0005/v1"
+    for absent in (
+        contract.CHECKPOINT_MEMORY_URI,
+        contract.CHECKPOINT_TOKEN,
+        contract.RESUME_MAX_STEP,
+        contract.DATALOADER_SHM,
+    ):
+        assert absent not in env
+    assert env[contract.DATA_CONFIG] == SERVICES.data_config  # it reads the job's data itself

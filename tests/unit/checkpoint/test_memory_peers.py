@@ -1,0 +1,54 @@
+"""Memory-tier peers from the job's Topology: a node's second copy goes to a node that shares no
+parallel group (TP, PP, DP, ...) with any of its ranks, and the agent's memory URI names that peer."""
+
+from __future__ import annotations
+
+from stalwart.agents.data_plane import memory_uri
+from stalwart.checkpoint.peers import choose_peers
+from stalwart.spec import Parallelism, Role, TrainingJobSpec
+from stalwart.spec.topology import Topology
+from stalwart.store.records import Assignment, NodeAssignment, NodeRegistration
+
+
+def topology(replicas: int, procs: int, **parallelism: int) -> Topology:
+    role = Role(
+        name="t", replicas=replicas, processes_per_node=procs, command=["x"], parallelism=Parallelism(**parallelism)
+    )
+    return Topology.from_spec(TrainingJobSpec(roles=[role]), {r: f"node-{r // procs}" for r in range(replicas * procs)})
+
+
+def shares_a_group(t: Topology, a: str, b: str) -> bool:
+    return any(set(g) & set(t.ranks_on(a)) and set(g) & set(t.ranks_on(b)) for g in t.parallel_groups())
+
+
+def test_peers_share_no_parallel_group_with_their_node() -> None:
+    for t in (
+        topology(4, 2, tensor=2, pipeline=2),
+        topology(8, 2, tensor=2, pipeline=2),
+        topology(8, 2, tensor=2, pipeline=4),
+    ):
+        peers = choose_peers(t.rank_nodes, t.parallel_groups())
+        assert set(peers) == set(t.nodes())
+        for node, peer in peers.items():
+            assert not shares_a_group(t, node, peer), (t.describe(), node, peer)
+    t = topology(4, 2, tensor=2, pipeline=2)
+    example = choose_peers(t.rank_nodes, t.parallel_groups())
+    assert example == {"node-0": "node-3", "node-1": "node-2", "node-2": "node-1", "node-3": "node-0"}
+
+
+def test_the_agents_memory_uri_names_the_peer_outside_its_groups() -> None:
+    t = topology(4, 2, tensor=2, pipeline=2)
+    nodes = [
+        NodeAssignment(node=f"node-{i}", node_rank=i, role="t", first_rank=2 * i, local_world_size=2) for i in range(4)
+    ]
+    assignment = Assignment(
+        job="j", generation=1, world_size=8, master_addr="h", master_port=1, nodes=nodes, created_at=0.0
+    )
+    regs = {
+        f"node-{i}": NodeRegistration(
+            node=f"node-{i}", job="j", host="h", agent_pid=1, registered_at=0.0, lease_id=1, memory_port=7000 + i
+        )
+        for i in range(4)
+    }
+    uri = memory_uri("node-1", "j", assignment, t, regs)
+    assert uri == "mem://127.0.0.1:7001/j?peer=127.0.0.1:7002&nodes=127.0.0.1:7000,127.0.0.1:7002,127.0.0.1:7003"

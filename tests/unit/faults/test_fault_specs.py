@@ -1,0 +1,32 @@
+"""Fault specs: worker faults reach the workers through their agents' environment (every node, the
+standbys too), and a bad node's crash rides with them."""
+
+from __future__ import annotations
+
+import json
+
+from stalwart import worker_contract as contract
+from stalwart.faults import FaultKind, node_fault_env, parse_fault
+
+
+def test_slow_data_needs_a_rank_and_may_say_how_slow() -> None:
+    fault = parse_fault("slow-data:rank=5,step=10,seconds=1.5")
+    assert fault.kind is FaultKind.SLOW_DATA and fault.describe() == "slow-data rank=5 +1.5s at step 10"
+    armed = json.loads(node_fault_env([fault])["*"][contract.FAULT_HOOKS])
+    assert armed["slow_data_seconds"] == 1.5 and armed["slow_step_seconds"] == 0.4
+    try:
+        parse_fault("slow-data:step=10")
+    except ValueError as exc:
+        assert "slow-data needs rank=" in str(exc)
+    else:
+        raise AssertionError("a slow-data fault without a rank was accepted")
+
+
+def test_worker_faults_arm_every_node_and_a_bad_node_also_crashes() -> None:
+    env = node_fault_env([parse_fault("hang-worker:rank=1,step=20"), parse_fault("bad-node:node=1")])
+    assert set(env) == {"*", "node-1"}
+    armed = json.loads(env["*"][contract.FAULT_HOOKS])
+    assert armed["signals"] is True and armed["crash_after_steps"] is None
+    crashing = json.loads(env["node-1"][contract.FAULT_HOOKS])
+    assert crashing["signals"] is True and crashing["crash_after_steps"] == 5
+    assert node_fault_env([parse_fault("kill-worker:rank=1,step=3")]) == {}  # a SIGKILL needs no hook
