@@ -3,6 +3,8 @@ node, and the window as the diagnosis engine reads it (a slow data loader is nam
 
 from __future__ import annotations
 
+import pytest
+
 from stalwart.agents.metrics_history import MetricsHistory
 from stalwart.diagnosis.engine import diagnose
 from stalwart.controller.metric_windows import node_metrics
@@ -41,26 +43,28 @@ def test_the_window_is_bounded_oldest_first_and_told_by_generation() -> None:
     assert [r["at"] for r in history.as_records(1)] == [2.0, 3.0] and len(history.window(2)) == 1
 
 
-def test_a_node_whose_data_loading_alone_is_slow_is_named_by_its_metrics() -> None:
-    """The example's layout (TP 2 x PP 2 x DP 2, two ranks a node) as its agents report it: rank 5
-    on node-2 waits 2 s for data each step. Its victims wait for it where their next sync point is:
+def windows(culprit_phase: str) -> list[StackReport]:
+    """The example's layout (TP 2 x PP 2 x DP 2, two ranks a node) as its agents report it: rank 4 on
+    node-2 spends 2 s more per step in `culprit_phase` ("data": a slow loader; "other": the
+    slow-worker fault, between steps). Its victims wait for it where their next sync point is:
     node-0 (the stage before it) inside forward and backward, node-1 and node-3 in the DP all-reduce;
-    node-0's optimizer is a little slower (a loaded machine's noise). The stacks say nothing here; the
-    metrics name node-2 alone."""
+    node-0's optimizer is a little slower (a loaded machine's noise)."""
     reports = []
     for n in range(4):
         history = MetricsHistory()
         for t in range(20):
             slow = t >= 5
             step = 2.3 if slow else 0.4
-            data = 2.0 if slow and n == 2 else 0.01
             compute = 2.0 if slow and n == 0 else 0.2
             comm = 2.0 if slow and n in (1, 3) else 0.05
             optimizer = 0.12 if n == 0 else 0.02
-            ranks = [
-                worker(2 * n, data=data, compute=compute, comm=comm, optimizer=optimizer, step_time=step),
-                worker(2 * n + 1, data=0.01, compute=compute, comm=comm, optimizer=optimizer, step_time=step),
-            ]
+            ranks = []
+            for rank in (2 * n, 2 * n + 1):
+                w = worker(rank, data=0.01, compute=compute, comm=comm, optimizer=optimizer, step_time=step)
+                if slow and rank == 4:
+                    assert w.phases is not None
+                    setattr(w.phases, culprit_phase, 2.0)
+                ranks.append(w)
             history.add(node_metric_vector(f"node-{n}", ranks, now=float(t)), generation=1)
         reports.append(
             StackReport(
@@ -72,6 +76,13 @@ def test_a_node_whose_data_loading_alone_is_slow_is_named_by_its_metrics() -> No
                 metrics=history.as_records(1),
             )
         )
+    return reports
+
+
+@pytest.mark.parametrize("phase", ["data", "other"])
+def test_a_node_slow_in_one_phase_is_named_by_its_metrics_not_its_victims(phase: str) -> None:
+    """The stacks say nothing here; the metrics name node-2 alone (its victims' waits are leads)."""
+    reports = windows(phase)
     metrics = node_metrics(reports, {})
     assert [m.node for m in metrics] == ["node-0", "node-1", "node-2", "node-3"]
     assert len(metrics[2].series["data_time_max_s"]) == 20
@@ -85,5 +96,5 @@ def test_a_node_whose_data_loading_alone_is_slow_is_named_by_its_metrics() -> No
     )
     verdict = diagnose(bundle)
     assert verdict.flagged == ["node-2"], verdict.summary
-    assert any(line.startswith("data_time") and "node-2" in line for line in verdict.evidence), verdict.evidence
+    assert any(line.startswith(f"{phase}_time") and "node-2" in line for line in verdict.evidence), verdict.evidence
     assert node_metrics([StackReport(request_id="r", node="n", generation=1, captured_at=0.0, stacks=[])], {}) == []
