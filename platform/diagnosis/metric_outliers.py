@@ -81,8 +81,12 @@ STEP_TIME = "step_time_s"
 # Phases that hold the waits for other ranks (forward and backward hold TP and PP communication,
 # DDP's gradient all-reduce; `comm` is waiting itself): in synchronous training the ranks that wait
 # for a slow one stand out in them too. When another node is out in a local phase (data, optimizer,
-# the rest of the step), they are leads (half weight); alone (a throttled GPU), they name the node.
+# the rest of the step), they are explained by it and weigh nothing; alone (a throttled GPU, a bad
+# link), they name the node.
 WAIT_INCLUSIVE = frozenset({"compute_time_s", "compute_time_max_s", "comm_time_s", "comm_time_max_s"})
+# The phases a rank spends on its own: a node out in one of them is where the step's time goes.
+LOCAL_PHASES = STEP_SCALED - WAIT_INCLUSIVE
+# ... and then a host reading (CPU, memory, GPU) of a node whose own phases are normal is a lead.
 LEAD_WEIGHT = 0.5
 _WORD = {"high": "above", "low": "below", "both": "away from"}
 FULL_RUN_FACTOR = 2  # a metric out for 2 x persist windows in a row counts fully
@@ -206,20 +210,26 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
             per_node.setdefault(int(i), []).append(
                 MetricScore(metric=name, node=nodes[i], score=round(score, 2), windows=int(run[i]))
             )
-    # When some node is out in a local phase (data, optimizer, the rest of the step), the nodes out
-    # only in the phases that hold the waits are its victims more likely than culprits: leads.
-    local_culprit = any(m.metric in STEP_SCALED - WAIT_INCLUSIVE for scores in per_node.values() for m in scores)
+    # When some node is out in a local phase (data, optimizer, the rest of the step), that is where
+    # the step's time goes: the waits of its victims are explained, host readings are leads.
+    local_runs = [m.windows for scores in per_node.values() for m in scores if m.metric in LOCAL_PHASES]
+    # Each metric weighs by how long it persisted, full weight at FULL_RUN windows in a row or, when a
+    # node has been out in a local phase for longer, at that run: a node that turned out only lately,
+    # while another was out all along, is most likely its victim (or a starved host's).
+    full_run = max([FULL_RUN_FACTOR * cfg.persist, *local_runs])
     for index, scores in per_node.items():
         scores.sort(key=lambda s: -s.score)
         out.ranking.extend(scores)
         node = nodes[index]
-        # Each metric weighs by how long it persisted (full weight at FULL_RUN windows in a row): one
-        # metric barely past `persist` is a lead, a long run or several agreeing metrics a finding.
+        # One metric barely past `persist` is a lead, a long run or several agreeing metrics a finding.
         # A quantity's mean and max over the node's ranks are one measurement: the stronger counts.
         family: dict[str, float] = {}
         for m in scores:
-            lead = local_culprit and m.metric in WAIT_INCLUSIVE
-            w = min(1.0, m.windows / (FULL_RUN_FACTOR * cfg.persist)) * (LEAD_WEIGHT if lead else 1.0)
+            w = min(1.0, m.windows / full_run)
+            if local_runs and m.metric in WAIT_INCLUSIVE:
+                w = 0.0
+            elif local_runs and m.metric not in LOCAL_PHASES:
+                w *= LEAD_WEIGHT
             key = m.metric.replace("_max_s", "_s")
             family[key] = max(family.get(key, 0.0), w)
         weight = sum(family.values())

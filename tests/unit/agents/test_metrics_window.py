@@ -81,7 +81,7 @@ def windows(culprit_phase: str) -> list[StackReport]:
 
 @pytest.mark.parametrize("phase", ["data", "other"])
 def test_a_node_slow_in_one_phase_is_named_by_its_metrics_not_its_victims(phase: str) -> None:
-    """The stacks say nothing here; the metrics name node-2 alone (its victims' waits are leads)."""
+    """The stacks say nothing here; the metrics name node-2 alone (its victims' waits are explained by it)."""
     reports = windows(phase)
     metrics = node_metrics(reports, {})
     assert [m.node for m in metrics] == ["node-0", "node-1", "node-2", "node-3"]

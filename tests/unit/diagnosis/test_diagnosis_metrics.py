@@ -83,3 +83,32 @@ def test_the_engine_reports_a_slowdown_from_metrics(kind: str) -> None:
     assert v.metric_ranking[0].metric == "step_time_s" and v.runbook == "slowdown"
     healthy = diagnose(EvidenceBundle(job="m", kind=kind, metrics=fleet(12, 30)))  # type: ignore[arg-type]
     assert healthy.failure_class == "none" and healthy.flagged == [] and healthy.action == "none"
+
+
+def test_a_node_out_all_along_in_a_local_phase_outweighs_late_and_host_only_outliers() -> None:
+    """As on a starved host: node-2's data loading is slow all along; node-3 (its data-parallel
+    peer) waits for it and turns slow in its own phases only lately; node-0's CPU reading differs
+    throughout though its phases are normal. node-2 alone is named; the others stay leads."""
+
+    def series(base: float, late: float | None = None, n: int = 34, tail: int = 8) -> list[float | None]:
+        return [base] * (n - tail) + [base if late is None else late] * tail
+
+    metrics = []
+    for i in range(4):
+        metrics.append(
+            NodeMetrics(
+                node=f"node-{i}",
+                series={
+                    "step_time_s": series(2.2),
+                    "data_time_max_s": series(2.0) if i == 2 else series(0.01, 1.0 if i == 3 else None),
+                    "other_time_max_s": series(0.02, 0.8 if i == 3 else None),
+                    "comm_time_max_s": series(2.0 if i == 3 else 0.05),
+                    "cpu_percent": series(70.0 if i == 0 else 40.0),
+                },
+            )
+        )
+    f = metric_outliers(metrics)
+    assert set(f.node_scores) == {"node-0", "node-2", "node-3"}
+    v = diagnose(EvidenceBundle(job="m", kind="slowdown", metrics=metrics))
+    assert v.failure_class == "slowdown" and v.flagged == ["node-2"], v.suspects
+    assert v.suspects[0].node == "node-2"
