@@ -42,9 +42,16 @@ class LocalCluster(Cluster):
             return None
 
     def _alive(self, pid: int, name: str) -> bool:
+        """The agent we started is running: its pid, with its node's name on the command line (a
+        reused pid is some other process). An empty command line is an agent still inside execve:
+        Popen returns once the exec closes its pipe, before the kernel sets the new arguments, and
+        on a loaded host a look right after start_node sees that window."""
         try:
             proc = psutil.Process(pid)
-            return proc.status() != psutil.STATUS_ZOMBIE and name in proc.cmdline()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            cmdline = proc.cmdline()
+            return not cmdline or name in cmdline
         except psutil.Error:
             return False
 
