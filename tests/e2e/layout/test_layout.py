@@ -27,7 +27,9 @@ SLOW_RANK, HUNG_RANK = 5, 1  # node-2 (stage 1, replica 0) and node-0 (stage 0, 
 
 Run = tuple[int, dict[str, Any], str, Path]
 # Each test may be the first to ask for its module's run (eight workers and five agents on a shared
-# machine, with two recoveries): the default 300 s is not enough to start one.
+# machine, with two recoveries): the default 300 s is not enough to start one. A run is bounded at
+# 600 s: on a host loaded 25 times over its cores (seen: load 50 on 2 cores) the first step alone
+# took 100 s, and the replay run, correct, ran past 420 s.
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -47,7 +49,7 @@ def faults_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         job,
         f"slow-data:rank={SLOW_RANK},step=14,seconds=2",
         f"hang-worker:rank={HUNG_RANK},step=38",
-        timeout=420,
+        timeout=600,
     )
     return code, result, output, tmp / "run"
 
@@ -56,7 +58,7 @@ def faults_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def replay_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     tmp = tmp_path_factory.mktemp("layout-replay")
     job = job_variant(JOB, tmp, args=["--steps", "16"], failure_policy={"replayAfter": 1, "replaySteps": 7}, standbys=1)
-    code, result, output = run_job(tmp, STALWART, job, "bad-node:node=1", timeout=420)
+    code, result, output = run_job(tmp, STALWART, job, "bad-node:node=1", timeout=600)
     return code, result, output, tmp / "run"
 
 
