@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from stalwart.agents.metrics_history import MetricsHistory
-from stalwart.diagnosis.engine import diagnose
 from stalwart.controller.metric_windows import node_metrics
+from stalwart.diagnosis.engine import diagnose
 from stalwart.diagnosis.models import EvidenceBundle, Topology
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.store.records import PhaseTimes, StackReport, WorkerState, WorkerStatus
