@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from stalwart import worker_contract as contract
 from stalwart.agents import worker_sdk
 from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.store.records import ProgressReport
@@ -17,7 +18,7 @@ from stalwart.store.records import ProgressReport
 @pytest.fixture
 def inbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProgressInbox]:
     box = ProgressInbox()
-    monkeypatch.setenv(worker_sdk.PROGRESS_SOCKET_ENV, box.path)
+    monkeypatch.setenv(contract.PROGRESS_SOCKET, box.path)
     monkeypatch.setattr(worker_sdk, "_sock", None)
     monkeypatch.setattr(worker_sdk, "_unsent", {})
     try:
