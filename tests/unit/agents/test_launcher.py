@@ -98,10 +98,12 @@ def test_a_worker_gets_torchruns_variables_the_layout_and_the_nodes_services() -
     assert contract.REPLAY_STEPS not in env
 
 
-def test_the_contract_wins_over_the_roles_env_and_stale_agent_variables() -> None:
+def test_the_contract_wins_over_stale_agent_variables_and_the_role_adds_its_own() -> None:
+    """A role's env may not name the platform's variables (the spec refuses RANK); the agent's own
+    environment may still hold stale ones, and the contract wins over them."""
     assignment, mine = generation()
-    base = {contract.RESUME_MAX_STEP: "10", contract.FAULT_HOOKS: "{}", "OMP_NUM_THREADS": "4"}
-    env = worker_env(base, job(RANK="99", MY_FLAG="1"), assignment, mine, 0, SERVICES)
+    base = {"RANK": "99", contract.RESUME_MAX_STEP: "10", contract.FAULT_HOOKS: "{}", "OMP_NUM_THREADS": "4"}
+    env = worker_env(base, job(MY_FLAG="1"), assignment, mine, 0, SERVICES)
     assert env["RANK"] == "4" and env["MY_FLAG"] == "1" and env["OMP_NUM_THREADS"] == "4"
     assert contract.RESUME_MAX_STEP not in env  # no rollback in this generation
     assert env[contract.FAULT_HOOKS] == "{}"  # injected faults reach the workers through the agent
