@@ -40,7 +40,7 @@ from stalwart.spec import ConfinementError, PathConfinement, TrainingJob
 from stalwart.spec.topology import Topology
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
-from stalwart.store.credentials import CHECKPOINT_TOKEN_ENV, agent_job_token
+from stalwart.store.credentials import agent_job_token
 from stalwart.store.jobs import read_spec
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
@@ -53,6 +53,7 @@ from stalwart.store.records import (
     NodeRegistration,
     WorkerStatus,
 )
+from stalwart.worker_contract import CHECKPOINT_TOKEN
 
 LOOP_INTERVAL = 0.05
 METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
@@ -126,7 +127,7 @@ class NodeAgent:
         starts (they inherit it), and for its own memory-store client: set before any of them."""
         token = agent_job_token(self.store, self.job_name)
         if token:
-            os.environ[CHECKPOINT_TOKEN_ENV] = token
+            os.environ[CHECKPOINT_TOKEN] = token
         else:
             # The checkpoint token then makes the memory stores' own token in etcd.
             self.log.warning("the job has no token in etcd: the memory stores use a checkpoint token of their own")

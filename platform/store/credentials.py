@@ -21,7 +21,6 @@ from stalwart.store import keys
 from stalwart.store.client import Store
 
 JOB_TOKEN_ENV = "STALWART_JOB_TOKEN"  # the job's credential, in a job pod (from the job's Secret)
-CHECKPOINT_TOKEN_ENV = "STALWART_CHECKPOINT_TOKEN"  # what the memory store and its clients read
 DIAGNOSIS_TOKEN_ENV = "STALWART_DIAGNOSIS_TOKEN"  # the diagnosis service's bearer token
 MIN_TOKEN_CHARS = 16
 
