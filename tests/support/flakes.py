@@ -4,7 +4,7 @@ A test that passes alone and fails when the machine is busy depends on timing: t
 (tests wait for states, never for time). Examples:
 
     .venv/bin/python tests/support/flakes.py tests/e2e/operator/test_operator_e2e.py --runs 5
-    .venv/bin/python tests/support/flakes.py "tests/e2e/jobs/test_jobs.py::test_a_hung_rank_gets_its_node_evicted" \\
+    .venv/bin/python tests/support/flakes.py "tests/e2e/jobs/test_jobs.py::test_a_slow_rank_gets_its_node_evicted" \\
         --runs 10 --load 2
 
 `--load N` keeps N busy-looping processes running beside the test (bounded: they stop with the

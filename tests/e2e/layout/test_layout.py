@@ -116,7 +116,8 @@ def test_a_hung_rank_localizes_its_node_not_its_whole_stage(faults_run: Run) -> 
     hung_node, stage_peer = slots[HUNG_RANK // 2], slots[1]
     assert hang["failure_class"] == "Hang" and hang["policy_action"] == "Evict", hang
     assert hang["suspects"] == [hung_node] and hang["evicted"] == [hung_node], (hung_node, stage_peer, hang)
-    assert HUNG_RANK in hang["verdict"]["suspects"][0]["ranks"], hang["verdict"]
+    assert hang["verdict"]["failure_class"] == "hang" and HUNG_RANK in hang["verdict"]["suspects"][0]["ranks"], hang
+    assert hang["diagnosed_at"] >= hang["detected_at"] >= hang["failed_at"], hang
     assert snap["evicted"] == ["node-2", hung_node]
     assert snap["restarts"] == 0 and snap["infra_restarts"] == 2
 
