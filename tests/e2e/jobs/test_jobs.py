@@ -19,6 +19,7 @@ from stalwart.processes import wait_for
 
 JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
 STEPS = 60
+WARM = {"warmWorkers": True}  # the product's default restart path (e2e.yaml turns it off)
 INITIAL_LOSS = 5.0  # ln(256) ≈ 5.55 for an untrained byte-level model
 
 
@@ -35,7 +36,7 @@ def test_a_killed_worker_restarts_in_place_then_nan_rolls_back(tmp_path: Path, s
     """Two failures in one job. A worker SIGKILLed at step 25: no machine named, so the stop-time
     checks run, pass, and the same nodes restart their workers from the latest checkpoint. Then the
     loss turns NaN at step 45: a rollback past the newest checkpoint (40) to the one before (30)."""
-    job = job_variant(tmp_path, args=["--nan-at-step", "45"])
+    job = job_variant(tmp_path, args=["--nan-at-step", "45"], fault_tolerance=WARM)
     code, result, output = run_job(tmp_path, stalwart_cmd, "kill-worker:rank=1,step=25", job=job)
     snap = result["snapshot"]
     assert code == 0, output
@@ -71,7 +72,7 @@ def test_lost_node_is_hot_swapped_even_when_the_controller_dies_mid_recovery(
     """A killed node's slot goes to the warm standby; the healthy node keeps its agent (same pid) and
     only restarts its workers. The first controller dies right after committing the eviction: its
     successor finishes the recovery without evicting again or losing the incident."""
-    job = job_variant(tmp_path, standbys=1)
+    job = job_variant(tmp_path, standbys=1, fault_tolerance=WARM)
     code, result, output = run_job(
         tmp_path, stalwart_cmd, "kill-node:node=1,step=25", "kill-controller-mid-recovery", job=job
     )
