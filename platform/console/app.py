@@ -302,11 +302,13 @@ def create_app(
         request: Request,
         who: Who,
         job: str,
-        tp: Annotated[int, Query(ge=1, le=65536)] = 1,
-        pp: Annotated[int, Query(ge=1, le=65536)] = 1,
-        group: Annotated[str, Query(pattern="^(tp|pp|dp|none)$")] = "none",
+        tp: Annotated[str | None, Query(max_length=5)] = None,
+        pp: Annotated[str | None, Query(max_length=5)] = None,
+        group: Annotated[str, Query(pattern="^(tp|cp|ep|pp|dp|none)$")] = "none",
     ) -> HTMLResponse:
-        view: JobView = job_view(store, job, tp, pp)
+        # Empty (the form's boxes left blank): the job's own layout, from its spec.
+        tp_size, pp_size = _size("tp", tp), _size("pp", pp)
+        view: JobView = job_view(store, job, tp_size, pp_size)
         series = history.series(job) if history else []
 
         def points(attr: str) -> list[tuple[float, float]]:
@@ -325,8 +327,8 @@ def create_app(
                     ("throughput (tokens/s)", points("tokens_per_second"), False),
                     ("ETTR", points("ettr"), True),
                 ],
-                "tp": tp,
-                "pp": pp,
+                "tp": tp_size,
+                "pp": pp_size,
                 "group": group,
                 "recent": [incident_row(i) for i in read_incidents(store, job)[-5:]][::-1],
             },
@@ -515,6 +517,15 @@ def create_app(
         observe=lambda method, route, status, seconds: http_seconds.labels(method, route, status).observe(seconds),
     )
     return app
+
+
+def _size(name: str, given: str | None) -> int | None:
+    """A parallel size from the page's query: blank is none given; otherwise 1..65536."""
+    if given is None or not given.strip():
+        return None
+    if not given.strip().isdigit() or not 1 <= int(given) <= 65536:
+        raise BadForm(f"{name}: a whole number from 1 to 65536, or blank for the job's own layout")
+    return int(given)
 
 
 def _bounds(incidents: list[Incident]) -> tuple[float, float]:

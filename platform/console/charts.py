@@ -81,7 +81,7 @@ def line_chart(points: Sequence[tuple[float, float]], now: float, *, title: str,
 
 
 def timeline_svg(segments: Sequence[Segment], marks: Sequence[TimelineMark], start: float, end: float) -> Markup:
-    """Generations as green bars, downtime after each failure as red bars over them, marks below."""
+    """Generations as green bars, suspensions and the downtime after each failure over them, marks below."""
     width, bar_y, bar_h, height = 1000, 6, 26, 60
     span = max(end - start, 1.0)
 
@@ -89,7 +89,7 @@ def timeline_svg(segments: Sequence[Segment], marks: Sequence[TimelineMark], sta
         return max(0.0, min(width, (t - start) / span * width))
 
     parts = [f'<svg class="timeline" viewBox="0 0 {width} {height}" role="img" aria-label="phase timeline">']
-    order = {"pending": 0, "running": 1, "down": 2, "finished": 3}
+    order = {"pending": 0, "running": 1, "suspended": 2, "down": 3, "finished": 4}
     for seg in sorted(segments, key=lambda s: order.get(s.kind, 9)):
         x0, x1 = x(seg.start), x(seg.end)
         parts.append(

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import cast
 
 from pydantic import BaseModel
 
 from stalwart.cli.jobs_cmd import JobRow, read_jobs
-from stalwart.cli.lookup import job_namespace, require_state, spec_document
+from stalwart.cli.lookup import job_namespace, job_topology, require_state, spec_document
 from stalwart.cli.status_cmd import NodeRow, RankRow, StatusReport, read_status
-from stalwart.diagnosis.models import GroupKind
+from stalwart.spec.topology import GroupKind, RoleLayout, Topology
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import (
@@ -22,13 +23,15 @@ from stalwart.store.records import (
     JobPhase,
     JobState,
     OperatorRequest,
+    RequestKind,
 )
 
 # A rank is a straggler on screen when it is behind the front and has not stepped for this many of
 # the job's median step times: a hint for people (the controller's slowdown rounds decide).
 STRAGGLER_STEP_TIMES = 3.0
 STRAGGLER_FLOOR_SECONDS = 2.0
-GROUP_KINDS: tuple[GroupKind, ...] = ("tp", "pp", "dp")
+# The order a rank's groups are named in on its cell; cp and ep only where the layout uses them.
+SHOWN_KINDS: tuple[GroupKind, ...] = ("tp", "cp", "pp", "dp", "ep")
 
 
 # -- jobs -----------------------------------------------------------------------------------------
@@ -64,7 +67,7 @@ class RankCell(BaseModel):
     step_time: float | None
     progress_age: float | None
     straggler: bool
-    groups: dict[str, int]  # tp/pp/dp -> the index of the rank's group of that kind
+    groups: dict[str, int]  # tp, pp, dp (cp, ep when the layout has them) -> the index of the rank's group
 
 
 class NodeCard(BaseModel):
@@ -75,7 +78,7 @@ class NodeCard(BaseModel):
 class Segment(BaseModel):
     """A stretch of the job's life on the timeline: training in a generation, or down after a failure."""
 
-    kind: str  # pending, running, down, finished
+    kind: str  # pending, running, down, suspended
     start: float
     end: float
     generation: int | None
@@ -84,12 +87,13 @@ class Segment(BaseModel):
 
 class TimelineMark(BaseModel):
     at: float
-    kind: str  # generation, incident, finished
+    kind: str  # generation, incident, suspended, resumed, finished
     label: str
     incident: str | None = None
 
 
 class AuditRow(BaseModel):
+    id: str  # the audit entry's id (the request's, for a request made elsewhere)
     at: float
     actor: str
     via: str
@@ -99,13 +103,15 @@ class AuditRow(BaseModel):
     status: str  # Pending, Done, Failed (the controller's answer), or Done for a spec change
     message: str | None
     request_id: str | None
+    details: list[str] = []  # a check's verdict per node
 
 
 class Layout(BaseModel):
-    tp: int
-    pp: int
-    dp: int
-    source: str  # where the sizes came from
+    """The parallel layout the grid is drawn with: the job's spec's, or sizes given on the page."""
+
+    describe: str  # "trainer: tp 2 x pp 1 x dp 2"
+    kinds: list[str]  # the group kinds a rank is shown in (tp, pp, dp; cp and ep when used)
+    source: str  # spec, page
 
 
 class JobView(BaseModel):
@@ -128,20 +134,27 @@ class JobView(BaseModel):
     now: float
 
 
-def layout_sizes(world: int, tp: int, pp: int) -> Layout | None:
-    """The parallel layout to draw: tp × pp must divide the world; dp is what is left."""
+def page_topology(world: int, tp: int, pp: int) -> Topology | None:
+    """A layout given on the page (as to `stalwart diagnose --tp --pp`): tp x pp must divide the world."""
     if world <= 0 or tp < 1 or pp < 1 or world % (tp * pp):
         return None
-    return Layout(tp=tp, pp=pp, dp=world // (tp * pp), source="page")
+    return Topology((RoleLayout(role="page", first_rank=0, tp=tp, pp=pp, dp=world // (tp * pp)),))
 
 
-def rank_groups(layout: Layout, world: int) -> dict[int, dict[str, int]]:
-    """rank -> {tp, pp, dp: the index of its group of that kind}, from the diagnosis' own layout code."""
-    from stalwart.diagnosis.models import Topology
-    from stalwart.diagnosis.parallel_groups import build_layout
+def layout_of(topology: Topology, source: str) -> Layout:
+    used = [k for k in SHOWN_KINDS if k in ("tp", "pp", "dp") or any(r.size(k) > 1 for r in topology.roles)]
+    shown = topology.describe() if source == "spec" else topology.roles[0].describe()  # the page's has no role
+    return Layout(describe=shown, kinds=used, source=source)
 
-    built = build_layout(Topology(world_size=world, tp=layout.tp, pp=layout.pp, dp=layout.dp))
-    return {r: {k: int(built.group_ids[k][r]) for k in GROUP_KINDS} for r in range(world)}
+
+def rank_groups(topology: Topology, kinds: list[str]) -> dict[int, dict[str, int]]:
+    """rank -> {kind: the index of its group of that kind}, from the job's one Topology."""
+    out: dict[int, dict[str, int]] = {r: {} for r in range(topology.world_size)}
+    for kind in kinds:
+        for index, group in enumerate(topology.groups(cast(GroupKind, kind))):
+            for rank in group:
+                out[rank][kind] = index
+    return out
 
 
 def stragglers(ranks: list[RankRow]) -> set[int]:
@@ -161,9 +174,9 @@ def stragglers(ranks: list[RankRow]) -> set[int]:
     return out
 
 
-def node_cards(report: StatusReport, layout: Layout | None, world: int) -> list[NodeCard]:
+def node_cards(report: StatusReport, topology: Topology | None, layout: Layout | None) -> list[NodeCard]:
     by_rank = {r.rank: r for r in report.ranks}
-    groups = rank_groups(layout, world) if layout else {}
+    groups = rank_groups(topology, layout.kinds) if topology and layout else {}
     slow = stragglers(report.ranks)
     cards = []
     for row in report.nodes:
@@ -224,6 +237,20 @@ def timeline(
             )
         )
         marks.append(TimelineMark(at=inc.failed_at, kind="incident", label=inc.failure_class.value, incident=inc.id))
+    for i, pause in enumerate(state.suspensions):  # spec.suspend: not training, and nobody's failure
+        resumed = pause.ended_at
+        segments.append(
+            Segment(
+                kind="suspended",
+                start=pause.started_at,
+                end=max(pause.started_at, min(resumed or end, end)),
+                generation=None,
+                label=f"suspended ({i + 1})",
+            )
+        )
+        marks.append(TimelineMark(at=pause.started_at, kind="suspended", label="suspended"))
+        if resumed is not None:
+            marks.append(TimelineMark(at=resumed, kind="resumed", label="resumed"))
     if state.phase.terminal:
         marks.append(TimelineMark(at=end, kind="finished", label=state.phase.value))
     return segments, sorted(marks, key=lambda m: m.at)
@@ -246,6 +273,7 @@ def audit_rows(store: Store, job: str) -> list[AuditRow]:
         req = requests.pop(e.request_id, None) if e.request_id else None
         rows.append(
             AuditRow(
+                id=e.id,
                 at=e.at,
                 actor=e.actor,
                 via=e.via,
@@ -255,11 +283,13 @@ def audit_rows(store: Store, job: str) -> list[AuditRow]:
                 status=req.status.value if req else ("Done" if e.request_id is None else "Unknown"),
                 message=req.message if req else ("spec changed" if e.request_id is None else None),
                 request_id=e.request_id,
+                details=check_details(req),
             )
         )
     for r in requests.values():  # from the CLI or the Kubernetes operator
         rows.append(
             AuditRow(
+                id=r.id,
                 at=r.requested_at,
                 actor=r.requested_by or "unknown",
                 via="request",
@@ -269,12 +299,29 @@ def audit_rows(store: Store, job: str) -> list[AuditRow]:
                 status=r.status.value,
                 message=r.message,
                 request_id=r.id,
+                details=check_details(r),
             )
         )
     return sorted(rows, key=lambda r: r.at, reverse=True)
 
 
-def job_view(store: Store, job: str, tp: int = 1, pp: int = 1) -> JobView:
+def check_details(request: OperatorRequest | None) -> list[str]:
+    """A finished check's verdict per node ("node-1: passed", "node-2: failed: why"), as the
+    controller wrote it into the request's result."""
+    if request is None or request.kind is not RequestKind.CHECK or not isinstance(request.result, dict):
+        return []
+    out = []
+    for node, verdict in sorted(request.result.items()):
+        if not isinstance(verdict, dict):
+            continue
+        reasons = [str(r) for r in verdict.get("reasons") or []]
+        out.append(f"{node}: passed" if verdict.get("passed") else f"{node}: failed: {'; '.join(reasons) or '?'}")
+    return out
+
+
+def job_view(store: Store, job: str, tp: int | None = None, pp: int | None = None) -> JobView:
+    """The job as its page shows it: the grid in the spec's parallel layout, unless the page gives TP
+    and PP (a job written by an older Stalwart has no layout in its spec)."""
     now = time.time()
     report = read_status(store, job)
     state = require_state(store, job)
@@ -283,7 +330,15 @@ def job_view(store: Store, job: str, tp: int = 1, pp: int = 1) -> JobView:
     generations = store.get_prefix(keys.generations_prefix(job), Assignment)
     incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)
     current = next((g for g in generations if g.generation == state.generation), None)
-    layout = layout_sizes(current.world_size, tp, pp) if current else None
+    world = current.world_size if current else 0
+    topology: Topology | None
+    if tp is not None or pp is not None:
+        topology, source = page_topology(world, tp or 1, pp or 1), "page"
+    else:
+        topology, source = job_topology(store, job, current), "spec"
+        if topology is not None and topology.world_size != world:
+            topology = None  # a replay generation: a smaller copy of the job
+    layout = layout_of(topology, source) if topology is not None else None
     segments, marks = timeline(state, generations, incidents, now)
     checkpoints = sorted(store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry), key=lambda c: -c.step)
     return JobView(
@@ -292,7 +347,7 @@ def job_view(store: Store, job: str, tp: int = 1, pp: int = 1) -> JobView:
         suspend_requested=bool(isinstance(spec, dict) and spec.get("suspend")),
         live=not report.phase.terminal,
         layout=layout,
-        nodes=node_cards(report, layout, current.world_size if current else 0),
+        nodes=node_cards(report, topology, layout),
         standbys=[n for n in report.nodes if n.state.startswith("standby")],
         others=[n for n in report.nodes if n.state in ("evicted", "idle")],
         segments=segments,

@@ -9,8 +9,15 @@ people from the headers a trusted authenticating proxy would add. The tests foll
   3. a viewer cannot act (no buttons, the confirmation page and a POST are refused);
   4. an operator evicts a node through the confirmation page: it moves out of the job, a standby takes
      its ranks, and the audit trail shows who, when, why and the controller's answer;
-  5. a worker is killed (maxRestarts 0: the job fails): every page renders for the finished job;
-  6. no request of the browser's went to any host but the console.
+  5. cordons a node (in etcd, shown on its card; it keeps its ranks), then uncordons it;
+  6. runs the checks on a node: the controller's verdict appears in the audit trail;
+  7. suspends the job (its nodes stop: Suspended, a grey stretch on the timeline), then resumes it: a
+     new generation trains on from the newest checkpoint;
+  8. a worker is killed (maxRestarts 0: the job fails): every page renders for the finished job;
+  9. no request of the browser's went to any host but the console.
+
+Every action goes through the page's own link, its confirmation page and the controller, and each
+leaves one audit entry (who, how identified, why) with the controller's answer.
 
 STALWART_SCREENSHOTS=DIR writes a screenshot of each page there (docs/console is the one the docs use).
 """
@@ -34,7 +41,16 @@ from stalwart.processes import spawn, stop_process, wait_for
 from stalwart.store import Store, keys
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
-from stalwart.store.records import AuditEntry, Incident, JobState, OperatorRequest, RequestStatus
+from stalwart.store.records import (
+    AuditEntry,
+    Cordon,
+    Incident,
+    JobPhase,
+    JobState,
+    OperatorRequest,
+    RequestStatus,
+    WorkerStatus,
+)
 
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
@@ -79,13 +95,34 @@ def incidents(store: Store) -> list[Incident]:
     return sorted(store.get_prefix(keys.incidents_prefix(JOB), Incident), key=lambda i: i.failed_at)
 
 
+def current_workers(store: Store) -> list[WorkerStatus]:
+    s = state(store)
+    beats = read_nodes(store, JOB).heartbeats.values()
+    return [w for b in beats if s is not None and b.generation == s.generation for w in b.workers]
+
+
 def training(store: Store, after: float = 0.0) -> bool:
     """Running, every rank of the current generation stepping, and (when `after`) a step since then."""
     s = state(store)
     if s is None or s.phase.value != "Running":
         return False
-    workers = [w for b in read_nodes(store, JOB).heartbeats.values() if b.generation == s.generation for w in b.workers]
+    workers = current_workers(store)
     return len(workers) == 4 and all(w.step is not None and (w.last_progress_at or 0) > after for w in workers)
+
+
+def audit(store: Store) -> dict[str, AuditEntry]:
+    return {e.id: e for e in store.get_prefix(keys.audit_prefix(JOB), AuditEntry)}
+
+
+def confirm(page: Any, link: Any, button: str, reason: str) -> str:
+    """Follow an action's link, give the reason on its confirmation page and confirm: the id of the audit
+    entry the console wrote (the job page it comes back to names it)."""
+    link.click()
+    page.locator("section.confirm").wait_for()
+    page.fill("#reason", reason)
+    page.get_by_role("button", name=button, exact=True).click()
+    page.wait_for_url(f"**/jobs/{JOB}?done=*")
+    return str(page.url.split("done=", 1)[1].split("#", 1)[0])
 
 
 def shot(page: Any, name: str) -> None:
@@ -106,7 +143,7 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     ]  # fmt: skip
     run_argv = [
         sys.executable, "-m", "stalwart.cli.main", "run", str(JOB_FILE), "--etcd", etcd.endpoint,
-        "--workdir", str(workdir / "run"), "--inject", "hang-worker:rank=1,step=30", "--timeout", "900",
+        "--workdir", str(workdir / "run"), "--inject", "hang-worker:rank=1,step=30", "--timeout", "3000",
     ]  # fmt: skip
     with open(workdir / "console.log", "wb") as console_out:
         console = spawn(console_argv, stdout=console_out)
@@ -304,7 +341,115 @@ def test_evict_with_confirmation_moves_the_node_out_and_is_audited(world: World,
     page.close()
 
 
-# -- 5. the finished job ----------------------------------------------------------------------------------
+# -- 5. cordon, then uncordon ----------------------------------------------------------------------------
+def test_cordon_then_uncordon_a_node_and_both_are_audited(world: World, operator: Any) -> None:
+    assert wait_for(lambda: training(world.store), 600, interval=0.5), "not training after the eviction"
+    s = state(world.store)
+    assert s is not None
+    target = s.slots[0]
+    card = f".grid .node:has(strong:text-is('{target}'))"
+    page = operator.new_page()
+    page.goto(f"{world.base}/jobs/{JOB}")
+    cordoned = confirm(page, page.locator(f"{card} a:text-is('Cordon')"), f"Cordon {target}", "NIC flaps; look first")
+    mark(page)
+    page.locator(f"#audit tr[id='{cordoned}'] .status-done").wait_for()  # the controller's answer, live
+    page.locator(f"{card} .badge.cordon").wait_for()
+    cordon = world.store.get(keys.cordon(target), Cordon)
+    assert cordon is not None and cordon.by == "olga (console)" and cordon.reason == "NIC flaps; look first", cordon
+    after = state(world.store)
+    assert after is not None and target in after.slots and target not in after.evicted  # it keeps its ranks
+    assert unchanged(page)
+    shot(page, "job-cordoned")
+
+    uncordoned = confirm(page, page.locator(f"{card} a:text-is('Uncordon')"), f"Uncordon {target}", "NIC swapped")
+    mark(page)
+    page.locator(f"#audit tr[id='{uncordoned}'] .status-done").wait_for()
+    page.locator(f"{card} .badge.cordon").wait_for(state="detached")
+    assert world.store.get(keys.cordon(target), Cordon) is None
+    assert page.locator(f"{card} a:text-is('Cordon')").count() == 1 and unchanged(page)
+    entries = audit(world.store)
+    expected = {cordoned: ("cordon", "NIC flaps; look first"), uncordoned: ("uncordon", "NIC swapped")}
+    for entry_id, (action, why) in expected.items():
+        entry = entries[entry_id]
+        assert (entry.action, entry.node, entry.reason) == (action, target, why)
+        assert (entry.actor, entry.via) == ("olga", "proxy")
+        request = world.store.get(keys.request(JOB, entry.request_id or "-"), OperatorRequest)
+        assert request is not None and request.status is RequestStatus.DONE, request
+    page.close()
+
+
+# -- 6. the checks ------------------------------------------------------------------------------------------
+def test_run_the_checks_on_a_node_and_see_their_results(world: World, operator: Any) -> None:
+    """One node's checks (2 processes; the whole job's are the same request with no node, in the unit tests)."""
+    s = state(world.store)
+    assert s is not None
+    target = s.slots[-1]
+    page = operator.new_page()
+    page.goto(f"{world.base}/jobs/{JOB}")
+    link = page.locator(f".grid .node:has(strong:text-is('{target}')) a:text-is('Run checks')")
+    checked = confirm(page, link, f"Check {target}", "nightly health check")
+    row = page.locator(f"#audit tr[id='{checked}']")
+    row.locator(".status-done, .status-failed").wait_for()  # the checks run as real processes: wait for them
+    entry = audit(world.store)[checked]
+    assert (entry.action, entry.node, entry.actor, entry.reason) == ("check", target, "olga", "nightly health check")
+    request = world.store.get(keys.request(JOB, entry.request_id or "-"), OperatorRequest)
+    assert request is not None and request.status is RequestStatus.DONE and request.result, request
+    assert set(request.result) == {target} and request.result[target]["passed"] is True, request.result
+    text = row.inner_text()
+    assert "1/1 nodes passed" in text and f"{target}: passed" in text, text
+    shot(page, "job-checked")
+    page.close()
+
+
+# -- 7. suspend, then resume ---------------------------------------------------------------------------------
+def test_suspend_then_resume_and_the_job_trains_on_from_its_checkpoint(world: World, operator: Any) -> None:
+    def saved() -> int | None:
+        """The newest step every running rank has checkpointed."""
+        steps = [w.last_checkpoint_step for w in current_workers(world.store)] if training(world.store) else []
+        return min(steps) if steps and None not in steps else None  # type: ignore[type-var]
+
+    assert wait_for(lambda: saved() is not None, 600, interval=0.5), "no checkpoint every rank saved"
+    before = state(world.store)
+    assert before is not None
+    page = operator.new_page()
+    page.goto(f"{world.base}/jobs/{JOB}")
+    checkpoint = saved()
+    assert checkpoint is not None
+    suspended = confirm(page, page.locator("a:text-is('Suspend')"), "Suspend", "make room for an urgent eval")
+    mark(page)
+    page.locator(".summary .phase-suspended").wait_for()  # once every node of the job has stopped
+    s = state(world.store)
+    assert s is not None and s.phase is JobPhase.SUSPENDED and s.suspensions[-1].ended_at is None, s
+    assert page.locator("rect.seg-suspended").count() == 1 and unchanged(page)
+    assert page.locator("a:text-is('Run checks on every node')").count() == 0  # nothing to check while stopped
+    shot(page, "job-suspended")
+
+    resumed = confirm(page, page.locator("a:text-is('Resume')"), "Resume", "the eval is done")
+    mark(page)
+    assert wait_for(lambda: training(world.store) and state(world.store).generation > before.generation, 600, 0.5)  # type: ignore[union-attr]
+    page.locator(".summary .phase-running").wait_for()
+    page.locator("li.rank.health-ok").first.wait_for()
+    assert unchanged(page)
+    first = {w.first_step for w in current_workers(world.store)}
+    # Every rank loaded the same checkpoint (one of the spec's every 10 steps), at least the one they all
+    # had saved when the job was suspended, and trained on from the step after it.
+    assert len(first) == 1, first
+    [step] = first
+    assert step is not None and step > checkpoint and (step - 1) % 10 == 0, (checkpoint, step)
+    after = state(world.store)
+    assert after is not None and after.suspensions[-1].ended_at is not None and after.restarts == before.restarts
+    entries = audit(world.store)
+    expected = {suspended: ("suspend", "make room for an urgent eval"), resumed: ("resume", "the eval is done")}
+    for entry_id, (action, why) in expected.items():
+        entry = entries[entry_id]
+        assert (entry.action, entry.node, entry.actor, entry.reason) == (action, None, "olga", why)
+        assert entry.request_id is None  # a spec change, as `kubectl patch` makes it: no request
+        assert "spec changed" in page.locator(f"#audit tr[id='{entry_id}']").inner_text()
+    shot(page, "job-resumed")
+    page.close()
+
+
+# -- 8. the finished job ----------------------------------------------------------------------------------
 def test_every_page_renders_for_the_finished_job(world: World, operator: Any) -> None:
     evicted_at = max(i.failed_at for i in incidents(world.store))
     assert wait_for(lambda: training(world.store, after=evicted_at + 1), 600, interval=0.5)
@@ -336,7 +481,7 @@ def test_every_page_renders_for_the_finished_job(world: World, operator: Any) ->
     watching.close()
 
 
-# -- 6. nothing but the console -------------------------------------------------------------------------
+# -- 9. nothing but the console -------------------------------------------------------------------------
 def test_no_request_went_to_any_host_but_the_console(world: World) -> None:
     assert world.requests, "the browser made no request at all"
     others = sorted({u for u in world.requests if not u.startswith(world.base + "/")})

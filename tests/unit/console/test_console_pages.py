@@ -36,6 +36,7 @@ from stalwart.store.records import (
     OperatorRequest,
     RequestKind,
     RequestStatus,
+    Suspension,
     WorkerState,
     WorkerStatus,
 )
@@ -64,7 +65,18 @@ def spec_doc(name: str, namespace: str = "default", suspend: bool = False) -> st
             "apiVersion": "stalwart.dev/v1alpha1",
             "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"roles": [{"name": "trainer", "replicas": 2, "command": ["python", "x.py"]}], "suspend": suspend},
+            "spec": {
+                "roles": [
+                    {
+                        "name": "trainer",
+                        "replicas": 2,
+                        "processesPerNode": 2,
+                        "parallelism": {"tensor": 2},
+                        "command": ["python", "x.py"],
+                    }
+                ],
+                "suspend": suspend,
+            },
         }
     )
 
@@ -238,6 +250,54 @@ def test_job_page_shows_grid_standbys_timeline_checkpoints_and_charts(app) -> No
     assert "<time datetime=" in html
     # A viewer sees no action.
     assert "/actions/evict" not in html
+
+
+def test_the_grid_shows_the_parallel_groups_of_the_jobs_spec_unless_the_page_gives_sizes(app) -> None:  # type: ignore[no-untyped-def]
+    c = client(app)
+    html = unescape(c.get(f"/jobs/{LIVE}?group=dp", headers=VIEWER).text)
+    assert "layout trainer: tp 2 x pp 1 x dp 2 (the job's spec)" in html
+    assert "tp1 pp2 dp0" in html and re.search(r'class="rank health-ok g0"', html)  # rank 0: dp group 0
+    given = unescape(c.get(f"/jobs/{LIVE}?tp=&pp=4&group=pp", headers=VIEWER).text)
+    assert "layout tp 1 x pp 4 x dp 1 (given on this page" in given and "tp3 pp0 dp3" in given  # rank 3: groups
+    assert c.get(f"/jobs/{LIVE}?tp=3", headers=VIEWER).status_code == 200  # 3 does not divide 4: the page says so
+    assert "TP × PP must divide the world size" in c.get(f"/jobs/{LIVE}?tp=3", headers=VIEWER).text
+    assert c.get(f"/jobs/{LIVE}?tp=&pp=", headers=VIEWER).status_code == 200  # blank boxes: the spec's layout
+    bad = c.get(f"/jobs/{LIVE}?tp=two", headers=VIEWER)
+    assert bad.status_code == 400 and "tp: a whole number" in bad.text
+
+
+def test_a_check_shows_each_nodes_verdict_and_a_suspension_its_stretch(app, records: Store) -> None:  # type: ignore[no-untyped-def]
+    request = OperatorRequest(
+        id="req-check-1",
+        kind=RequestKind.CHECK,
+        reason="nightly",
+        requested_by="olga (console)",
+        requested_at=NOW - 20,
+        status=RequestStatus.DONE,
+        message="1/2 nodes passed; failed: node-b",
+        result={
+            "node-a": {"passed": True, "reasons": []},
+            "node-b": {"passed": False, "reasons": ["all_reduce: 2 GB/s"]},
+        },
+        finished_at=NOW - 10,
+    )
+    entry = AuditEntry(
+        id="audit-check-1", job=LIVE, action="check", reason="nightly", actor="olga", via="proxy", at=NOW - 20,
+        request_id=request.id,
+    )  # fmt: skip
+    state = records.get(keys.job_state(LIVE), JobState)
+    assert state is not None
+    state.suspensions = [Suspension(started_at=NOW - 100, ended_at=NOW - 60)]
+    records.put(keys.job_state(LIVE), state)
+    records.put(keys.request(LIVE, request.id), request)
+    records.put(keys.audit_entry(LIVE, entry.id), entry)
+    try:
+        html = unescape(client(app).get(f"/jobs/{LIVE}", headers=VIEWER).text)
+        row = html[html.index('<tr id="audit-check-1"') :].split("</tr>", 1)[0]
+        assert "1/2 nodes passed" in row and "node-a: passed" in row and "node-b: failed: all_reduce: 2 GB/s" in row
+        assert 'class="seg seg-suspended"' in html and "· suspended" in html and "· resumed" in html
+    finally:
+        write_job(records, LIVE, JobPhase.RUNNING, "research")
 
 
 def test_live_parts_come_alone_and_a_finished_job_stops_the_polling(app) -> None:  # type: ignore[no-untyped-def]
