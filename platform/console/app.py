@@ -439,16 +439,23 @@ def create_app(
         who: Who,
         job: str,
         capture: Annotated[bool, Query()] = False,
-        tp: Annotated[int, Query(ge=1, le=65536)] = 1,
-        pp: Annotated[int, Query(ge=1, le=65536)] = 1,
+        tp: Annotated[str | None, Query(max_length=5)] = None,
+        pp: Annotated[str | None, Query(max_length=5)] = None,
     ) -> HTMLResponse:
         state = require_state(store, job)
+        tp_size, pp_size = _size("tp", tp), _size("pp", pp)  # blank: the job's own layout
         result = None
         if capture:
             if state.phase.terminal:
                 raise Conflict(f"job {job} finished ({state.phase.value}): it has no workers to capture")
-            result = cache.get(("stacks", job, tp, pp), STACKS_CACHE_SECONDS, lambda: _stacks_now(store, job, tp, pp))
-        return page(request, "stacks.html", {"job": job, "state": state, "result": result, "tp": tp, "pp": pp})
+            result = cache.get(
+                ("stacks", job, tp_size, pp_size),
+                STACKS_CACHE_SECONDS,
+                lambda: _stacks_now(store, job, tp_size, pp_size),
+            )
+        return page(
+            request, "stacks.html", {"job": job, "state": state, "result": result, "tp": tp_size, "pp": pp_size}
+        )
 
     # -- actions ----------------------------------------------------------------------------------
     @app.get("/jobs/{job}/actions/{action}")
@@ -550,7 +557,7 @@ class StacksNow(BaseModel):
     captured_at: float
 
 
-def _stacks_now(store: Store, job: str, tp: int, pp: int) -> StacksNow:
+def _stacks_now(store: Store, job: str, tp: int | None, pp: int | None) -> StacksNow:
     """The same capture and diagnosis as `stalwart diagnose JOB`."""
     from stalwart.cli.diagnose_cmd import capture, run_diagnosis, service_token, service_url
     from stalwart.cli.lookup import current_assignment
@@ -558,7 +565,7 @@ def _stacks_now(store: Store, job: str, tp: int, pp: int) -> StacksNow:
     state = require_state(store, job)
     assignment = current_assignment(store, state)
     # The job's own layout (its spec's parallelism), unless the page asks for another.
-    layout = (tp, pp, None) if tp > 1 or pp > 1 else (None, None, None)
+    layout = (tp or 1, pp or 1, None) if tp is not None or pp is not None else (None, None, None)
     taken = capture(store, state, assignment, "auto", layout, timeout=30.0)
     url, source = service_url(store, None)
     notes: list[str] = []
