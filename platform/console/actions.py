@@ -20,7 +20,7 @@ from stalwart.console.access import Identity
 from stalwart.logs import get_logger
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import AuditEntry, JobState, RequestKind
+from stalwart.store.records import AuditEntry, JobPhase, JobState, RequestKind
 
 log = get_logger("stalwart.console.actions")
 
@@ -85,6 +85,8 @@ def check_target(store: Store, job: str, action: Action, node: str | None) -> Jo
     state = require_state(store, job)
     if state.phase.terminal:
         raise Conflict(f"job {job!r} already finished ({state.phase.value}): there is nothing to {action.value}")
+    if state.phase is JobPhase.SUSPENDED and action in (Action.EVICT, Action.CHECK):
+        raise Conflict(f"job {job!r} is suspended: its nodes are stopped, there is nothing to {action.value}")
     if action.needs_node and not node:
         raise BadForm(f"node: {action.value} needs a node of job {job!r}")
     if node:

@@ -339,6 +339,7 @@ def job_view(store: Store, job: str, tp: int | None = None, pp: int | None = Non
         if topology is not None and topology.world_size != world:
             topology = None  # a replay generation: a smaller copy of the job
     layout = layout_of(topology, source) if topology is not None else None
+    suspended = report.phase is JobPhase.SUSPENDED
     segments, marks = timeline(state, generations, incidents, now)
     checkpoints = sorted(store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry), key=lambda c: -c.step)
     return JobView(
@@ -347,8 +348,10 @@ def job_view(store: Store, job: str, tp: int | None = None, pp: int | None = Non
         suspend_requested=bool(isinstance(spec, dict) and spec.get("suspend")),
         live=not report.phase.terminal,
         layout=layout,
-        nodes=node_cards(report, topology, layout),
-        standbys=[n for n in report.nodes if n.state.startswith("standby")],
+        # A suspended job's nodes are stopped, whatever their last heartbeats (kept until their leases
+        # lapse) still say: no grid, no standby pool, nothing to act on but Resume.
+        nodes=node_cards(report, topology, layout) if not suspended else [],
+        standbys=[n for n in report.nodes if n.state.startswith("standby")] if not suspended else [],
         others=[n for n in report.nodes if n.state in ("evicted", "idle")],
         segments=segments,
         marks=marks,

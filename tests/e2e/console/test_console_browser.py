@@ -422,6 +422,7 @@ def test_suspend_then_resume_and_the_job_trains_on_from_its_checkpoint(world: Wo
     assert s is not None and s.phase is JobPhase.SUSPENDED and s.suspensions[-1].ended_at is None, s
     assert page.locator("rect.seg-suspended").count() == 1 and unchanged(page)
     assert page.locator("a:text-is('Run checks on every node')").count() == 0  # nothing to check while stopped
+    assert page.locator(".grid .node").count() == 0 and "its nodes are stopped" in page.inner_text(".grid")
     shot(page, "job-suspended")
 
     resumed = confirm(page, page.locator("a:text-is('Resume')"), "Resume", "the eval is done")

@@ -30,6 +30,7 @@ from stalwart.store.records import (
     Heartbeat,
     Incident,
     JobPhase,
+    JobStage,
     JobState,
     NodeAssignment,
     NodeRegistration,
@@ -291,11 +292,26 @@ def test_a_check_shows_each_nodes_verdict_and_a_suspension_its_stretch(app, reco
     records.put(keys.job_state(LIVE), state)
     records.put(keys.request(LIVE, request.id), request)
     records.put(keys.audit_entry(LIVE, entry.id), entry)
+    c = client(app)
     try:
-        html = unescape(client(app).get(f"/jobs/{LIVE}", headers=VIEWER).text)
+        html = unescape(c.get(f"/jobs/{LIVE}", headers=VIEWER).text)
         row = html[html.index('<tr id="audit-check-1"') :].split("</tr>", 1)[0]
         assert "1/2 nodes passed" in row and "node-a: passed" in row and "node-b: failed: all_reduce: 2 GB/s" in row
         assert 'class="seg seg-suspended"' in html and "· suspended" in html and "· resumed" in html
+
+        # Suspended again, now: the nodes' last heartbeats are still there, but the nodes are stopped.
+        state.stage = JobStage.SUSPENDED
+        state.suspensions.append(Suspension(started_at=NOW - 5))
+        records.put(keys.job_state(LIVE), state)
+        html = unescape(c.get(f"/jobs/{LIVE}", headers=OPERATOR).text)
+        assert "the job is suspended: its nodes are stopped" in html and 'class="rank' not in html
+        assert "standby pool empty" in html and "/actions/evict" not in html and "/actions/check" not in html
+        csrf = csrf_of(c.get(f"/jobs/{LIVE}/actions/suspend", headers=OPERATOR).text)
+        for action, node in (("evict", "node-a"), ("check", "")):
+            refused = c.post(
+                f"/jobs/{LIVE}/actions/{action}", data={"node": node, "reason": "x", "csrf": csrf}, headers=OPERATOR
+            )
+            assert refused.status_code == 409 and "is suspended" in unescape(refused.text), refused.text[-600:]
     finally:
         write_job(records, LIVE, JobPhase.RUNNING, "research")
 
