@@ -305,6 +305,7 @@ def test_a_check_shows_each_nodes_verdict_and_a_suspension_its_stretch(app, reco
         records.put(keys.job_state(LIVE), state)
         html = unescape(c.get(f"/jobs/{LIVE}", headers=OPERATOR).text)
         assert "the job is suspended: its nodes are stopped" in html and 'class="rank' not in html
+        assert "<dt>tokens/s</dt><dd>-</dd>" in html  # the last heartbeats' throughput is not now's
         assert "standby pool empty" in html and "/actions/evict" not in html and "/actions/check" not in html
         csrf = csrf_of(c.get(f"/jobs/{LIVE}/actions/suspend", headers=OPERATOR).text)
         for action, node in (("evict", "node-a"), ("check", "")):
