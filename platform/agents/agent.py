@@ -103,8 +103,16 @@ class NodeAgent:
         self.warm = WarmPool(max(r.processes_per_node for r in self.job.spec.roles), enabled=self.ft.warm_workers)
         self.launcher = WorkerLauncher(self.job, self.paths, self.node_dir, self.warm)
         self.lease_keeper = LeaseKeeper(
-            store, job, node, self.ft.lease_ttl_seconds, self.ft.heartbeat_interval_seconds, self._heartbeat, self.log
+            store,
+            job,
+            node,
+            self.ft.lease_ttl_seconds,
+            self.ft.heartbeat_interval_seconds,
+            self._heartbeat,
+            self.log,
+            outage_limit=self.ft.etcd_outage_seconds,
         )
+        self._retry: AgentCommand | None = None  # a command etcd's absence interrupted, carried out when it is back
         self.reports = OnDemandReports(
             store, job, node, self.log, self._workers_now, lambda: self.history.as_records(self.generation)
         )
@@ -144,19 +152,20 @@ class NodeAgent:
             port=int(os.environ.get(METRICS_PORT_ENV, "0")),
             host=os.environ.get("STALWART_METRICS_HOST") or self.address,
         )
-        lease = self.lease_keeper.acquire()
-        reg = NodeRegistration(
-            node=self.node,
-            job=self.job_name,
-            host=socket.gethostname(),
-            agent_pid=os.getpid(),
-            registered_at=time.time(),
-            lease_id=lease.id,
-            metrics_port=metrics_port,
-            address=self.address,
-            memory_port=self.data_plane.memory_port,
+        registered_at = time.time()
+        lease = self.lease_keeper.join(
+            lambda lease_id: NodeRegistration(
+                node=self.node,
+                job=self.job_name,
+                host=socket.gethostname(),
+                agent_pid=os.getpid(),
+                registered_at=registered_at,
+                lease_id=lease_id,
+                metrics_port=metrics_port,
+                address=self.address,
+                memory_port=self.data_plane.memory_port,
+            )
         )
-        self.store.put(keys.node_registration(self.job_name, self.node), reg, lease=lease)
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
         self.store.watch_prefix(keys.job_state(self.job_name), self._on_job_state)
         self.reports.watch()
@@ -222,12 +231,7 @@ class NodeAgent:
         dirty = False
         self.warm.maintain()
         self._follow_job_state()
-        while True:
-            try:
-                cmd = self.commands.get_nowait()
-            except queue.Empty:
-                break
-            dirty |= self._apply(cmd)
+        dirty |= self._apply_commands()
         self.reports.serve()
         if self.group is not None:
             for report in self.inbox.drain():
@@ -250,6 +254,26 @@ class NodeAgent:
             dirty |= exited or bool(matches)
         self._beat_workers = self.group.statuses() if self.group else []
         return dirty
+
+    def _apply_commands(self) -> bool:
+        """The commands received since the last pass, in order. One that etcd's absence cut short
+        (it reads the generation's assignment) is carried out again once etcd answers."""
+        dirty = False
+        if self._retry is not None and self.lease_keeper.etcd_away:
+            return False
+        while True:
+            cmd, self._retry = self._retry, None
+            if cmd is None:
+                try:
+                    cmd = self.commands.get_nowait()
+                except queue.Empty:
+                    return dirty
+            try:
+                dirty |= self._apply(cmd)
+            except StoreUnavailable as exc:
+                self._retry = cmd
+                self.log.warning("command waits for etcd", fields={"generation": cmd.generation, "error": str(exc)})
+                return dirty
 
     def _follow_job_state(self) -> None:
         """Standby or idle, as the job's state lists this node (running states are the commands')."""

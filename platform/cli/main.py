@@ -51,7 +51,8 @@ def run(
             "--inject",
             help="Inject a fault, e.g. kill-worker:rank=1,step=20, kill-node:node=1,step=30, "
             "kill-controller:step=25, hang-worker:rank=1,step=20, slow-worker:rank=3,step=20, "
-            "slow-data:rank=5,step=20,seconds=1, bad-node:node=1. Repeatable.",
+            "slow-data:rank=5,step=20,seconds=1, bad-node:node=1, pause-etcd:step=20,seconds=10, "
+            "kill-etcd:step=20,seconds=5. Repeatable.",
         ),
     ] = None,
     workdir: Annotated[
@@ -61,12 +62,14 @@ def run(
     summary_json: Annotated[Path | None, typer.Option(help="Also write the final summary here, as JSON.")] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
     etcd_outage: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=1,
-            help="Ride out an unreachable etcd this long (restarting the one it started) before stopping the job.",
+            max=3600,
+            help="Ride out an unreachable etcd this long (restarting the one it started) before stopping the job; "
+            "sets the job's faultTolerance.etcdOutageSeconds (default 60), which its agents follow too.",
         ),
-    ] = 60.0,
+    ] = None,
     metrics_port: Annotated[
         int, typer.Option(help="Port of the job-metrics exporter (/metrics on 127.0.0.1); 0: any free port.")
     ] = 0,
@@ -103,7 +106,7 @@ def run(
         )
     workdir = workdir or Path(".stalwart/runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        result = LocalRun(
+        local = LocalRun(
             job,
             job_file,
             workdir,
@@ -113,7 +116,11 @@ def run(
             metrics_port=metrics_port,
             console_port=console,
             etcd_outage_seconds=etcd_outage,
-        ).run()
+        )
+    except ValueError as exc:  # faults that cannot act on this run
+        raise _fail(str(exc)) from None
+    try:
+        result = local.run()
     except JobAlreadyExists as exc:
         raise _fail(str(exc)) from None
     if summary_json is not None:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from stalwart.cluster import Cluster
 from stalwart.controller.actuator import Actuator
@@ -67,6 +68,7 @@ from stalwart.controller.core import ReconcileCore
 from stalwart.controller.decision import Decision, Needs
 from stalwart.controller.detectors import Detector, default_detectors
 from stalwart.controller.diagnosis_link import diagnosis_url
+from stalwart.controller.etcd_absence import EtcdAbsence, outage_grace
 from stalwart.controller.leader import Leadership
 from stalwart.controller.observation import Observer
 from stalwart.controller.work import Runner, ThreadRunner, WorkContext, WorkKey, WorkResult, perform
@@ -108,6 +110,8 @@ class JobController:
         self.log: ContextLogger = get_logger("stalwart.controller", job=job_name)
         self.observer = Observer(store, cluster, job_name, self.clock, self.log)
         ft = self.observer.spec().spec.fault_tolerance  # raises if the job is not in etcd
+        self.etcd = EtcdAbsence(self.log, ft.etcd_outage_seconds)
+        self._outage_window = outage_grace(ft)
         self.leader = Leadership(store, job_name, ttl=ft.lease_ttl_seconds)
         self._wake = threading.Event()
         self._diagnosis_url = diagnosis_url
@@ -127,24 +131,19 @@ class JobController:
         self.log.info("leading", fields={"identity": self.leader.identity})
         try:
             hurried = 0
-            unreachable_since: float | None = None
             while True:
                 self._wake.clear()
                 try:
-                    self.leader.keep()
+                    self._keep_leading()
                     state = self.tick()
                 except StoreUnavailable as exc:
                     # etcd is away (restarting, paused, starved): decide nothing, try again. A tick
-                    # cut short is safe: its commit held or not as a whole, effects follow the state
-                    # on the next tick, and a lease that lapsed meanwhile ends this leadership.
-                    if unreachable_since is None:
-                        unreachable_since = self.clock.time()
-                        self.log.warning("etcd unreachable; retrying", fields={"error": str(exc)})
+                    # cut short is safe: its commit held or not as a whole, and effects follow the
+                    # state on the next tick.
+                    self.etcd.failed(self.clock.time(), exc)
                     self._wake.wait(ETCD_RETRY_SECONDS)
                     continue
-                if unreachable_since is not None:
-                    self.log.info("etcd is back", fields={"after": round(self.clock.time() - unreachable_since, 1)})
-                    unreachable_since = None
+                self.etcd.answered(self.clock.time())
                 if state is not None and state.stage.terminal:
                     self._finish(state)
                     return state.phase
@@ -158,6 +157,16 @@ class JobController:
         finally:
             self.leader.release()
 
+    def _keep_leading(self) -> None:
+        """Raises LeaseLost once we no longer lead. A leadership that lapsed because etcd was away
+        (a pause longer than its TTL) is taken again, unless another controller took it meanwhile."""
+        try:
+            self.leader.keep()
+        except LeaseLost:
+            if not self.etcd.explains(self.clock.time(), self._outage_window) or not self.leader.regain():
+                raise
+            self.log.warning("leadership lapsed while etcd was away; leading again")
+
     def tick(self) -> JobState | None:
         """Observe, decide, commit, act. Returns the job's state as etcd holds it after the tick."""
         self.committed = False
@@ -165,7 +174,7 @@ class JobController:
             self._results[result.key] = result
         now = self.clock.time()
         self._results = {k: r for k, r in self._results.items() if now - r.finished_at < RESULT_TTL_SECONDS}
-        obs = self.observer.observe(self._results, self.runner.in_flight())
+        obs = replace(self.observer.observe(self._results, self.runner.in_flight()), etcd_back_at=self.etcd.back_at)
         decision = self.core.decide(obs)
         for _ in range(MAX_DECIDE_ROUNDS):
             if not isinstance(decision, Needs):

@@ -66,6 +66,7 @@ class Observation:
     rendezvous: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     results: Mapping[WorkKey, WorkResult] = field(default_factory=dict)
     in_flight: frozenset[WorkKey] = frozenset()
+    etcd_back_at: float | None = None  # when etcd last answered again after this controller lost it
 
     def satisfies(self, needs: Needs) -> bool:
         return (not needs.cluster or self.cluster is not None) and needs.rendezvous <= set(self.rendezvous)

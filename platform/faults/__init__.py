@@ -1,5 +1,6 @@
 """Fault injection for tests and demos."""
 
+from stalwart.faults.etcd_faults import EtcdFaults
 from stalwart.faults.injector import FaultInjector, FiredFault
 from stalwart.faults.spec import (
     CONTROLLER_CRASH_ENV,
@@ -14,6 +15,7 @@ from stalwart.faults.spec import (
 __all__ = [
     "CONTROLLER_CRASH_ENV",
     "controller_fault_env",
+    "EtcdFaults",
     "FaultInjector",
     "FaultKind",
     "FaultSpec",

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from stalwart.cluster.local import LocalCluster
+from stalwart.faults.etcd_faults import EtcdFaults
 from stalwart.faults.spec import FaultKind, FaultSpec
 from stalwart.faults.worker_faults import HANG_SIGNAL, SLOW_DATA_SIGNAL, SLOW_SIGNAL
 from stalwart.logs import get_logger
@@ -32,12 +33,17 @@ class FiredFault(BaseModel):
 
 class FaultInjector:
     def __init__(
-        self, faults: list[FaultSpec], cluster: LocalCluster, kill_controller: Callable[[], int | None]
+        self,
+        faults: list[FaultSpec],
+        cluster: LocalCluster,
+        kill_controller: Callable[[], int | None],
+        etcd: EtcdFaults | None = None,
     ) -> None:
         self.pending = [f for f in faults if not f.kind.through_environment]
         self.fired: list[FiredFault] = []
         self.cluster = cluster
         self.kill_controller = kill_controller
+        self.etcd = etcd or EtcdFaults(None)
         self.log = get_logger("stalwart.faults", job=cluster.job)
 
     def poll(self, state: JobState | None, beats: dict[str, Heartbeat]) -> list[FiredFault]:
@@ -71,6 +77,10 @@ class FaultInjector:
             except ProcessLookupError:
                 return None
             return f"rank {fault.rank} (pid {worker.pid})"
+        if fault.kind is FaultKind.PAUSE_ETCD:
+            return self.etcd.pause(fault.seconds)
+        if fault.kind is FaultKind.KILL_ETCD:
+            return self.etcd.kill(fault.seconds)
         if fault.kind in (FaultKind.KILL_NODE, FaultKind.FREEZE_NODE):
             assert fault.node is not None
             node = state.slots[int(fault.node)] if fault.node.isdigit() else fault.node

@@ -26,10 +26,18 @@ class FaultKind(str, Enum):
     BAD_NODE = "bad-node"
     # The first controller dies right after it commits an eviction, before it restarts anything.
     KILL_CONTROLLER_MID_RECOVERY = "kill-controller-mid-recovery"
+    # etcd (the one `stalwart run` started) stops answering for `seconds` (SIGSTOP, then SIGCONT),
+    # or is SIGKILLed and started again, on its port with its data, no sooner than `seconds` later.
+    PAUSE_ETCD = "pause-etcd"
+    KILL_ETCD = "kill-etcd"
 
     @property
     def preflight(self) -> bool:
         return self in (FaultKind.CORRUPT_COMPUTE, FaultKind.COLLECTIVE_HANG)
+
+    @property
+    def on_etcd(self) -> bool:
+        return self in (FaultKind.PAUSE_ETCD, FaultKind.KILL_ETCD)
 
     @property
     def through_environment(self) -> bool:
@@ -44,7 +52,12 @@ class FaultSpec(BaseModel):
     step: int = Field(default=1, ge=0, description="fire once the job has reached this step")
     rank: int | None = Field(default=None, ge=0)
     node: str | None = None
-    seconds: float | None = Field(default=None, gt=0, le=600, description="slow-worker, slow-data: the delay")
+    seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="slow-worker, slow-data: the delay; pause-etcd (default 10), kill-etcd: how long etcd is away",
+    )
 
     def describe(self) -> str:
         target = f" rank={self.rank}" if self.rank is not None else f" node={self.node}" if self.node else ""

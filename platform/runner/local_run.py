@@ -19,6 +19,7 @@ from rich.console import Console
 
 from stalwart.cluster.local import NODE_FAULTS_ENV, PREFLIGHT_FAULTS_ENV, LocalCluster
 from stalwart.faults import (
+    EtcdFaults,
     FaultInjector,
     FaultSpec,
     FiredFault,
@@ -30,7 +31,7 @@ from stalwart.logs import configure, get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
-from stalwart.runner.etcd_outage import ETCD_OUTAGE_SECONDS, EtcdOutage
+from stalwart.runner.etcd_outage import EtcdOutage
 from stalwart.runner.summary import JobSnapshot, snapshot
 from stalwart.spec import TrainingJob
 from stalwart.store import keys
@@ -65,6 +66,12 @@ class JobAlreadyExists(RuntimeError):
     pass
 
 
+def with_etcd_outage(job: TrainingJob, seconds: float) -> TrainingJob:
+    """The job with faultTolerance.etcdOutageSeconds set (the command line's --etcd-outage)."""
+    ft = job.spec.fault_tolerance.model_copy(update={"etcd_outage_seconds": seconds})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"fault_tolerance": ft})})
+
+
 class LocalRun:
     def __init__(
         self,
@@ -78,8 +85,14 @@ class LocalRun:
         timeout: float = 3600.0,
         metrics_port: int = 0,
         console_port: int | None = None,
-        etcd_outage_seconds: float = ETCD_OUTAGE_SECONDS,
+        etcd_outage_seconds: float | None = None,
     ) -> None:
+        """`etcd_outage_seconds`: overrides the job's faultTolerance.etcdOutageSeconds, for the
+        runner, the controller and the agents alike (it is submitted with the spec)."""
+        if etcd_outage_seconds is not None:
+            job = with_etcd_outage(job, etcd_outage_seconds)
+        if etcd_endpoint and any(f.kind.on_etcd for f in faults or []):
+            raise ValueError("pause-etcd and kill-etcd act on the etcd that `stalwart run` starts: leave out --etcd")
         self.job = job
         self.job_dir = job_file.resolve().parent
         self.workdir = workdir.resolve()
@@ -101,7 +114,7 @@ class LocalRun:
         self.controller_starts = 0
         self.agents_by_generation: dict[int, dict[str, int]] = {}
         self._interrupted: int | None = None
-        self.etcd_outage_seconds = etcd_outage_seconds
+        self.etcd_faults = EtcdFaults(None)
         self._targets_due = 0.0
 
     # -- pieces ----------------------------------------------------------------------------------
@@ -209,6 +222,7 @@ class LocalRun:
                 endpoint = self.external_etcd
             else:
                 self.etcd = EtcdServer(self.workdir / "etcd").start()
+                self.etcd_faults = EtcdFaults(self.etcd)
                 endpoint = self.etcd.endpoint
             store = Store(endpoint)
             self._submit(store)
@@ -218,7 +232,7 @@ class LocalRun:
             if self.console_port:
                 self._start_web_console(endpoint, self.console_port)
             cluster = LocalCluster(self.job.name, endpoint, self.workdir, self.job_dir)
-            injector = FaultInjector(self.faults, cluster, self._kill_controller)
+            injector = FaultInjector(self.faults, cluster, self._kill_controller, self.etcd_faults)
             self._start_controller(endpoint)
             self.console.print(
                 f"[bold]stalwart run[/] {self.job.name}: {self.job.spec.node_count} nodes × "
@@ -270,6 +284,7 @@ class LocalRun:
                 cluster.stop_all()
             if store is not None:
                 store.close()
+            self.etcd_faults.close()
             if self.etcd is not None:
                 self.etcd.stop()
             for s, handler in previous.items():
@@ -280,7 +295,8 @@ class LocalRun:
         deadline = time.monotonic() + self.timeout
         snap: JobSnapshot | None = None
         with ProgressView(self.console) as view:
-            outage = EtcdOutage(self.etcd, view.note, self.etcd_outage_seconds)
+            limit = self.job.spec.fault_tolerance.etcd_outage_seconds
+            outage = EtcdOutage(self.etcd, view.note, limit, may_restart=self.etcd_faults.may_restart)
             while time.monotonic() < deadline:
                 if self._interrupted is not None:
                     view.note(f"interrupted (signal {self._interrupted}): stopping the job")
@@ -299,9 +315,13 @@ class LocalRun:
             else:
                 view.note(f"timed out after {self.timeout:.0f}s")
         try:
-            return snapshot(store, self.job.name)
+            snap = snapshot(store, self.job.name) or snap
         except StoreUnavailable:
-            return snap  # the last picture etcd gave
+            pass  # the last picture etcd gave
+        if outage.gave_up is not None and snap is not None:  # etcd cannot record it: the summary says it
+            update = {"phase": JobPhase.FAILED, "reason": "EtcdUnreachable", "message": outage.gave_up}
+            snap = snap.model_copy(update=update)
+        return snap
 
     def _watch(
         self, store: Store, endpoint: str, injector: FaultInjector, view: ProgressView, snap: JobSnapshot | None
@@ -310,7 +330,8 @@ class LocalRun:
         the job is over or the controller cannot be kept up."""
         state = store.get(keys.job_state(self.job.name), JobState)
         for fired in injector.poll(state, read_nodes(store, self.job.name).heartbeats):
-            verb = {"hang": "hung", "slow": "slowed", "freeze": "froze"}.get(fired.fault.split("-")[0], "killed")
+            verbs = {"hang": "hung", "slow": "slowed", "freeze": "froze", "pause": "paused"}
+            verb = verbs.get(fired.fault.split("-")[0], "killed")
             view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
         snap = snapshot(store, self.job.name) or snap
         if time.monotonic() >= self._targets_due:  # nodes come and go: keep Prometheus's list current

@@ -318,6 +318,16 @@ class FaultTolerance(SpecModel):
     stop_grace_seconds: Annotated[
         float, Field(ge=0, le=600, description="SIGTERM-to-SIGKILL grace period for workers.")
     ] = 5.0
+    etcd_outage_seconds: Annotated[
+        float,
+        Field(
+            ge=1,
+            le=3600,
+            description="How long the job rides out an unreachable etcd (a restart, a pause): workers keep "
+            "training and nodes re-register when it answers. Past this, agents stop their workers and "
+            "`stalwart run` stops the job.",
+        ),
+    ] = 60.0
     preflight: Annotated[
         bool,
         Field(description="Run collective and compute checks on the nodes before the job starts; evict failures."),

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import grpc
 import pyetcd
-from pyetcd.events import DeleteEvent, PutEvent
 
 from stalwart.store.etcd_auth import PLAIN, EtcdAuth
+from stalwart.store.prefix_watch import PrefixWatch, Watches
 from stalwart.store.records import Record
 
 R = TypeVar("R", bound=Record)
@@ -140,7 +140,7 @@ class Store:
         self._login_lock = threading.Lock()
         if self.auth.user:
             self._client.call_credentials = grpc.metadata_call_credentials(self._token)
-        self._watches: list[int] = []
+        self._watches = Watches(self)
 
     def _login(self, stale: str | None) -> None:
         with self._login_lock:
@@ -256,22 +256,10 @@ class Store:
         return bool(ok)
 
     # -- watches -------------------------------------------------------------------------------
-    def watch_prefix(self, prefix: str, callback: Callable[[str, bytes | None], None]) -> int:
-        """Call callback(key, value) for every change under prefix; value is None for a delete."""
-
-        def on_response(response: object) -> None:
-            events = getattr(response, "events", None)
-            if events is None:  # a watch error (e.g. the server went away): nothing to deliver
-                return
-            for event in events:
-                if isinstance(event, PutEvent):
-                    callback(event.key.decode(), event.value)
-                elif isinstance(event, DeleteEvent):
-                    callback(event.key.decode(), None)
-
-        watch_id = self._call(lambda: self._client.add_watch_prefix_callback(prefix, on_response))
-        self._watches.append(watch_id)
-        return watch_id
+    def watch_prefix(self, prefix: str, callback: Callable[[str, bytes | None], None]) -> PrefixWatch:
+        """Call callback(key, value) for every change under prefix; value is None for a delete. The
+        watch outlives etcd restarts and pauses, and misses no change meanwhile (prefix_watch.py)."""
+        return self._watches.add(prefix, callback)
 
     def ping(self) -> None:
         self._call(self._client.status)
@@ -281,10 +269,5 @@ class Store:
         return self._client.authstub
 
     def close(self) -> None:
-        for watch_id in self._watches:
-            try:
-                self._client.cancel_watch(watch_id)
-            except Exception:  # the server may be gone already; closing must not fail
-                pass
-        self._watches.clear()
+        self._watches.close()
         self._client.close()

@@ -97,6 +97,17 @@ class LeaseElection:
             except Exception:
                 continue
 
+    def regain(self) -> bool:
+        """After our lease lapsed (etcd was away longer than its TTL): take the key again if nobody
+        else holds it. True if we lead again; raises StoreUnavailable if etcd is away."""
+        if self._keeper is not None:
+            self._keeper.join(timeout=self.ttl)  # it ended when the renewal failed
+        self._lease = None
+        if not self.try_acquire():
+            return False
+        self.lost.clear()
+        return True
+
     def keep(self) -> None:
         """Raises LeaseLost if we no longer hold the key (the holder must stop acting at once)."""
         if self._lease is None or self.lost.is_set():

@@ -4,12 +4,19 @@ exited, its pod failed); or that stays silent after its peers crashed on its clo
 The last two are fenced (the decision revokes their lease) instead of waiting out the TTL. The
 cluster is listed only when it matters: a worker just reported a peer's connection closed (often a
 few hundred ms before any worker exits), or a crash left a node silent; and at every pool check.
+
+A lapsed lease is not always the node's doing: etcd expires leases by its own clock, so etcd paused
+for longer than the TTL lapses every lease at once, and its agents register again when it answers.
+So a lapsed lease counts only once etcd has been back for `outage_grace` (when this controller saw
+it go), and once every slot's lease lapsed together (the same signature, seen by a controller that
+started after the outage, or that never lost etcd) that long ago.
 """
 
 from __future__ import annotations
 
 from stalwart.controller.decision import Needs
 from stalwart.controller.detectors.base import Detector, Failure, Report, View
+from stalwart.controller.etcd_absence import outage_grace
 from stalwart.controller.policy import Classified
 from stalwart.spec.model import FailureEvent
 
@@ -20,10 +27,14 @@ MISSED_BEATS_AFTER_CRASH = 3  # with half the lease TTL: how long a node may sta
 class LostNodes(Detector):
     name = "lost-nodes"
 
+    def reset(self) -> None:
+        self._registered: frozenset[str] | None = None  # slot nodes with a lease at the last look
+        self._all_lapsed_at: float | None = None  # when every slot's lease lapsed together
+
     def observe(self, view: View) -> Report:
         ft = view.spec.fault_tolerance
         lapsed = f"node lease lapsed (no heartbeat for {ft.lease_ttl_seconds}s)"
-        why: dict[str, str] = dict.fromkeys(view.lost(), lapsed)
+        why: dict[str, str] = dict.fromkeys(view.lost() if not self._etcd_may_explain(view) else [], lapsed)
         fence: dict[str, tuple[int, str]] = {}
         crashed = view.crashed()
         first_exit = (crashed[0].exited_at or view.now) if crashed else view.now
@@ -54,3 +65,16 @@ class LostNodes(Detector):
         failed_at = min(last) if last else view.now - ft.lease_ttl_seconds
         what = Classified(FailureEvent.LOST_NODE, lost, [f"{n}: {why[n]}" for n in lost])
         return Report([Failure(what, failed_at=failed_at, detected_at=view.now, fence=fence)], needs=needs)
+
+    def _etcd_may_explain(self, view: View) -> bool:
+        """Lapsed leases may still be an etcd outage's: etcd came back, or every slot's lease lapsed
+        at once, less than `outage_grace` ago. Idempotent for a given view."""
+        slots = frozenset(view.state.slots)
+        registered = frozenset(n for n in slots if n in view.registrations)
+        if registered == slots:
+            self._all_lapsed_at = None
+        elif not registered and self._registered in (None, slots) and self._all_lapsed_at is None:
+            self._all_lapsed_at = view.now
+        self._registered = registered
+        since = [t for t in (view.obs.etcd_back_at, self._all_lapsed_at) if t is not None]
+        return bool(since) and view.now - max(since) < outage_grace(view.spec.fault_tolerance)

@@ -39,6 +39,28 @@ def test_a_killed_etcd_is_started_again_with_its_data_and_a_long_outage_gives_up
             assert outage.failed(unreachable) and outage.since == 0.0
             now[0] = 31.0
             assert not outage.failed(unreachable)
-            assert notes[-1] == "etcd unreachable for 31s: stopping the job"
+            assert notes[-1] == outage.gave_up
+            assert outage.gave_up == (
+                "etcd unreachable for 31s, longer than faultTolerance.etcdOutageSeconds (30s): the job was stopped"
+            )
+        finally:
+            store.close()
+
+
+def test_a_kill_etcd_fault_keeps_etcd_down_for_its_length(tmp_path: Path) -> None:
+    """`--inject kill-etcd:seconds=S`: the runner starts etcd again only once S has passed."""
+    held = [True]
+    with EtcdServer(tmp_path / "etcd") as etcd:
+        store = Store(etcd.endpoint, timeout=2.0)
+        try:
+            outage = EtcdOutage(etcd, lambda _: None, limit=30.0, may_restart=lambda: not held[0])
+            assert etcd.proc is not None
+            etcd.proc.send_signal(signal.SIGKILL)
+            etcd.proc.wait(timeout=30)
+            gone = StoreUnavailable("refused")
+            assert outage.failed(gone) and etcd.proc.poll() is not None  # still down
+            held[0] = False
+            assert outage.failed(gone) and etcd.proc.poll() is None  # started again
+            store.ping()
         finally:
             store.close()
