@@ -78,9 +78,7 @@ class PrefixWatch:
 
         def add() -> int:
             try:
-                return int(
-                    self.store._client.add_watch_prefix_callback(self.prefix, on_response, start_revision=start)
-                )
+                return int(self.store._client.add_watch_prefix_callback(self.prefix, on_response, start_revision=start))
             except pyetcd.exceptions.RevisionCompactedError as exc:
                 # etcd compacted the changes we missed away: the next attempt starts at the oldest it has.
                 log.warning(
