@@ -133,6 +133,7 @@ class JobController:
             hurried = 0
             while True:
                 self._wake.clear()
+                began = self.clock.time()
                 try:
                     self._keep_leading()
                     state = self.tick()
@@ -140,7 +141,7 @@ class JobController:
                     # etcd is away (restarting, paused, starved): decide nothing, try again. A tick
                     # cut short is safe: its commit held or not as a whole, and effects follow the
                     # state on the next tick.
-                    self.etcd.failed(self.clock.time(), exc)
+                    self.etcd.failed(began, exc)
                     self._wake.wait(ETCD_RETRY_SECONDS)
                     continue
                 self.etcd.answered(self.clock.time())

@@ -28,14 +28,15 @@ class EtcdOutage:
         False while a `kill-etcd` fault keeps etcd down."""
         self.etcd, self.note, self.limit, self.clock = etcd, note, limit, clock
         self.may_restart = may_restart
-        self.since: float | None = None
+        self.since: float | None = None  # etcd's last answer before it went away
+        self.last_answer: float | None = None
         self.gave_up: str | None = None  # why the job was stopped, once it was
 
     def failed(self, exc: StoreUnavailable) -> bool:
         """etcd did not answer; False once it has been away for longer than the limit."""
         now = self.clock()
         if self.since is None:
-            self.since = now
+            self.since = self.last_answer if self.last_answer is not None else now
             self.note(f"etcd unreachable ({exc}); the job keeps running, retrying for up to {self.limit:.0f}s")
         proc = self.etcd.proc if self.etcd is not None else None
         if self.etcd is not None and proc is not None and proc.poll() is not None and self.may_restart():
@@ -55,6 +56,7 @@ class EtcdOutage:
 
     def answered(self) -> None:
         """etcd answered: the outage, if there was one, is over."""
+        self.last_answer = self.clock()
         if self.since is not None:
-            self.note(f"etcd is back after {self.clock() - self.since:.1f}s")
+            self.note(f"etcd is back after {self.last_answer - self.since:.1f}s")
             self.since = None
