@@ -81,6 +81,17 @@ def beats(k: LeaseKeeper, clock: FakeClock, seconds: float) -> None:
         k.beat()
 
 
+def lapse_in_an_outage(k: LeaseKeeper, store: EtcdThatGoesAway, clock: FakeClock) -> MemoryLease:
+    """etcd away for 10 s; back, it expires the lease nobody could renew for longer than its TTL."""
+    lease = k.lease
+    assert isinstance(lease, MemoryLease)
+    store.away = True
+    beats(k, clock, 10)
+    store.away = False
+    store.revoke_lease(lease.id)
+    return lease
+
+
 def test_a_short_outage_is_ridden_out_on_the_same_lease() -> None:
     k, store, clock = keeper()
     first = k.lease
@@ -97,12 +108,7 @@ def test_a_short_outage_is_ridden_out_on_the_same_lease() -> None:
 
 def test_a_lease_that_lapsed_while_etcd_was_away_is_replaced_and_the_node_registers_again() -> None:
     k, store, clock = keeper()
-    old = k.lease
-    assert old is not None
-    store.away = True
-    beats(k, clock, 10)
-    store.revoke_lease(old.id)  # etcd, back, expires what nobody renewed for longer than the TTL
-    store.away = False
+    old = lapse_in_an_outage(k, store, clock)
     assert registration(store) is None
     beats(k, clock, 1)
     assert k.fenced is None and k.rejoined == 1 and k.lease is not None and k.lease.id != old.id
@@ -126,12 +132,7 @@ def test_a_lease_revoked_before_its_ttl_ran_out_fences_the_node() -> None:
 
 def test_a_lapsed_lease_of_a_node_the_job_replaced_meanwhile_fences_it() -> None:
     k, store, clock = keeper()
-    lease = k.lease
-    assert lease is not None
-    store.away = True
-    beats(k, clock, 10)
-    store.away = False
-    store.revoke_lease(lease.id)
+    lapse_in_an_outage(k, store, clock)
     store.put(keys.job_state(JOB), JobState(job=JOB, slots=["node-0", "node-2"], created_at=0.0, updated_at=0.0))
     beats(k, clock, 1)
     assert k.fenced is not None and k.fenced.code == FENCED_EXIT and "replaced" in str(k.fenced)
