@@ -150,7 +150,7 @@ class LeaseKeeper:
                 "etcd unreachable; the workers keep training",
                 fields={"error": str(exc), "limit_seconds": self.outage_limit},
             )
-        away = now - self._away_since
+        away = self.clock() - self._away_since  # after the failed call: it may have waited for its timeout
         if away > self.outage_limit:
             self._fence(
                 ETCD_LOST_EXIT,

@@ -260,6 +260,7 @@ class LocalRun:
                 agents_by_generation=self.agents_by_generation,
             )
         finally:
+            self.etcd_faults.close()  # a paused etcd answers again: the teardown needs it
             if self.controller is not None:
                 stop_process(self.controller, grace=10.0)
             if self.job_metrics is not None:
@@ -284,7 +285,6 @@ class LocalRun:
                 cluster.stop_all()
             if store is not None:
                 store.close()
-            self.etcd_faults.close()
             if self.etcd is not None:
                 self.etcd.stop()
             for s, handler in previous.items():
