@@ -110,7 +110,7 @@ class JobController:
         self.log: ContextLogger = get_logger("stalwart.controller", job=job_name)
         self.observer = Observer(store, cluster, job_name, self.clock, self.log)
         ft = self.observer.spec().spec.fault_tolerance  # raises if the job is not in etcd
-        self.etcd = EtcdAbsence(self.log, ft.etcd_outage_seconds)
+        self.etcd_outage = EtcdAbsence(self.log, ft.etcd_outage_seconds)
         self._outage_window = outage_grace(ft)
         self.leader = Leadership(store, job_name, ttl=ft.lease_ttl_seconds)
         self._wake = threading.Event()
@@ -141,10 +141,10 @@ class JobController:
                     # etcd is away (restarting, paused, starved): decide nothing, try again. A tick
                     # cut short is safe: its commit held or not as a whole, and effects follow the
                     # state on the next tick.
-                    self.etcd.failed(began, exc)
+                    self.etcd_outage.failed(began, exc)
                     self._wake.wait(ETCD_RETRY_SECONDS)
                     continue
-                self.etcd.answered(self.clock.time())
+                self.etcd_outage.answered(self.clock.time())
                 if state is not None and state.stage.terminal:
                     self._finish(state)
                     return state.phase
@@ -164,7 +164,7 @@ class JobController:
         try:
             self.leader.keep()
         except LeaseLost:
-            if not self.etcd.explains(self.clock.time(), self._outage_window) or not self.leader.regain():
+            if not self.etcd_outage.explains(self.clock.time(), self._outage_window) or not self.leader.regain():
                 raise
             self.log.warning("leadership lapsed while etcd was away; leading again")
 
@@ -175,7 +175,9 @@ class JobController:
             self._results[result.key] = result
         now = self.clock.time()
         self._results = {k: r for k, r in self._results.items() if now - r.finished_at < RESULT_TTL_SECONDS}
-        obs = replace(self.observer.observe(self._results, self.runner.in_flight()), etcd_back_at=self.etcd.back_at)
+        obs = replace(
+            self.observer.observe(self._results, self.runner.in_flight()), etcd_back_at=self.etcd_outage.back_at
+        )
         decision = self.core.decide(obs)
         for _ in range(MAX_DECIDE_ROUNDS):
             if not isinstance(decision, Needs):

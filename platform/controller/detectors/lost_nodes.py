@@ -6,10 +6,10 @@ cluster is listed only when it matters: a worker just reported a peer's connecti
 few hundred ms before any worker exits), or a crash left a node silent; and at every pool check.
 
 A lapsed lease is not always the node's doing: etcd expires leases by its own clock, so etcd paused
-for longer than the TTL lapses every lease at once, and its agents register again when it answers.
-So a lapsed lease counts only once etcd has been back for `outage_grace` (when this controller saw
-it go), and once every slot's lease lapsed together (the same signature, seen by a controller that
-started after the outage, or that never lost etcd) that long ago.
+for longer than the TTL lapses every lease at once, and the agents register again when it answers.
+So a lapsed lease counts only `outage_grace` after etcd came back (when this controller saw it go)
+and `outage_grace` after every slot's lease lapsed together (the same signature, for a controller
+that started after the outage or never noticed it).
 """
 
 from __future__ import annotations

@@ -24,12 +24,12 @@ def running_through_an_outage(seen_by_controller: bool = True) -> Harness:
     h.running(first_step_at=h.clock.now - 49)
     h.tick()
     if seen_by_controller:
-        h.controller.etcd.failed(h.clock.now, StoreUnavailable("etcd at 127.0.0.1:2379 timed out"))
+        h.controller.etcd_outage.failed(h.clock.now, StoreUnavailable("etcd at 127.0.0.1:2379 timed out"))
     h.clock.advance(10)
     for node in SLOTS:
         h.lapse(node)
     if seen_by_controller:
-        h.controller.etcd.answered(h.clock.now)
+        h.controller.etcd_outage.answered(h.clock.now)
     return h
 
 
@@ -122,9 +122,9 @@ def test_a_leadership_that_lapsed_with_etcd_is_taken_again_unless_someone_else_t
         lapse()
         with pytest.raises(LeaseLost):  # no outage seen: the leadership is simply lost
             controller._keep_leading()
-        controller.etcd.failed(h.clock.now, StoreUnavailable("timed out"))
+        controller.etcd_outage.failed(h.clock.now, StoreUnavailable("timed out"))
         h.clock.advance(10)
-        controller.etcd.answered(h.clock.now)
+        controller.etcd_outage.answered(h.clock.now)
         controller._keep_leading()  # taken again
         assert h.store.get_raw(leader.key) == leader.identity.encode() and not leader.lost.is_set()
         lapse()
