@@ -8,6 +8,7 @@ import pytest
 from support.controller_harness import Harness, worker
 
 from stalwart.controller.etcd_absence import outage_grace
+from stalwart.processes import wait_for
 from stalwart.spec.model import FaultTolerance
 from stalwart.store.client import LeaseLost, StoreUnavailable
 from stalwart.store.records import JobStage
@@ -110,6 +111,7 @@ def test_a_leadership_that_lapsed_with_etcd_is_taken_again_unless_someone_else_t
     h = Harness()
     controller = h.new_controller()
     leader = controller.leader
+    leader.ttl = 0.3  # its keep-alive thread renews every 0.1 s: it notices a lapse at once
     h.store.delete(leader.key)
     assert leader.try_acquire()
     try:
@@ -117,7 +119,7 @@ def test_a_leadership_that_lapsed_with_etcd_is_taken_again_unless_someone_else_t
         def lapse() -> None:
             assert leader._lease is not None
             h.store.revoke_lease(leader._lease.id)  # etcd expired it while it was paused
-            leader.lost.set()  # what the keep-alive thread does when its renewal fails
+            assert wait_for(leader.lost.is_set, timeout=10)  # the keep-alive thread's renewal failed
 
         lapse()
         with pytest.raises(LeaseLost):  # no outage seen: the leadership is simply lost
