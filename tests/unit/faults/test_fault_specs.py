@@ -4,9 +4,14 @@ standbys too), and a bad node's crash rides with them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
+from support.controller_harness import spec_document
 
 from stalwart import worker_contract as contract
 from stalwart.faults import FaultKind, node_fault_env, parse_fault
+from stalwart.spec import parse_job
 
 
 def test_slow_data_needs_a_rank_and_may_say_how_slow() -> None:
@@ -30,3 +35,20 @@ def test_worker_faults_arm_every_node_and_a_bad_node_also_crashes() -> None:
     crashing = json.loads(env["node-1"][contract.FAULT_HOOKS])
     assert crashing["signals"] is True and crashing["crash_after_steps"] == 5
     assert node_fault_env([parse_fault("kill-worker:rank=1,step=3")]) == {}  # a SIGKILL needs no hook
+
+
+def test_etcd_faults_act_only_on_the_etcd_the_run_starts(tmp_path: Path) -> None:
+    """`--inject pause-etcd` and `kill-etcd` say how long etcd is away; with `--etcd` (someone
+    else's etcd) they are refused before anything starts. `--etcd-outage` sets the job's limit, for
+    the runner, the controller and the agents alike."""
+    from stalwart.runner.local_run import LocalRun
+
+    pause, kill = parse_fault("pause-etcd:step=20,seconds=10"), parse_fault("kill-etcd:step=30")
+    assert pause.describe() == "pause-etcd +10s at step 20" and kill.describe() == "kill-etcd at step 30"
+    assert pause.kind.on_etcd and kill.kind.on_etcd and not parse_fault("kill-controller").kind.on_etcd
+    job = parse_job(spec_document(), "test")
+    assert job.spec.fault_tolerance.etcd_outage_seconds == 60
+    run = LocalRun(job, tmp_path / "job.yaml", tmp_path / "run", faults=[pause], etcd_outage_seconds=30)
+    assert run.job.spec.fault_tolerance.etcd_outage_seconds == 30
+    with pytest.raises(ValueError, match="leave out --etcd"):
+        LocalRun(job, tmp_path / "job.yaml", tmp_path / "run", etcd_endpoint="127.0.0.1:2379", faults=[kill])
