@@ -150,6 +150,9 @@ def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[st
     assert incident["suspects"] == ["node-1"] and incident["evicted"] == ["node-1"], incident
     assert snap["slots"] == ["node-0", "node-2"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
     assert incident["verdict"]["failure_class"] == "slowdown", incident["verdict"]
+    # Named by the node metrics too, not only by the stacks (issue 17; the data-loading case is in
+    # tests/e2e/layout).
+    assert any("metrics point at node-1" in line for line in incident["evidence"]), incident["evidence"]
     assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
 
 
