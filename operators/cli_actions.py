@@ -19,7 +19,7 @@ from stalwart.cli.operator_requests import POLL_SECONDS, requester
 from stalwart.store.records import OperatorRequest, RequestKind, RequestStatus
 from stalwart_operator import kube_requests, names
 from stalwart_operator.kube import USER_AGENT, is_status
-from stalwart_operator.status import RequestState, TrainingJobPhase
+from stalwart_operator.status import ConditionType, RequestState, TrainingJobPhase
 
 FIELD_MANAGER = "kubectl-stalwart"
 
@@ -155,6 +155,8 @@ class KubernetesActions:
         )
 
     def suspend(self, job: str, suspended: bool, timeout: float) -> str:
+        """Set spec.suspend and wait for the job's controller to follow: every pod stopped (the
+        Suspended condition), or training again (phase Running) after a resume."""
         body = self._require(job)
         if bool((body.get("spec") or {}).get("suspend")) == suspended:
             return f"{self.namespace}/{job} is already {'suspended' if suspended else 'not suspended'}"
@@ -163,15 +165,28 @@ class KubernetesActions:
         deadline = time.monotonic() + timeout
         with err.status(f"waiting for the operator to {verb} {self.namespace}/{job}"):
             while time.monotonic() < deadline:
-                phase = (self._require(job).get("status") or {}).get("phase")
-                if (phase == TrainingJobPhase.SUSPENDED.value) == suspended and phase is not None:
+                status = self._require(job).get("status") or {}
+                phase = status.get("phase")
+                if _followed(status, suspended):
                     return f"{self.namespace}/{job}: {phase}"
                 time.sleep(POLL_SECONDS)
         raise CliError(
             f"spec.suspend of {self.namespace}/{job} is set to {str(suspended).lower()}, but its status did not follow "
-            f"within {timeout:.0f}s; is the operator running?",
+            f"within {timeout:.0f}s; is the operator running? (kubectl describe tj {job} -n {self.namespace})",
             EXIT_TIMEOUT,
         )
+
+
+def _followed(status: dict[str, Any], suspended: bool) -> bool:
+    phase = status.get("phase")
+    if phase in (TrainingJobPhase.SUCCEEDED.value, TrainingJobPhase.FAILED.value):
+        return True
+    if not suspended:
+        return phase == TrainingJobPhase.RUNNING.value
+    return any(
+        c.get("type") == ConditionType.SUSPENDED.value and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
 
 
 def _json(response: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from stalwart.cluster.base import Cluster, NodeInfo
+from stalwart.cluster.agent_checks import checks_through_agents
+from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.controller.ranks import slot_roles
 from stalwart.controller.standby_pool import standbys_for
 from stalwart.logs import get_logger
@@ -56,9 +57,6 @@ class KubernetesCluster(Cluster):
         # The Kubernetes Node under each Stalwart node: the controller cordons a node after it
         # stopped it, when its pod (which said where it ran) is already gone.
         self._machines: dict[str, str] = {}
-        # Nodes whose pods the operator deleted on purpose (suspend): the controller sees them as
-        # lost when the job resumes, but their machines did nothing wrong and are not cordoned.
-        self._released: set[str] = set()
 
     # -- pods ------------------------------------------------------------------------------------
     def list_pods(self, fresh: bool = False) -> list[dict[str, Any]]:
@@ -154,15 +152,6 @@ class KubernetesCluster(Cluster):
                     return
         self._delete_pod(name)
 
-    def delete_all(self, released: bool = False) -> None:
-        """Every pod of the job, whatever the policy (suspend, deletion)."""
-        for pod in self.list_pods(fresh=True):
-            node = _node_of(pod)
-            if node:
-                if released:
-                    self._released.add(node)
-                self._delete_pod(node)
-
     def list_nodes(self) -> list[NodeInfo]:
         out = []
         for pod in self.list_pods():
@@ -199,6 +188,11 @@ class KubernetesCluster(Cluster):
             port,
         )
 
+    def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
+        """The collective and compute checks, run by the nodes' own agents in their pods (the
+        machines under test, with the GPUs the pods hold), rank 0 on the first node's pod IP."""
+        return checks_through_agents(self.store, self.job_id, nodes, procs_per_node, self.log)
+
     # -- machines --------------------------------------------------------------------------------
     def machine_of(self, node: str) -> str | None:
         with self._lock:
@@ -211,12 +205,6 @@ class KubernetesCluster(Cluster):
 
     def cordon(self, node: str, reason: str) -> None:
         """Taint (NoSchedule) and label the Kubernetes Node the node's pod ran on."""
-        if node in self._released:
-            self.log.info(
-                "not cordoning: the operator stopped this node (suspend)",
-                fields={"node": node},
-            )
-            return
         machine = self.machine_of(node)
         if machine is None:
             self.log.warning("cannot cordon: no machine known for the node", fields={"node": node})

@@ -15,6 +15,7 @@ import kopf
 
 from stalwart.spec import SpecError
 from stalwart.spec.model import MANAGED_BY_STALWART
+from stalwart.store.records import JobStage
 from stalwart_operator import deadline, kube_requests, names
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.events import node_not_ready, pod_disruption, request_eviction
@@ -104,9 +105,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         rt.ensure_token(job, namespace, uid)  # before the spec: whoever reads the spec finds the token
         rt.submit(job, job_id)
         rt.ensure_service(job, namespace, uid)
-        if job.spec.suspend:
-            rt.suspend(job, namespace, uid)
-        elif rt.start(job, namespace, uid, resume=True):
+        if rt.wants_controller(job, job_id) and rt.start(job, namespace, uid):
             logger.info(f"controller started for {job_id}")
         if not (body.get("status") or {}).get("jobId"):
             patch.status["jobId"] = job_id
@@ -127,8 +126,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         logger: logging.Logger,
         **_: Any,
     ) -> None:
-        """A new spec goes to etcd (the controller applies codeVersion lazily); suspend stops the
-        pods and keeps the state, resume hosts the controller again."""
+        """A new spec goes to etcd (the controller applies codeVersion lazily, and carries out
+        spec.suspend: workers and pods stop, no incident; unset, a new generation from the newest
+        checkpoint); the controller is hosted if it was parked."""
         rt = _runtime(memo)
         try:
             job = rt.parse(dict(body))
@@ -138,12 +138,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             # The CRD refuses this (a CEL transition rule); an API server without CEL may not.
             raise kopf.PermanentError("roles cannot change while the job exists; delete and re-create it")
         job_id = names.job_id(namespace, name)
-        rt.submit(job, job_id)
-        if job.spec.suspend:
+        if rt.submit(job, job_id) and job.spec.suspend:
             logger.info(f"suspending {job_id}")
-            rt.suspend(job, namespace, uid)
-        else:
-            rt.start(job, namespace, uid, resume=True)
+        if rt.wants_controller(job, job_id):
+            rt.start(job, namespace, uid)
         patch.status["observedGeneration"] = meta.get("generation")
 
     @kopf.on.delete(*RESOURCE, id="cleanup", when=managed_here, registry=registry)  # type: ignore[arg-type]
@@ -212,7 +210,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             if ttl is not None and state.finished_at is not None and time.time() >= state.finished_at + ttl:
                 logger.info(f"deleting {name}: finished more than {ttl}s ago")
                 rt.delete_resource(name, namespace)
-        elif not job.spec.suspend and rt.start(job, namespace, uid):
+        elif job.spec.suspend and state.stage is JobStage.SUSPENDED:
+            rt.park(job, namespace)
+        elif rt.start(job, namespace, uid):
             logger.warning(f"controller for {names.job_id(namespace, name)} was not running; started it")
 
     @kopf.on.event(*RESOURCE, id="requests", when=has_requests, registry=registry)  # type: ignore[arg-type]

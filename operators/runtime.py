@@ -67,7 +67,8 @@ class Runtime:
         # Jobs (by uid) whose finalizer ran: nothing may host their controller again, even a timer
         # that was already running when the deletion began.
         self._deleted: set[str] = set()
-        self._suspended: set[str] = set()
+        # Jobs (by uid) the operator itself ended (activeDeadlineSeconds): not hosted again.
+        self._ended: set[str] = set()
 
     # -- jobs ------------------------------------------------------------------------------------
     def parse(self, body: dict[str, Any]) -> TrainingJob:
@@ -128,12 +129,12 @@ class Runtime:
         self.store.put(keys.job_spec(job_id), json.dumps(doc))
         return True
 
-    def start(self, job: TrainingJob, namespace: str, uid: str, *, resume: bool = False) -> bool:
-        """Host the job's controller (no-op if hosted, finished, deleted, or suspended unless this
-        is the resume: a status timer that read the spec before the suspend must not undo it)."""
-        if uid in self._deleted or (uid in self._suspended and not resume):
+    def start(self, job: TrainingJob, namespace: str, uid: str) -> bool:
+        """Host the job's controller (no-op if hosted, finished, deleted or ended by the operator).
+        A suspended job's controller is hosted too: it carries out the suspension itself (workers,
+        then pods, stop; no incident) and resumes the job from its newest checkpoint."""
+        if uid in self._deleted or uid in self._ended:
             return False
-        self._suspended.discard(uid)
         cluster = self.cluster(job, namespace, uid)
         return self.host.ensure(names.job_id(namespace, job.name), lambda: cluster)
 
@@ -171,7 +172,7 @@ class Runtime:
         controller, record the terminal state (compare-and-swap: never over a newer decision), then
         let the spec's cleanPodPolicy decide which pods go."""
         job_id = names.job_id(namespace, job.name)
-        self._suspended.add(uid)  # no timer re-hosts it meanwhile
+        self._ended.add(uid)  # no timer re-hosts it meanwhile
         self.host.stop(job_id)
         key = keys.job_state(job_id)
         state, revision = self.store.get_with_revision(key, JobState)
@@ -188,7 +189,7 @@ class Runtime:
             }
         )
         if not self.store.commit({key: failed}, expect_revision={key: revision}):
-            self._suspended.discard(uid)  # the state moved: the next status tick looks again
+            self._ended.discard(uid)  # the state moved: the next status tick looks again
             return
         cluster = self.cluster(job, namespace, uid)
         for pod in cluster.list_pods(fresh=True):
@@ -213,11 +214,17 @@ class Runtime:
                 )
             )
 
-    def suspend(self, job: TrainingJob, namespace: str, uid: str) -> None:
-        """Stop the controller and delete the pods; etcd keeps the state for the resume."""
-        self._suspended.add(uid)
-        self.host.stop(names.job_id(namespace, job.name))
-        self.cluster(job, namespace, uid).delete_all(released=True)
+    def wants_controller(self, job: TrainingJob, job_id: str) -> bool:
+        """A job created suspended (Kueue) gets no controller, and so no pods, until it is resumed."""
+        return not (job.spec.suspend and self.store.get(keys.job_state(job_id), JobState) is None)
+
+    def park(self, job: TrainingJob, namespace: str) -> None:
+        """A suspended job whose controller has stopped every pod needs no controller until it is
+        resumed (Kueue may hold many jobs suspended): its state waits in etcd."""
+        job_id = names.job_id(namespace, job.name)
+        if self.host.running(job_id):
+            self.host.stop(job_id)
+            log.info("suspended: controller parked until the job resumes", fields={"job": job_id})
 
     def cleanup(self, job: TrainingJob | None, name: str, namespace: str, uid: str) -> None:
         """Everything the job owns: its controller, pods, Service, PodGroup and etcd keys."""

@@ -18,7 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from stalwart.controller.ettr import compute_ettr
 from stalwart.runbooks import runbook_for_incident
-from stalwart.store.records import Incident, JobState, OperatorRequest
+from stalwart.store.records import Incident, JobStage, JobState, OperatorRequest
 
 
 class StatusModel(BaseModel):
@@ -121,7 +121,9 @@ class RoleNodeCounts(StatusModel):
     running: Annotated[int, Field(ge=0, description="Slots whose node is registered and running.")] = 0
     starting: Annotated[int, Field(ge=0, description="Slots whose pod or agent is starting.")] = 0
     lost: Annotated[int, Field(ge=0, description="Slots whose pod or agent is gone (being replaced).")] = 0
-    finished: Annotated[int, Field(ge=0, description="Slots of a finished job.")] = 0
+    finished: Annotated[
+        int, Field(ge=0, description="Slots of a finished job, or of a suspended one whose pods stopped.")
+    ] = 0
 
 
 class StandbyCounts(StatusModel):
@@ -266,6 +268,8 @@ def rfc3339(t: float | None) -> str | None:
 
 
 def _phase(state: JobState | None, suspended: bool) -> TrainingJobPhase:
+    """Suspended from the moment spec.suspend is set (the controller is stopping the pods) until
+    the resumed job's controller moves on; else the controller's phase."""
     if state is not None and state.phase.terminal:
         return TrainingJobPhase(state.phase.value)
     if suspended:
@@ -273,8 +277,13 @@ def _phase(state: JobState | None, suspended: bool) -> TrainingJobPhase:
     return TrainingJobPhase.CREATED if state is None else TrainingJobPhase(state.phase.value)
 
 
+def _pods_stopped(state: JobState | None) -> bool:
+    """The suspension is complete: the controller stopped every node (or never started any)."""
+    return state is None or state.stage is JobStage.SUSPENDED
+
+
 def _node_state(name: str, pod: PodView | None, registered: bool, state: JobState) -> NodeState:
-    if state.phase.terminal:
+    if state.phase.terminal or (state.stage is JobStage.SUSPENDED and pod is None):
         return NodeState.FINISHED
     if pod is None or pod.terminating or pod.phase in ("Failed", "Succeeded", "Unknown"):
         return NodeState.LOST
@@ -330,17 +339,14 @@ def _wanted_conditions(
             (state.reason if state else None) or "Failed",
             msg,
         )
+    elif phase is TrainingJobPhase.SUSPENDED and _pods_stopped(state):
+        message = "spec.suspend is true: pods stopped, state and checkpoints kept"
+        out[ConditionType.RUNNING] = (False, "Suspended", message)
+        out[ConditionType.SUSPENDED] = (True, "Suspended", message)
     elif phase is TrainingJobPhase.SUSPENDED:
-        out[ConditionType.RUNNING] = (
-            False,
-            "Suspended",
-            "spec.suspend is true: pods deleted, state kept",
-        )
-        out[ConditionType.SUSPENDED] = (
-            True,
-            "Suspended",
-            "spec.suspend is true: pods deleted, state kept",
-        )
+        message = "spec.suspend is true: the controller is stopping the workers, then the pods"
+        out[ConditionType.RUNNING] = (False, "Suspending", message)
+        out[ConditionType.SUSPENDED] = (False, "Suspending", message)
     if phase is not TrainingJobPhase.SUSPENDED:
         out[ConditionType.SUSPENDED] = (False, "Resumed", "spec.suspend is false")
     return out

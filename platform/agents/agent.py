@@ -4,6 +4,7 @@
 - the lease keeper (lease_keeper): holds the node's lease, renews it with every heartbeat;
 - the worker launcher (launcher): a generation's workers, from the pure `worker_env()`;
 - on-demand reports (reports): the workers' stacks (with the node's metric window) and logs;
+- the check duty (check_duty): its share of the collective and compute checks, when asked;
 - the standby duty (standby): the newest checkpoint mirrored, the data loader's position known;
 - the data plane (data_plane): the shadow data loader and the host-memory checkpoint store;
 - the probes (probe_loop) and the Prometheus exporter (metrics).
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from stalwart.agents.agent_state import AgentState, check_transition
+from stalwart.agents.check_duty import CheckDuty
 from stalwart.agents.checkpoint_token import CheckpointToken
 from stalwart.agents.data_plane import DataPlane, DataPlaneError, memory_peer, memory_uri
 from stalwart.agents.launcher import NodeServices, WorkerLauncher
@@ -116,6 +118,7 @@ class NodeAgent:
         self.reports = OnDemandReports(
             store, job, node, self.log, self._workers_now, lambda: self.history.as_records(self.generation)
         )
+        self.checks = CheckDuty(store, job, node, self.address, self.node_dir, self.log)
         self.standby = StandbyDuty(
             store, self.job, node, self.log, lambda: self._listed_standby, self.checkpoint_token.get
         )
@@ -169,6 +172,7 @@ class NodeAgent:
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
         self.store.watch_prefix(keys.job_state(self.job_name), self._on_job_state)
         self.reports.watch()
+        self.checks.watch()
         self.log.info("registered", fields={"lease": f"{lease.id:x}"})
         self.lease_keeper.start()
         memory = self.data_plane.memory_port
@@ -233,6 +237,7 @@ class NodeAgent:
         self._follow_job_state()
         dirty |= self._apply_commands()
         self.reports.serve()
+        self.checks.serve()
         if self.group is not None:
             for report in self.inbox.drain():
                 self.group.record(report)

@@ -16,7 +16,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -134,37 +135,45 @@ def judge(
     return verdicts
 
 
-def run_collective_check(
+@dataclass
+class RanksOutcome:
+    """What a set of check ranks left behind: their reports (as far as each got), the ranks stopped
+    as hung, and their exit codes."""
+
+    reports: list[RankReport]
+    timed_out: list[int]
+    exit_codes: dict[int, int | None]
+
+
+def run_ranks(
     workdir: Path | str,
     *,
-    nodes: int = 2,
-    procs_per_node: int = 1,
-    timeout: float = 120.0,
-    collective_timeout: float = 20.0,
+    ranks: Sequence[int],
+    world: int,
+    procs_per_node: int,
+    master_addr: str,
+    master_port: int,
+    timeout: float,
+    collective_timeout: float,
     backend: str = "auto",
     numel: int = 1 << 16,
     rank_env: Mapping[int, Mapping[str, str]] | None = None,
-    master_port: int | None = None,
-    reference_digest: str | None = None,
-) -> CollectiveCheckReport:
-    """Run the checks on `nodes` x `procs_per_node` local processes; never longer than `timeout`.
+) -> RanksOutcome:
+    """Start `ranks` of a `world`-rank check (this machine's share of it: all of them locally, one
+    node's on a node agent), wait for them within `timeout` and read their reports.
 
     `collective_timeout` is the process group's timeout: a healthy rank stuck waiting for a hung
     peer fails its collective after it and reports. Ranks whose reports stop changing (for
     STALL_FACTOR x `collective_timeout` + 5 s, or EXIT_GRACE_S once another rank exited) are stopped
     as timed out.
-    `rank_env` adds environment variables to single ranks (fault injection in tests).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    world = nodes * procs_per_node
-    port = master_port or free_port()
-    started = time.time()
     procs: dict[int, subprocess.Popen[bytes]] = {}
-    paths = {r: workdir / f"rank-{r}.json" for r in range(world)}
+    paths = {r: workdir / f"rank-{r}.json" for r in ranks}
     logs = []
     try:
-        for rank in range(world):
+        for rank in ranks:
             env = {
                 **os.environ,
                 "RANK": str(rank),
@@ -172,8 +181,8 @@ def run_collective_check(
                 "WORLD_SIZE": str(world),
                 "LOCAL_WORLD_SIZE": str(procs_per_node),
                 "GROUP_RANK": str(rank // procs_per_node),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
                 "OMP_NUM_THREADS": "1",
                 "PYTHONUNBUFFERED": "1",
                 RESULT_ENV: str(paths[rank]),
@@ -193,10 +202,24 @@ def run_collective_check(
             stop_process(p, grace=1.0)
         for log in logs:
             log.close()
-    reports = [_read_report(paths[r], r, procs_per_node) for r in range(world)]
+    reports = [_read_report(paths[r], r, procs_per_node) for r in ranks]
     for r in reports:
         if r.rank in timed_out:
             r.finished = False
+    return RanksOutcome(reports, timed_out, {r: p.returncode for r, p in procs.items()})
+
+
+def assemble(
+    reports: list[RankReport],
+    procs_per_node: int,
+    timed_out: list[int],
+    exit_codes: Mapping[int, int | None],
+    *,
+    backend: str,
+    started_at: float,
+    reference_digest: str | None = None,
+) -> CollectiveCheckReport:
+    """Judge every rank's report (however they were gathered) into the run's report."""
     verdicts = judge(reports, procs_per_node, timed_out, reference_digest)
     passed = (
         all(v.passed for v in verdicts)
@@ -208,10 +231,51 @@ def run_collective_check(
         backend=next((r.backend for r in reports if r.backend), backend),
         nodes=verdicts,
         ranks=reports,
-        timed_out_ranks=timed_out,
-        exit_codes={r: p.returncode for r, p in procs.items()},
-        started_at=started,
+        timed_out_ranks=sorted(timed_out),
+        exit_codes=dict(exit_codes),
+        started_at=started_at,
         finished_at=time.time(),
+    )
+
+
+def run_collective_check(
+    workdir: Path | str,
+    *,
+    nodes: int = 2,
+    procs_per_node: int = 1,
+    timeout: float = 120.0,
+    collective_timeout: float = 20.0,
+    backend: str = "auto",
+    numel: int = 1 << 16,
+    rank_env: Mapping[int, Mapping[str, str]] | None = None,
+    master_port: int | None = None,
+    reference_digest: str | None = None,
+) -> CollectiveCheckReport:
+    """Run the checks on `nodes` x `procs_per_node` local processes; never longer than `timeout`.
+    `rank_env` adds environment variables to single ranks (fault injection in tests)."""
+    started = time.time()
+    world = nodes * procs_per_node
+    outcome = run_ranks(
+        workdir,
+        ranks=range(world),
+        world=world,
+        procs_per_node=procs_per_node,
+        master_addr="127.0.0.1",
+        master_port=master_port or free_port(),
+        timeout=timeout,
+        collective_timeout=collective_timeout,
+        backend=backend,
+        numel=numel,
+        rank_env=rank_env,
+    )
+    return assemble(
+        outcome.reports,
+        procs_per_node,
+        outcome.timed_out,
+        outcome.exit_codes,
+        backend=backend,
+        started_at=started,
+        reference_digest=reference_digest,
     )
 
 

@@ -16,6 +16,11 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/stacks/{request}/{node}    StackReport, written by each agent
     /stalwart/v1/jobs/{job}/log-request                LogRequest: every agent reports its workers' log tails
     /stalwart/v1/jobs/{job}/logs/{request}/{node}      LogReport, written by each agent
+    /stalwart/v1/jobs/{job}/checks/{id}/request        CheckRequest: the collective and compute checks, run by
+                                                       the agents of the nodes it names (a cluster whose
+                                                       controller cannot start check processes itself)
+    /stalwart/v1/jobs/{job}/checks/{id}/rendezvous     CheckRendezvous: where the first node's rank 0 listens
+    /stalwart/v1/jobs/{job}/checks/{id}/nodes/{node}   NodeCheckReport: one node's ranks, as far as each got
     /stalwart/v1/jobs/{job}/requests/{id}              OperatorRequest (evict, cordon, check...), from the CLI
                                                        or the operator; the controller carries it out and
                                                        writes the outcome into the same record
@@ -146,6 +151,37 @@ def logs_prefix(job: str, request_id: str) -> str:
 
 def log_report(job: str, request_id: str, node: str) -> str:
     return logs_prefix(job, request_id) + _seg(node)
+
+
+def checks_prefix(job: str) -> str:
+    return job_prefix(job) + "checks/"
+
+
+def check_prefix(job: str, check_id: str) -> str:
+    return checks_prefix(job) + _seg(check_id) + "/"
+
+
+def check_request(job: str, check_id: str) -> str:
+    return check_prefix(job, check_id) + "request"
+
+
+def check_rendezvous(job: str, check_id: str) -> str:
+    return check_prefix(job, check_id) + "rendezvous"
+
+
+def check_reports_prefix(job: str, check_id: str) -> str:
+    return check_prefix(job, check_id) + "nodes/"
+
+
+def check_report(job: str, check_id: str, node: str) -> str:
+    return check_reports_prefix(job, check_id) + _seg(node)
+
+
+def parse_check_request_key(job: str, key: str) -> str | None:
+    """The check id of a `check_request` key, or None for any other key under checks/."""
+    rest = key[len(checks_prefix(job)) :] if key.startswith(checks_prefix(job)) else ""
+    parts = rest.split("/")
+    return parts[0] if len(parts) == 2 and parts[1] == "request" and parts[0] else None
 
 
 def requests_prefix(job: str) -> str:

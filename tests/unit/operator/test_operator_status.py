@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from stalwart.store.records import FailureClass, Incident, JobPhase, JobState
+from stalwart.store.records import FailureClass, Incident, JobPhase, JobStage, JobState
 from stalwart_operator.status import (
     ConditionType,
     NodeState,
@@ -149,9 +149,26 @@ def test_finished_and_suspended() -> None:
         "True",
         "RestartBudgetExhausted",
     )
-    suspended = status(state(), suspended=True)
-    assert suspended.phase.value == "Suspended"
+    # spec.suspend set: Suspended at once, but the condition waits until the controller has
+    # stopped every pod (what `stalwart suspend` and `kubectl wait` wait for).
+    suspending = status(state(stage=JobStage.SUSPENDING), suspended=True)
+    assert suspending.phase.value == "Suspended"
+    assert ConditionType.SUSPENDED not in conditions(suspending)
+    assert conditions(suspending)[ConditionType.RUNNING] == ("False", "Suspending")
+    suspended = build_status(
+        job_id="ml.demo",
+        state=state(stage=JobStage.SUSPENDED),
+        incidents=[],
+        slot_roles=["trainer", "trainer"],
+        pods={},
+        registered=set(),
+        previous=suspending,
+        suspended=True,
+        observed_generation=1,
+        now=T0 + 100,
+    )
     assert conditions(suspended)[ConditionType.SUSPENDED] == ("True", "Suspended")
+    assert suspended.unhealthy_nodes == [] and suspended.node_counts[0].finished == 2  # stopped, not lost
     resumed = status(state(), previous=suspended)
     assert conditions(resumed)[ConditionType.SUSPENDED] == ("False", "Resumed")
 
