@@ -17,6 +17,7 @@ from typing import Any
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import JobState, OperatorRequest, RequestKind
+from stalwart_operator import names
 
 REQUESTED_BY = "operator"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -73,17 +74,32 @@ def node_not_ready(node: dict[str, Any]) -> Disruption | None:
     return None
 
 
+def cordon_reason(node: dict[str, Any]) -> str | None:
+    """Why Stalwart cordoned this Kubernetes Node (an evicted node's machine), or None if it did not."""
+    meta = node.get("metadata") or {}
+    if (meta.get("labels") or {}).get(names.CORDON_LABEL) != "true":
+        return None
+    return (meta.get("annotations") or {}).get(names.CORDON_REASON_ANNOTATION) or "no reason recorded"
+
+
+def machine_cordoned(machine: str, reason: str) -> Disruption:
+    return Disruption("machine-cordoned", f"its machine {machine} is cordoned by Stalwart ({reason})"[:500])
+
+
 def request_id(cause: str, pod_uid: str) -> str:
     return _UNSAFE.sub("-", f"k8s-{cause}-{pod_uid}")[:120]
 
 
-def request_eviction(store: Store, job_id: str, node: str, disruption: Disruption, pod_uid: str) -> bool:
+def request_eviction(
+    store: Store, job_id: str, node: str, disruption: Disruption, pod_uid: str, standbys_only: bool = False
+) -> bool:
     """Ask the controller to evict `node`. True if this call wrote the request; False if it exists
-    already, or the node is not (or no longer) part of a running job."""
+    already, or the node is not (or no longer) part of a running job (or, with `standbys_only`,
+    not a standby)."""
     state = store.get(keys.job_state(job_id), JobState)
     if state is None or state.phase.terminal:
         return False
-    if node not in state.slots and node not in state.standbys:
+    if node not in state.standbys and (standbys_only or node not in state.slots):
         return False  # already replaced (a pod that failed because the controller let it go)
     request = OperatorRequest(
         id=request_id(disruption.cause, pod_uid),

@@ -18,7 +18,7 @@ from stalwart.spec.model import MANAGED_BY_STALWART
 from stalwart.store.records import JobStage
 from stalwart_operator import deadline, kube_requests, names
 from stalwart_operator.config import OperatorConfig
-from stalwart_operator.events import node_not_ready, pod_disruption, request_eviction
+from stalwart_operator.events import cordon_reason, machine_cordoned, node_not_ready, pod_disruption, request_eviction
 from stalwart_operator.runtime import Runtime
 from stalwart_operator.status import Condition, ConditionType, TrainingJobPhase, rfc3339
 
@@ -234,6 +234,12 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             return None
         return {machine: (namespace, labels[names.JOB_LABEL], node, uid)}
 
+    @kopf.index("v1", "nodes", id="cordoned_machines", registry=registry)
+    def cordoned_machines(body: kopf.Body, name: str, **_: Any) -> dict[str, str] | None:
+        """Kubernetes Nodes Stalwart cordoned (an evicted node's machine), with the reason."""
+        reason = cordon_reason(dict(body))
+        return {name: reason} if reason is not None else None
+
     @kopf.on.event("v1", "pods", labels=JOB_PODS, id="pod_events", registry=registry)  # type: ignore[arg-type]
     def pod_event(
         type: str | None,
@@ -242,18 +248,27 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         uid: str,
         labels: kopf.Labels,
         memo: Any,
+        cordoned_machines: kopf.Index,
         logger: logging.Logger,
         **_: Any,
     ) -> None:
-        """A failed, evicted or disrupted pod: ask the controller to evict (and replace) its node."""
+        """A failed, evicted or disrupted pod: ask the controller to evict (and replace) its node.
+        A standby on a machine Stalwart cordoned leaves the pool: it would take a slot on a machine
+        already evicted once."""
         if type == "DELETED":
-            return  # deleted by the controller or the finalizer: nothing to report
-        disruption = pod_disruption(dict(body))
+            return
         node = labels.get(names.NODE_LABEL)
-        if disruption is None or not node:
+        if not node:
             return
         job_id = names.job_id(namespace, labels[names.JOB_LABEL])
-        if request_eviction(_runtime(memo).store, job_id, node, disruption, uid):
+        disruption = pod_disruption(dict(body))
+        standbys_only = False
+        machine = (body.get("spec") or {}).get("nodeName")
+        if disruption is None and machine and (reasons := list(cordoned_machines.get(machine, []))):
+            disruption, standbys_only = machine_cordoned(machine, reasons[0]), True
+        if disruption is None:
+            return
+        if request_eviction(_runtime(memo).store, job_id, node, disruption, uid, standbys_only=standbys_only):
             logger.warning(f"asked the controller of {job_id} to evict {node}: {disruption.reason}")
 
     @kopf.on.event("v1", "nodes", id="node_events", registry=registry)  # type: ignore[arg-type]
@@ -266,15 +281,20 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         logger: logging.Logger,
         **_: Any,
     ) -> None:
-        """A NotReady Kubernetes Node: every job node on it is evicted (hot-swapped)."""
+        """A NotReady Kubernetes Node: every job node on it is evicted (hot-swapped). A Node Stalwart
+        cordoned (one job evicted a node there): the standbys on it, of any job, leave their pools;
+        running slots of other jobs keep running (their own checks judge them)."""
         if type == "DELETED":
             return
         disruption = node_not_ready(dict(body))
+        standbys_only = False
+        if disruption is None and (reason := cordon_reason(dict(body))) is not None:
+            disruption, standbys_only = machine_cordoned(name, reason), True
         if disruption is None:
             return
         for namespace, job, node, pod_uid in pods_by_machine.get(name, []):
             job_id = names.job_id(namespace, job)
-            if request_eviction(_runtime(memo).store, job_id, node, disruption, pod_uid):
+            if request_eviction(_runtime(memo).store, job_id, node, disruption, pod_uid, standbys_only=standbys_only):
                 logger.warning(f"asked the controller of {job_id} to evict {node}: {disruption.reason}")
 
     return registry

@@ -49,6 +49,7 @@ def checks_through_agents(
     timeout: float = CHECK_TIMEOUT_SECONDS,
     collective_timeout: float = COLLECTIVE_TIMEOUT_SECONDS,
     backend: str = "auto",
+    grace: float = REPORT_GRACE_SECONDS,
 ) -> list[PreflightVerdict]:
     """Ask the agents of `nodes` to run the checks among themselves; one verdict per node, in order.
     A node whose agent is not registered fails at once; one whose agent does not answer in time
@@ -75,7 +76,7 @@ def checks_through_agents(
         log.info("node checks asked of the agents", fields={"request": request.id, "nodes": present})
         store.put(keys.check_request(job, request.id), request)
         try:
-            wait_for(lambda: set(reports()) >= set(present), timeout + REPORT_GRACE_SECONDS, interval=0.25)
+            wait_for(lambda: set(reports()) >= set(present), timeout + grace, interval=0.25)
             got = reports()
         finally:
             store.delete_prefix(keys.check_prefix(job, request.id))

@@ -8,7 +8,8 @@ real one, with the official client and kopf.
 - `Kubelet`: schedules pods onto fake Nodes (Ready, untainted or tolerated, matching selector and
   affinity), runs each pod's container as a real local process (the node agent, with the pod's
   env, `$(VAR)`-expanded args and downward-API fields), and reports the pod's phase. A pod the test
-  marks Failed has its processes killed, as when a machine dies.
+  marks Failed has its processes killed, as when a machine dies. `fault_env` gives the processes of
+  a named pod more variables: the faults of the machine under it (e.g. corrupt compute).
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ class Kubelet:
         self.interval = interval
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> agent process
         self.started: dict[str, str] = {}  # pod uid -> pod name, for every pod ever started
+        self.fault_env: dict[str, dict[str, str]] = {}  # pod name -> variables its machine injects
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
         self.errors: list[str] = []
@@ -375,6 +377,7 @@ class Kubelet:
                 env[item["name"]] = self._secret(meta["namespace"], ref["name"])[ref["key"]]
             else:
                 env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        env.update(self.fault_env.get(meta["name"], {}))
         argv = [
             _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a)
             for a in [*container["command"], *container.get("args", [])]

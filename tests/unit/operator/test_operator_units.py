@@ -20,7 +20,13 @@ from stalwart_operator import crd, names
 from stalwart_operator.cluster import KubernetesCluster
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.election import OperatorLeadership
-from stalwart_operator.events import node_not_ready, pod_disruption, request_eviction
+from stalwart_operator.events import (
+    cordon_reason,
+    machine_cordoned,
+    node_not_ready,
+    pod_disruption,
+    request_eviction,
+)
 
 
 def test_config_from_the_environment() -> None:
@@ -98,6 +104,22 @@ def test_one_eviction_request_per_pod_incident(store: Store) -> None:
     [request] = store.get_prefix(keys.requests_prefix(job_id), OperatorRequest)
     assert request.kind is RequestKind.EVICT and request.node == "node-1" and request.requested_by == "operator"
     assert "evicted" in request.reason
+    # A machine Stalwart cordoned (another node of some job was evicted there): its standbys leave
+    # the pool, its running slots are left to their own job's checks.
+    machine = {
+        "metadata": {
+            "name": "gpu-4",
+            "labels": {names.CORDON_LABEL: "true"},
+            "annotations": {names.CORDON_REASON_ANNOTATION: "ml.other/node-3: MachineFault: Xid 79"},
+        }
+    }
+    reason = cordon_reason(machine)
+    assert reason == "ml.other/node-3: MachineFault: Xid 79" and cordon_reason({"metadata": {"name": "gpu-5"}}) is None
+    cordoned = machine_cordoned("gpu-4", reason)
+    assert not request_eviction(store, job_id, "node-0", cordoned, "uid-0", standbys_only=True)
+    assert request_eviction(store, job_id, "node-2", cordoned, "uid-2", standbys_only=True)
+    standby = next(r for r in store.get_prefix(keys.requests_prefix(job_id), OperatorRequest) if r.node == "node-2")
+    assert "machine gpu-4 is cordoned by Stalwart (ml.other/node-3: MachineFault" in standby.reason
     store.delete_prefix(keys.job_prefix(job_id))
 
 
