@@ -644,7 +644,9 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
             "firstStepTimeoutSeconds": 120,
         },
     ):
-        bad_pod = world.wait("node-0's pod scheduled", lambda: (p := world.pods(name).get("node-0")) and p)
+        bad_machine = world.wait(
+            "node-0's pod scheduled", lambda: (p := world.pods(name).get("node-0")) and p["spec"].get("nodeName")
+        )
         status = world.running(name, standby=False)
         # Pre-flight: node-0 failed the compute check before any training, and was evicted for it.
         [incident] = world.store.get_prefix(keys.incidents_prefix(job_id), Incident)
@@ -657,7 +659,7 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
         machine = world.wait(
             "the bad machine cordoned",
             lambda: (
-                (n := raw(world.core.read_node(bad_pod["spec"]["nodeName"], _preload_content=False)))
+                (n := raw(world.core.read_node(bad_machine, _preload_content=False)))
                 and n["metadata"].get("labels", {}).get(names.CORDON_LABEL) == "true"
                 and n["metadata"]["name"]
             ),
