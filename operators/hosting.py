@@ -1,8 +1,8 @@
 """One JobController per TrainingJob, each on its own thread inside the operator.
 
 The controller is the platform's, unchanged: a level-triggered loop whose state is in etcd. So a
-hosted controller can be stopped at any tick (suspend, deletion, the operator losing leadership)
-and started again later, here or in another replica, and it carries on from etcd. Its per-job
+hosted controller can be stopped at any tick (a suspended job parked, deletion, the operator losing
+leadership) and started again later, here or in another replica, and it carries on from etcd. Its per-job
 etcd leadership still guards every commit, so even two hosts never both act for one job.
 """
 

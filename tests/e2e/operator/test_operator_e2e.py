@@ -159,6 +159,8 @@ class World:
                     "stopGraceSeconds": 1,
                     "preflight": False,
                     "firstStepTimeoutSeconds": 120,
+                    # The test worker imports no torch; a warm pool would import it on every node.
+                    "warmWorkers": False,
                 },
                 "standbys": {"count": standbys, "minimum": 0},
                 **spec,
@@ -642,6 +644,7 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
             "stopGraceSeconds": 1,
             "preflight": True,
             "firstStepTimeoutSeconds": 120,
+            "warmWorkers": False,
         },
     ):
         bad_machine = world.wait(
