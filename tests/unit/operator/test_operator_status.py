@@ -45,13 +45,14 @@ def status(
     suspended: bool = False,
     now: float = T0 + 100,
     registered: set[str] | None = None,
+    pods: dict[str, PodView] | None = None,
 ) -> TrainingJobStatus:
     return build_status(
         job_id="ml.demo",
         state=s,
         incidents=incidents or [],
         slot_roles=["trainer", "trainer"],
-        pods=PODS,
+        pods=PODS if pods is None else pods,
         registered={"node-0", "node-1", "node-2"} if registered is None else registered,
         previous=previous,
         suspended=suspended,
@@ -155,18 +156,7 @@ def test_finished_and_suspended() -> None:
     assert suspending.phase.value == "Suspended"
     assert ConditionType.SUSPENDED not in conditions(suspending)
     assert conditions(suspending)[ConditionType.RUNNING] == ("False", "Suspending")
-    suspended = build_status(
-        job_id="ml.demo",
-        state=state(stage=JobStage.SUSPENDED),
-        incidents=[],
-        slot_roles=["trainer", "trainer"],
-        pods={},
-        registered=set(),
-        previous=suspending,
-        suspended=True,
-        observed_generation=1,
-        now=T0 + 100,
-    )
+    suspended = status(state(stage=JobStage.SUSPENDED), previous=suspending, suspended=True, registered=set(), pods={})
     assert conditions(suspended)[ConditionType.SUSPENDED] == ("True", "Suspended")
     assert suspended.unhealthy_nodes == [] and suspended.node_counts[0].finished == 2  # stopped, not lost
     resumed = status(state(), previous=suspended)
