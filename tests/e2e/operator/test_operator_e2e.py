@@ -196,7 +196,7 @@ class World:
                 lambda: self.job(name) is None and not self.pods(name),
             )
 
-    def running(self, name: str, standby: bool = True) -> dict[str, Any]:
+    def running(self, name: str, standby: bool = True, timeout: float = WAIT) -> dict[str, Any]:
         """Wait until the job runs with every slot stepping (and its standby registered), and its
         status mirrors that: ETTR has a window to be measured over only once the first step is past
         (the status leaves it out until then), so it is part of the state waited for."""
@@ -216,7 +216,7 @@ class World:
                 return status
             return None
 
-        return self.wait(f"{name} running", ready)  # type: ignore[no-any-return]
+        return self.wait(f"{name} running", ready, timeout)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -580,7 +580,7 @@ def s3() -> Iterator[str]:
         server.stop()
 
 
-@pytest.mark.timeout(600)  # pre-flight twice, two generations, a suspension: minutes on a starved machine
+@pytest.mark.timeout(900)  # pre-flight twice, two generations, a suspension: minutes on a starved machine
 def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World, s3: str) -> None:
     """One job, three acceptance points of running on Kubernetes:
 
@@ -650,7 +650,8 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
         bad_machine = world.wait(
             "node-0's pod scheduled", lambda: (p := world.pods(name).get("node-0")) and p["spec"].get("nodeName")
         )
-        status = world.running(name, standby=False)
+        # Pre-flight rounds (one more when the standby registers late) precede generation 1.
+        status = world.running(name, standby=False, timeout=3 * WAIT)
         # Pre-flight: node-0 failed the compute check before any training, and was evicted for it.
         [incident] = world.store.get_prefix(keys.incidents_prefix(job_id), Incident)
         assert incident.failure_class.value == "PreflightFailed" and incident.node == "node-0", incident
@@ -698,7 +699,7 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
         # Resume: the same slots, a new generation from the newest checkpoint; no incident recorded.
         resumed = world.cli("resume", name, "-n", NS)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        status = world.running(name, standby=False)
+        status = world.running(name, standby=False, timeout=2 * WAIT)  # pre-flight again, then generation 2
         after = world.state(name)
         assert after is not None and after.generation > state.generation and after.slots == state.slots
         assert Path(f"{resumed_to}.g{after.generation}").read_text() == str(newest)
