@@ -702,7 +702,8 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
         status = world.running(name, standby=False, timeout=2 * WAIT)  # pre-flight again, then generation 2
         after = world.state(name)
         assert after is not None and after.generation > state.generation and after.slots == state.slots
-        assert Path(f"{resumed_to}.g{after.generation}").read_text() == str(newest)
+        marker = Path(f"{resumed_to}.g{after.generation}")  # written by the new generation's worker
+        assert world.wait("the resumed worker's start", lambda: marker.exists() and marker.read_text()) == str(newest)
         assert [i.id for i in world.store.get_prefix(keys.incidents_prefix(job_id), Incident)] == [incident.id]
         assert after.restarts == state.restarts and after.evicted == state.evicted
         assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "False"
