@@ -19,6 +19,7 @@ from stalwart.spec.confinement import allowed_roots
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.credentials import ensure_job_token
+from stalwart.store.jobs import read_spec
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import Incident, JobPhase, JobState, OperatorRequest
 from stalwart_operator import kube_requests, names, pods, recorder
@@ -222,6 +223,9 @@ class Runtime:
         """A suspended job whose controller has stopped every pod needs no controller until it is
         resumed (Kueue may hold many jobs suspended): its state waits in etcd."""
         job_id = names.job_id(namespace, job.name)
+        submitted = read_spec(self.store, job_id)
+        if submitted is not None and not submitted.spec.suspend:
+            return  # resumed since this status tick read the TrainingJob
         if self.host.running(job_id):
             self.host.stop(job_id)
             log.info("suspended: controller parked until the job resumes", fields={"job": job_id})
