@@ -82,7 +82,9 @@ def spec_doc(name: str, namespace: str = "default", suspend: bool = False) -> st
     )
 
 
-def worker(rank: int, step: int, progress_age: float = 0.2, exit_code: int | None = None) -> WorkerStatus:
+def worker(
+    rank: int, step: int, progress_age: float = 0.2, exit_code: int | None = None, now: float = NOW
+) -> WorkerStatus:
     return WorkerStatus(
         local_rank=rank % 2,
         rank=rank,
@@ -94,7 +96,7 @@ def worker(rank: int, step: int, progress_age: float = 0.2, exit_code: int | Non
         loss=2.5 - step / 100,
         tokens_per_second=1000.0,
         step_time=0.1,
-        last_progress_at=NOW - progress_age,
+        last_progress_at=now - progress_age,
         last_checkpoint_step=40,
     )
 
@@ -166,15 +168,21 @@ def write_job(store: Store, job: str, phase: JobPhase, namespace: str) -> None:
         keys.checkpoint_entry(job, 40),
         CheckpointEntry(step=40, uri="file:///ckpt/40", committed_at=NOW - 30, tier="memory", bytes=3 * 1024 * 1024),
     )
-    if finished:
-        return
+    if not finished:
+        write_nodes(store, job, NOW)
+
+
+def write_nodes(store: Store, job: str, now: float) -> None:
+    """The live job's nodes as of `now`: rank 3 behind and silent for 20 s, the others stepping. A
+    test that reads ranks' health calls it again with the time it reads at (the module's records are
+    written once, and on a loaded machine its later tests run minutes after)."""
     for node, ranks in (("node-a", (0, 1)), ("node-b", (2, 3)), ("node-c", ())):
         store.put(
             keys.node_registration(job, node),
             NodeRegistration(node=node, job=job, host="127.0.0.1", agent_pid=1, registered_at=NOW - 100, lease_id=1),
         )
-        workers = [worker(r, 50 if r != 3 else 47, progress_age=0.2 if r != 3 else 20) for r in ranks]
-        store.put(keys.node_heartbeat(job, node), Heartbeat(node=node, generation=2, sent_at=NOW, workers=workers))
+        workers = [worker(r, 50 if r != 3 else 47, progress_age=0.2 if r != 3 else 20, now=now) for r in ranks]
+        store.put(keys.node_heartbeat(job, node), Heartbeat(node=node, generation=2, sent_at=now, workers=workers))
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +242,8 @@ def test_jobs_page_lists_and_filters_by_phase_and_namespace(app) -> None:  # typ
     assert f"/jobs/{DONE}" in only_default and f'/jobs/{LIVE}"' not in only_default
 
 
-def test_job_page_shows_grid_standbys_timeline_checkpoints_and_charts(app) -> None:  # type: ignore[no-untyped-def]
+def test_job_page_shows_grid_standbys_timeline_checkpoints_and_charts(app, records: Store) -> None:  # type: ignore[no-untyped-def]
+    write_nodes(records, LIVE, time.time())
     page = client(app).get(f"/jobs/{LIVE}?tp=2&group=tp", headers=VIEWER)
     assert page.status_code == 200, page.text
     html = page.text
@@ -253,7 +262,8 @@ def test_job_page_shows_grid_standbys_timeline_checkpoints_and_charts(app) -> No
     assert "/actions/evict" not in html
 
 
-def test_the_grid_shows_the_parallel_groups_of_the_jobs_spec_unless_the_page_gives_sizes(app) -> None:  # type: ignore[no-untyped-def]
+def test_the_grid_shows_the_parallel_groups_of_the_jobs_spec_unless_the_page_gives_sizes(app, records: Store) -> None:  # type: ignore[no-untyped-def]
+    write_nodes(records, LIVE, time.time())
     c = client(app)
     html = unescape(c.get(f"/jobs/{LIVE}?group=dp", headers=VIEWER).text)
     assert "layout trainer: tp 2 x pp 1 x dp 2 (the job's spec)" in html
