@@ -33,7 +33,7 @@ from policy import answer_logprobs, build_policy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stalwart import logs
-from stalwart.agents.worker_sdk import report_checkpoint, report_step
+from stalwart.agents.worker_sdk import report_save, report_step
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
 from stalwart.dataloader import DeterministicLoader
 from stalwart.rlhf.contract import DataPlaneContext
@@ -281,7 +281,7 @@ def grpo_loss(
 def committed(result: Any, ledger: Ledger | None, incarnation: str, log: logs.ContextLogger) -> None:
     """A committed checkpoint goes to the ledger and the agent; a failed one is logged (the last one stands)."""
     if result.committed:
-        report_checkpoint(result.step)
+        report_save(result)  # the engine's result: the job's catalog gets its tiers, size and location
         if ledger is not None:
             ledger.write(CheckpointRecord(incarnation=incarnation, step=result.step))
     elif ledger is not None:

@@ -33,6 +33,7 @@ from stalwart.agents.metrics_history import MetricsHistory
 from stalwart.agents.probe_loop import ProbeLoop
 from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.agents.reports import OnDemandReports
+from stalwart.agents.saved_checkpoints import SavedCheckpoints, without_secrets
 from stalwart.agents.standby import StandbyDuty
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup
@@ -53,6 +54,7 @@ from stalwart.store.records import (
     JobState,
     NodeAssignment,
     NodeRegistration,
+    SavedCheckpoint,
     WorkerStatus,
 )
 from stalwart.worker_contract import CHECKPOINT_TOKEN
@@ -91,6 +93,8 @@ class NodeAgent:
         self._listed_standby = False
         # The heartbeat thread reads the workers' snapshot the loop publishes (a list, replaced whole).
         self._beat_workers: list[WorkerStatus] = []
+        self.saves = SavedCheckpoints()  # committed saves the ranks reported, for the job's catalog
+        self._beat_saves: list[SavedCheckpoint] = []
         self.address = os.environ.get("STALWART_NODE_ADDRESS", "127.0.0.1")
         self.node_dir = workdir / "nodes" / node
         self.inbox = ProgressInbox()
@@ -239,11 +243,13 @@ class NodeAgent:
         self.reports.serve()
         self.checks.serve()
         if self.group is not None:
+            # Exits first, then the reports: whatever a worker sent before it exited (its last step,
+            # its final checkpoint) is then in the same heartbeat as its exit.
+            exited, exit_matches = self.group.poll()
             for report in self.inbox.drain():
                 self.group.record(report)
+                self.saves.record(report)
                 self.metrics.record_report(report)
-                self.metrics.record_report(report)
-            exited, exit_matches = self.group.poll()
             matches = self.group.scan() + exit_matches
             for match in matches:
                 self.metrics.record_signature_match(match)
@@ -258,6 +264,7 @@ class NodeAgent:
                 )
             dirty |= exited or bool(matches)
         self._beat_workers = self.group.statuses() if self.group else []
+        self._beat_saves = self.saves.newest()
         return dirty
 
     def _apply_commands(self) -> bool:
@@ -338,6 +345,7 @@ class NodeAgent:
             checkpoint_uri = self._checkpoint_uri()
         except ConfinementError as exc:
             raise AgentExit(2, f"refusing the job's spec: {exc}") from None
+        self.saves.default_location = without_secrets(checkpoint_uri)
         services = NodeServices(
             node=self.node,
             progress_socket=self.inbox.path,
@@ -430,6 +438,7 @@ class NodeAgent:
             vector=vector.model_dump(mode="json"),
             machine_faults=self.probes.machine_faults(),
             agent_state=state.value,
+            checkpoints=self._beat_saves,
         )
 
     def _stop_workers(self, transition: bool = True) -> None:

@@ -251,6 +251,10 @@ def report_save(result: SaveOutcome, data_state: Mapping[str, Any] | None = None
             seconds=result.total_seconds,
             bytes_written=result.bytes_written,
             tiers=list(result.tiers),
+            # Stalwart's engine says these too (a checkpointer of one's own may not): the job's
+            # checkpoint catalog shows them.
+            total_bytes=getattr(result, "total_bytes", None) or None,
+            location=getattr(result, "location", None),
         ),
         data_state,
     )

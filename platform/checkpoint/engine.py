@@ -91,6 +91,9 @@ class SaveResult(BaseModel):
     bytes_written: int  # the size of this rank's file (on each tier)
     total_bytes: int  # by all ranks (coordinator; 0 elsewhere)
     tiers: list[str]
+    # The step's folder on the most durable tier, as the tier describes it (no credentials):
+    # what a catalog of committed checkpoints points at. None when the save did not commit.
+    location: str | None = None
 
 
 class CheckpointInfo(BaseModel):
@@ -483,6 +486,7 @@ class Checkpointer:
             bytes_written=written,
             total_bytes=total,
             tiers=[t.name for t in self.tiers],
+            location=self.tiers[-1].describe(folder) if failure is None and self.tiers else None,
         )
 
     def _commit(self, step: int, folder: str, metadata: Metadata, reports: list[dict[str, Any]]) -> int:

@@ -283,7 +283,8 @@ def _header(r: StatusReport) -> Table:
         f"{duration(e['lost_work_seconds'])} over {duration(e['window_seconds'])})",
     )
     ckpt = r.last_checkpoint
-    t.add_row("checkpoint", f"step {ckpt.step} ({ckpt.tier}) {ago(ckpt.committed_at)}" if ckpt else "none yet")
+    where = "+".join(ckpt.tiers) if ckpt and ckpt.tiers else "tier not reported"
+    t.add_row("checkpoint", f"step {ckpt.step} ({where}) {ago(ckpt.committed_at)}" if ckpt else "none yet")
     if r.open_incident:
         t.add_row("incident", Text(f"{r.open_incident} open: stalwart incident {r.open_incident}", style="bold yellow"))
     return t

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 
-from stalwart.controller import checks, pool_upkeep, replaying, requests, suspension, world
+from stalwart.controller import catalog, checks, pool_upkeep, replaying, requests, suspension, world
 from stalwart.controller.decision import Decision, Launch, Needs, Plan
 from stalwart.controller.detectors.base import CodeUpdateSeen, Detector, Failure, Report, RequestFinding, View
 from stalwart.controller.eviction import new_node
@@ -126,6 +126,7 @@ class ReconcileCore:
         self, plan: Plan, obs: Observation, view: View, reports: list[tuple[Detector, Report]]
     ) -> Needs | None:
         state, workers = plan.state, view.workers
+        catalog.update(plan, obs.catalog, obs.beats, obs.spec.spec.checkpoint.keep_last, self.job)
         track(plan, workers, obs.incident, self.job)
         if len(workers) == obs.spec.spec.world_size and all(w.exit_code == 0 for w in workers):
             note_progress(plan, workers, force=True)

@@ -23,6 +23,7 @@ from stalwart.store.jobs import parse_spec
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentCommand,
+    CheckpointEntry,
     Heartbeat,
     Incident,
     JobStage,
@@ -67,6 +68,7 @@ class Observation:
     results: Mapping[WorkKey, WorkResult] = field(default_factory=dict)
     in_flight: frozenset[WorkKey] = frozenset()
     etcd_back_at: float | None = None  # when etcd last answered again after this controller lost it
+    catalog: Mapping[int, CheckpointEntry] = field(default_factory=dict)  # the job's checkpoint catalog, by step
 
     def satisfies(self, needs: Needs) -> bool:
         return (not needs.cluster or self.cluster is not None) and needs.rendezvous <= set(self.rendezvous)
@@ -126,6 +128,7 @@ class Observer:
             incident=incident,
             results=dict(results),
             in_flight=in_flight,
+            catalog=self._catalog() if state is not None and not state.stage.terminal else {},
         )
         interval = spec.spec.fault_tolerance.heartbeat_interval_seconds
         if state is not None and (state.stage in LISTED_EVERY_TICK or now - self._listed_at >= interval):
@@ -148,6 +151,9 @@ class Observer:
         for node in sorted(needs.rendezvous - set(rendezvous)):
             rendezvous[node] = self.cluster.rendezvous(node)
         return replace(obs, cluster=cluster, rendezvous=rendezvous)
+
+    def _catalog(self) -> dict[int, CheckpointEntry]:
+        return {e.step: e for e in self.store.get_prefix(keys.checkpoints_prefix(self.job), CheckpointEntry)}
 
     def _oldest_request(self) -> tuple[OperatorRequest, int] | None:
         """The oldest pending request, re-read with its revision (its commit is guarded by it)."""

@@ -10,7 +10,7 @@ from stalwart.controller.ettr import ClassMttr, EttrReport, compute_ettr, mttr_b
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
-from stalwart.store.records import Incident, JobPhase, JobState, WorkerStatus
+from stalwart.store.records import CheckpointEntry, Incident, JobPhase, JobState, WorkerStatus
 
 
 class JobSnapshot(BaseModel):
@@ -35,6 +35,7 @@ class JobSnapshot(BaseModel):
     ettr: EttrReport
     mttr: list[ClassMttr]
     workers: list[WorkerStatus]
+    checkpoints: list[CheckpointEntry] = []  # the job's catalog, newest first
 
 
 def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | None:
@@ -74,4 +75,5 @@ def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | 
         ettr=compute_ettr(state, incidents, now),
         mttr=mttr_by_class(incidents),
         workers=workers,
+        checkpoints=sorted(store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry), key=lambda c: -c.step),
     )

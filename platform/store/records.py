@@ -258,6 +258,18 @@ class WorkerStatus(Record):
     failure_reason: str | None = None
 
 
+class SavedCheckpoint(Record):
+    """A committed checkpoint as a node's ranks reported it: the agent merges its ranks' reports, the
+    controller merges the nodes' into the job's catalog (stalwart.controller.catalog)."""
+
+    step: int
+    generation: int | None = None  # the saving workers' generation: a later one's save of a step replaces it
+    committed_at: float
+    tiers: list[str] = []
+    total_bytes: int | None = None  # every rank's bytes, when the coordinating rank is on this node
+    location: str | None = None
+
+
 class Heartbeat(Record):
     node: str
     generation: int
@@ -269,6 +281,8 @@ class Heartbeat(Record):
     machine_faults: list[str] = []
     # The agent's named state (stalwart.agents.supervisor.AgentState): standby, idle, running...
     agent_state: str | None = None
+    # The newest checkpoints the node's ranks reported committed, newest first (bounded).
+    checkpoints: list[SavedCheckpoint] = []
 
 
 class NodeAssignment(Record):
@@ -382,6 +396,8 @@ class CheckpointTiming(BaseModel):
     seconds: float | None = None  # save: from the call to the commit; load: the whole load
     bytes_written: int | None = None  # save: this rank's bytes, over every tier
     tiers: list[str] = []  # save: the tiers written; load: the tier read
+    total_bytes: int | None = None  # save: every rank's bytes (the coordinator's report; 0 or None elsewhere)
+    location: str | None = None  # save: the step's folder on the most durable tier (no credentials)
 
 
 class PhaseTimes(BaseModel):
@@ -492,13 +508,14 @@ class Cordon(Record):
 
 
 class CheckpointEntry(Record):
-    """One committed checkpoint in the job's catalog."""
+    """One committed checkpoint in the job's catalog (written by the controller alone)."""
 
     step: int
-    uri: str
+    uri: str  # the step's folder on its most durable tier, without credentials
     committed_at: float
-    tier: str = "storage"  # storage | memory
-    bytes: int | None = None
+    tiers: list[str] = []  # the engine's tier names: memory, file, s3
+    bytes: int | None = None  # every rank's, as the coordinating rank reported (None: not reported)
+    generation: int | None = None  # the generation that saved it
 
 
 class ServiceEndpoint(Record):

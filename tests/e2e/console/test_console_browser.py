@@ -24,6 +24,7 @@ STALWART_SCREENSHOTS=DIR writes a screenshot of each page there (docs/console is
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -35,7 +36,9 @@ from typing import Any
 import httpx
 import pytest
 from support.paths import REPO
+from typer.testing import CliRunner
 
+from stalwart.cli.main import app
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process, wait_for
 from stalwart.store import Store, keys
@@ -43,6 +46,7 @@ from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AuditEntry,
+    CheckpointEntry,
     Cordon,
     Incident,
     JobPhase,
@@ -84,6 +88,7 @@ class World:
     store: Store
     base: str
     run_log: Path
+    endpoint: str  # etcd's
     requests: list[str] = field(default_factory=list)
 
 
@@ -108,6 +113,10 @@ def training(store: Store, after: float = 0.0) -> bool:
         return False
     workers = current_workers(store)
     return len(workers) == 4 and all(w.step is not None and (w.last_progress_at or 0) > after for w in workers)
+
+
+def catalog(store: Store) -> list[CheckpointEntry]:
+    return sorted(store.get_prefix(keys.checkpoints_prefix(JOB), CheckpointEntry), key=lambda c: -c.step)
 
 
 def audit(store: Store) -> dict[str, AuditEntry]:
@@ -160,7 +169,7 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         assert wait_for(serving, 60, interval=0.2) and console.poll() is None, (workdir / "console.log").read_text()
         with open(workdir / "run.out", "wb") as run_out:
             run = spawn(run_argv, stdout=run_out)
-        yield World(store, base, workdir / "run.out")
+        yield World(store, base, workdir / "run.out", etcd.endpoint)
     finally:
         if run is not None:
             stop_process(run, grace=60)
@@ -257,6 +266,22 @@ def test_every_page_renders_for_the_live_job(world: World, operator: Any) -> Non
     page.locator("rect.seg-down").first.wait_for(state="attached")  # the hang's downtime on the timeline
     assert "Sampled by this console" in page.inner_text("main")
     page.locator("p.reported:has-text('newest checkpoint: step')").wait_for()  # what the ranks saved
+    # The catalog the controller writes from the saves the agents report: the spec's keepLast (2) newest
+    # steps, each on a multiple of the interval, with its tiers, size and folder; the page shows them.
+    assert wait_for(lambda: catalog(world.store), 600, interval=0.5), "nothing in the checkpoint catalog"
+    entries = catalog(world.store)
+    assert 1 <= len(entries) <= 2 and all(c.step % 10 == 0 for c in entries), entries
+    assert all(c.bytes and "file" in c.tiers and c.uri.endswith(f"step-{c.step:010d}") for c in entries), entries
+    page.reload()
+    rows = page.locator("section.card:has(h2:text-is('Checkpoints')) tbody tr")
+    rows.first.wait_for()
+    shown = [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
+    assert 1 <= len(shown) <= 2 and all(int(r[0]) % 10 == 0 and "file" in r[1] and "B" in r[2] for r in shown), shown
+    # `stalwart status` names the newest of them.
+    status = CliRunner().invoke(app, ["status", JOB, "-o", "json", "--etcd", world.endpoint])
+    assert status.exit_code == 0, status.output
+    last = json.loads(status.stdout)["last_checkpoint"]
+    assert last is not None and last["step"] % 10 == 0 and "file" in last["tiers"], last
     page.locator("svg.chart polyline").first.wait_for(state="attached")  # enough samples for a line
     shot(page, "job")
 

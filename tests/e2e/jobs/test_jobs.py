@@ -64,6 +64,18 @@ def test_a_killed_worker_restarts_in_place_then_nan_rolls_back(tmp_path: Path, s
     assert nan["failure_class"] == "NaNLoss" and nan["policy_action"] == "Rollback"
     assert nan["evicted"] == [] and "roll back" in nan["action"] and nan["runbook"] == "nan_loss"
     assert nan["resumed_step"] == 31, nan  # checkpoints at 10..40 existed; 40 was skipped
+    # The catalog: the spec's keepLast (2) newest steps, saved again by the generation after the rollback.
+    assert_catalog(snap, generation=snap["generation"])
+
+
+def assert_catalog(snap: dict[str, Any], generation: int) -> None:
+    """The job's checkpoint catalog at the end of a 60-step run: steps 60 and 50 (keepLast 2), each with
+    the tiers the workers wrote (host memory and the run's folder), every rank's bytes, and its folder."""
+    catalog = snap["checkpoints"]
+    assert [c["step"] for c in catalog] == [STEPS, STEPS - 10], catalog
+    for c in catalog:
+        assert c["tiers"] == ["memory", "file"] and c["bytes"] > 0 and c["generation"] == generation, c
+        assert c["uri"].endswith(f"checkpoints/step-{c['step']:010d}"), c
 
 
 def test_lost_node_is_hot_swapped_even_when_the_controller_dies_mid_recovery(
@@ -107,6 +119,7 @@ def test_a_new_controller_finishes_the_job_without_a_second_restart(tmp_path: Pa
     assert snap["loss"] < 3.0  # it learned something
     assert snap["ettr"]["ettr"] == pytest.approx(1.0)
     assert "Succeeded" in output and "ETTR" in output
+    assert_catalog(snap, generation=1)  # the second controller carried on the first one's catalog
 
 
 def test_restart_budget_is_enforced(tmp_path: Path, stalwart_cmd: list[str]) -> None:

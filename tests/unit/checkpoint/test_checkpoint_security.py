@@ -218,13 +218,16 @@ def test_a_value_that_needs_code_to_load_is_refused_on_save(tmp_path: Path) -> N
         ckpt.save({"loader": {"rng": np.zeros(3)}, "x": torch.ones(2)}, 1)
     result = ckpt.wait()
     assert result is not None and not result.committed and "numpy.ndarray" in (result.error or "")
+    assert result.location is None  # nothing committed: nothing for the job's catalog to point at
     assert ckpt.catalog() == []
     # What a training state holds is fine: RNG state, counters, optimizer settings.
     from stalwart.checkpoint import RNGState, TrainState
 
     model, optim = small_model()
     state = {"train": TrainState(model, optim), "rng": RNGState(), "loader": {"position": 7, "weights": (0.5, 0.5)}}
-    assert ckpt.save(state, 2).wait().committed
+    saved = ckpt.save(state, 2).wait()
+    assert saved.committed and saved.location == str(tmp_path / "step-0000000002")  # the catalog's pointer
+    assert saved.total_bytes > 0 and saved.tiers == ["file"]
 
 
 def test_a_format_1_checkpoint_still_loads_and_its_pickle_is_never_read(tmp_path: Path) -> None:

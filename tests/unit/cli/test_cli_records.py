@@ -202,7 +202,10 @@ def store(etcd: EtcdServer) -> Iterator[Store]:
             detected_at=NOW - 29,
         ),
     )
-    s.put(keys.checkpoint_entry(JOB, 110), CheckpointEntry(step=110, uri="file:///ckpt/110", committed_at=NOW - 20))
+    s.put(
+        keys.checkpoint_entry(JOB, 110),
+        CheckpointEntry(step=110, uri="/ckpt/step-0000000110", committed_at=NOW - 20, tiers=["memory", "file"]),
+    )
     yield s
     s.delete_prefix(keys.job_prefix(JOB))
     s.delete(keys.cordon("spare-7"))
@@ -259,7 +262,16 @@ def test_status_shows_nodes_ranks_health_standbys_and_incidents(store: Store) ->
     assert report["standbys"] == ["node-c"] and report["last_checkpoint"]["step"] == 110
     assert [i["id"] for i in report["incidents"]] == ["inc-0001-aaaaaa", "inc-0002-bbbbbb"]
     table = stalwart(store, "status", JOB).stdout
-    for text in ("node-a", "lost", "standby pool: node-c", "stalled", "crashed (-9)", "inc-0002-bbbbbb", "disk_full"):
+    for text in (
+        "node-a",
+        "lost",
+        "standby pool: node-c",
+        "stalled",
+        "crashed (-9)",
+        "inc-0002-bbbbbb",
+        "disk_full",
+        "step 110 (memory+file)",
+    ):
         assert text in table, text
 
 

@@ -166,7 +166,9 @@ def write_job(store: Store, job: str, phase: JobPhase, namespace: str) -> None:
     )
     store.put(
         keys.checkpoint_entry(job, 40),
-        CheckpointEntry(step=40, uri="file:///ckpt/40", committed_at=NOW - 30, tier="memory", bytes=3 * 1024 * 1024),
+        CheckpointEntry(
+            step=40, uri="file:///ckpt/40", committed_at=NOW - 30, tiers=["memory", "file"], bytes=3 * 1024 * 1024
+        ),
     )
     if not finished:
         write_nodes(store, job, NOW)
@@ -254,7 +256,7 @@ def test_job_page_shows_grid_standbys_timeline_checkpoints_and_charts(app, recor
     assert "tp1 pp2 dp0" in html  # rank 2 with TP=2: the second TP group, the first DP group
     assert "node-c" in html and "standby" in html
     assert "generation 2" in html and 'class="timeline"' in html and "seg-down" in html
-    assert "3.0 MiB" in html and "memory" in html  # the checkpoint in the catalog
+    assert "3.0 MiB" in html and "memory+file" in html  # the checkpoint in the catalog
     assert "newest checkpoint: step 40 saved by every rank" in html  # and what the ranks report
     assert "Sampled by this console" in html
     assert "<time datetime=" in html

@@ -1,0 +1,104 @@
+"""The job's checkpoint catalog in etcd: the controller is its one writer.
+
+Workers report each committed save to their agent (worker SDK, progress socket); each agent merges
+its ranks' reports and sends the newest few in its heartbeat (stalwart.agents.saved_checkpoints).
+Here the nodes' reports become catalog entries, committed with the job's state in the controller's
+guarded transaction, so a controller that restarts finds the catalog where it left it.
+
+One report is enough for a step: the engine's commit is global (the coordinating rank writes the
+commit marker after every rank's file, then tells every rank), so a rank that says "committed" speaks
+for the whole world. Waiting for every rank would add nothing but a heartbeat of delay, and breaks on
+RLHF jobs where only one role saves. The coordinator's report carries the total size; an entry written
+from another rank's report gets it when that report arrives.
+
+A step saved again by a later generation (after a rollback) replaces the entry. The catalog keeps the
+spec's keepLast newest steps, as the engine's retention keeps them in storage, plus the newest step at
+or before a pending rollback's bound: the checkpoint that rollback will load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from stalwart.controller.decision import Plan
+from stalwart.store import keys
+from stalwart.store.records import CheckpointEntry, Heartbeat, SavedCheckpoint
+
+
+@dataclass
+class CatalogChange:
+    puts: dict[int, CheckpointEntry] = field(default_factory=dict)
+    deletes: list[int] = field(default_factory=list)
+
+
+def _merge(entry: CheckpointEntry | None, save: SavedCheckpoint) -> CheckpointEntry | None:
+    """`entry` with what `save` adds; None when the save is older than the entry (its generation)."""
+    if entry is not None and (save.generation or 0) < (entry.generation or 0):
+        return None
+    if entry is None or (save.generation or 0) > (entry.generation or 0):
+        return CheckpointEntry(
+            step=save.step,
+            uri=save.location or "",
+            committed_at=save.committed_at,
+            tiers=list(save.tiers),
+            bytes=save.total_bytes,
+            generation=save.generation,
+        )
+    return entry.model_copy(
+        update={
+            "uri": entry.uri or save.location or "",
+            "committed_at": min(entry.committed_at, save.committed_at) if save.committed_at else entry.committed_at,
+            "tiers": entry.tiers or list(save.tiers),
+            "bytes": max(entry.bytes or 0, save.total_bytes or 0) or None,
+        }
+    )
+
+
+def kept_steps(steps: Iterable[int], keep_last: int, rollback_bound: int | None) -> set[int]:
+    """The newest `keep_last` steps, and the newest at or before a pending rollback's bound."""
+    ordered = sorted(set(steps))
+    kept = set(ordered[-keep_last:])
+    target = [s for s in ordered if rollback_bound is not None and s <= rollback_bound]
+    if target:
+        kept.add(target[-1])
+    return kept
+
+
+def reconcile(
+    catalog: Mapping[int, CheckpointEntry],
+    saves: Iterable[SavedCheckpoint],
+    keep_last: int,
+    rollback_bound: int | None = None,
+) -> CatalogChange:
+    """What to write so the catalog holds every reported save, pruned (a pure function)."""
+    merged = dict(catalog)
+    for save in saves:
+        entry = _merge(merged.get(save.step), save)
+        if entry is not None:
+            merged[save.step] = entry
+    kept = kept_steps(merged, keep_last, rollback_bound)
+    change = CatalogChange()
+    for step in sorted(kept):
+        if merged[step] != catalog.get(step):
+            change.puts[step] = merged[step]
+    change.deletes = sorted(s for s in catalog if s not in kept)
+    return change
+
+
+def update(
+    plan: Plan, catalog: Mapping[int, CheckpointEntry], beats: Mapping[str, Heartbeat], keep_last: int, job: str
+) -> None:
+    """Add the saves the nodes' heartbeats report to the plan's writes."""
+    saves = [s for beat in beats.values() for s in beat.checkpoints]
+    change = reconcile(catalog, saves, keep_last, plan.state.resume_max_step)
+    for step, entry in change.puts.items():
+        plan.put(keys.checkpoint_entry(job, step), entry)
+    plan.deletes.extend(keys.checkpoint_entry(job, step) for step in change.deletes)
+    if change.puts or change.deletes:
+        plan.log(
+            "info",
+            "checkpoint catalog",
+            added=sorted(s for s in change.puts if s not in catalog),
+            pruned=change.deletes,
+        )
