@@ -95,10 +95,6 @@ def update(
     for step, entry in change.puts.items():
         plan.put(keys.checkpoint_entry(job, step), entry)
     plan.deletes.extend(keys.checkpoint_entry(job, step) for step in change.deletes)
-    if change.puts or change.deletes:
-        plan.log(
-            "info",
-            "checkpoint catalog",
-            added=sorted(s for s in change.puts if s not in catalog),
-            pruned=change.deletes,
-        )
+    added = sorted(s for s in change.puts if s not in catalog)
+    if added or change.deletes:  # (a size that arrived later is no news)
+        plan.log("info", "checkpoint catalog", added=added, pruned=change.deletes)
