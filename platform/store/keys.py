@@ -24,7 +24,7 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/requests/{id}              OperatorRequest (evict, cordon, check...), from the CLI
                                                        or the operator; the controller carries it out and
                                                        writes the outcome into the same record
-    /stalwart/v1/jobs/{job}/checkpoints/{step:012d}    CheckpointEntry: the job's checkpoint catalog (the controller writes it)
+    /stalwart/v1/jobs/{job}/checkpoints/{step:012d}    CheckpointEntry: the job's checkpoint catalog (controller)
     /stalwart/v1/jobs/{job}/audit/{id}                 AuditEntry: an action taken from the web console (who,
                                                        when, why; the OperatorRequest that carried it out)
     /stalwart/v1/jobs/{job}/operator/events            the Kubernetes Events the operator posted (no repeats)
