@@ -13,6 +13,14 @@ from pydantic import Field
 
 from stalwart.store.records import Record
 
+# How the runner hands a check rank its settings (here, not in the torch-importing worker module:
+# the node agent starts check ranks and must never import torch).
+RESULT_ENV = "STALWART_HEALTH_RESULT"
+NUMEL_ENV = "STALWART_HEALTH_NUMEL"
+TIMEOUT_ENV = "STALWART_HEALTH_COLLECTIVE_TIMEOUT"
+RENDEZVOUS_TIMEOUT_ENV = "STALWART_HEALTH_RENDEZVOUS_TIMEOUT"
+BACKEND_ENV = "STALWART_HEALTH_BACKEND"
+
 # The phases a rank passes through (the checks repeat, once per group it belongs to).
 PHASES = ("started", "rendezvous", "joined", "all_to_all", "all_reduce", "all_gather", "compute", "done")
 

@@ -23,16 +23,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from stalwart.health.collective_records import (
-    CollectiveCheckReport,
-    NodeVerdict,
-    RankReport,
-)
-from stalwart.health.collective_worker import (
     BACKEND_ENV,
     NUMEL_ENV,
     RENDEZVOUS_TIMEOUT_ENV,
     RESULT_ENV,
     TIMEOUT_ENV,
+    CollectiveCheckReport,
+    NodeVerdict,
+    RankReport,
 )
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process

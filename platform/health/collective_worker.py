@@ -21,7 +21,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from stalwart.health.collective_records import CheckResult, RankReport
+from stalwart.health.collective_records import (
+    BACKEND_ENV,
+    NUMEL_ENV,
+    RENDEZVOUS_TIMEOUT_ENV,
+    RESULT_ENV,
+    TIMEOUT_ENV,
+    CheckResult,
+    RankReport,
+)
 from stalwart.health.collectives import (
     all_gather_check,
     all_reduce_check,
@@ -34,11 +42,6 @@ from stalwart.net import bound_tcp_store
 
 HANG_ENV = "STALWART_FAULT_COLLECTIVE_HANG"
 SLOW_START_ENV = "STALWART_FAULT_SLOW_START_SECONDS"  # start this many seconds late (at most 60)
-RESULT_ENV = "STALWART_HEALTH_RESULT"
-NUMEL_ENV = "STALWART_HEALTH_NUMEL"
-TIMEOUT_ENV = "STALWART_HEALTH_COLLECTIVE_TIMEOUT"
-RENDEZVOUS_TIMEOUT_ENV = "STALWART_HEALTH_RENDEZVOUS_TIMEOUT"
-BACKEND_ENV = "STALWART_HEALTH_BACKEND"
 HANG_LIMIT_S = 600  # a "hung" rank gives up after this long, should nobody stop it
 
 
