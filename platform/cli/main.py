@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from stalwart.cli.errors import print_error
+from stalwart.cli.errors import print_error, print_note
 from stalwart.logs import configure
 
 app = typer.Typer(
@@ -144,7 +144,8 @@ def agent(
     try:
         code = NodeAgent(Store(etcd), job, node, workdir, job_dir).run()
     except AgentExit as exc:
-        print_error(str(exc))
+        # A clean stop (the job finished) is not an error.
+        (print_error if exc.code else print_note)(str(exc))
         code = exc.code
     raise typer.Exit(code)
 
