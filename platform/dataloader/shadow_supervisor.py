@@ -194,6 +194,11 @@ class ShadowLoaderSupervisor:
             c = self.segment.lanes[lane_index].ctrl
             if alive(int(c[A.OWNER_PID]), int(c[A.OWNER_START])):
                 raise DataError(f"lane {lane_index} is in use by a live trainer (pid {int(c[A.OWNER_PID])})")
+            # A trainer that has asked but not yet been answered (a starved loader) owns the lane too:
+            # prewarming over its request would take the lane from under it.
+            pending = int(c[C.REQ_SEQ]) != int(c[A.HANDLED_SEQ])
+            if pending and alive(int(c[C.CLIENT_PID]), int(c[C.CLIENT_START])):
+                raise DataError(f"lane {lane_index} is in use by a live trainer (pid {int(c[C.CLIENT_PID])})")
             seq = max(int(c[C.REQ_SEQ]), int(c[A.HANDLED_SEQ])) + 1
             c[C.REQ_POSITION], c[C.REQ_RANK] = loaded.position, rank
             c[C.REQ_SIZE], c[C.REQ_MICRO] = dp_size, micro_batch
