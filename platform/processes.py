@@ -6,6 +6,7 @@ and each child in its own process group, so that stopping it also stops whatever
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -13,9 +14,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
 
 # A child must die with the thread that started it. PR_SET_PDEATHSIG does that, but setting it from
 # a preexec_fn runs Python (and gRPC's at-fork handlers) between fork and exec, which aborts children
@@ -56,6 +59,71 @@ def spawn(
     )
 
 
+class ChildProcess(Protocol):
+    """What the agent needs of a worker process: a Popen, or a child adopted from the fork server."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+def become_subreaper() -> bool:
+    """Orphans of our descendants become our children (Linux). The fork server's workers are its
+    grandchildren: this is how they become the agent's own children, which it waits for like any."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class AdoptedProcess:
+    """A child this process did not start itself (an orphan reparented to us, a subreaper), with
+    Popen's interface: `returncode` is the exit code, or -N for a signal, as Popen's is."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not ours (never adopted, or reaped elsewhere): gone to us
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -70,7 +138,7 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> int | None:
+def stop_process(proc: ChildProcess, grace: float = 5.0) -> int | None:
     """SIGTERM the child's process group, wait up to `grace`, then SIGKILL it and every descendant."""
     if proc.poll() is not None:
         return proc.returncode

@@ -106,7 +106,11 @@ class NodeAgent:
         self.data_plane = DataPlane(
             self.job, job_dir, node, self.address, self.node_dir, self.log, self.checkpoint_token.get
         )
-        self.warm = WarmPool(max(r.processes_per_node for r in self.job.spec.roles), enabled=self.ft.warm_workers)
+        self.warm = WarmPool(
+            max(r.processes_per_node for r in self.job.spec.roles),
+            enabled=self.ft.warm_workers,
+            log=self.node_dir / "fork-server.log",
+        )
         self.launcher = WorkerLauncher(self.job, self.paths, self.node_dir, self.warm)
         self.lease_keeper = LeaseKeeper(
             store,

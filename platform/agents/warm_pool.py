@@ -1,24 +1,33 @@
-"""The agent's pool of warm workers (stalwart.agents.warm_start): restarts skip the torch import.
+"""The agent's side of the fork server (stalwart.agents.warm_start): workers skip the torch import.
 
-The pool refills only once a generation has been running for a while, so that warming up the next
-restart's workers never competes with the start of this one.
+One server per node, started with the agent, so that the first generation's workers are forked from
+it too: a node pays torch's import once in its life instead of once per worker and per restart. A
+server that dies is started again after a pause; until it is ready, or wherever it cannot be used (a
+command that is not `python script.py`, an environment that torch reads at import and that differs
+from the server's, no subreaper support), workers start cold.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from stalwart.agents.warm_start import LaunchRequest, warm_eligible
-from stalwart.processes import spawn, stop_process
+from stalwart.processes import AdoptedProcess, ChildProcess, become_subreaper, spawn, stop_process
 
-REFILL_DELAY_SECONDS = 3.0
+RESTART_DELAY_SECONDS = 3.0
+# A launch waits this long for the server to finish its imports: a cold worker would spend the same
+# time importing, and the wait saves a whole import per worker. Past it, the worker starts cold.
+READY_WAIT_SECONDS = 60.0
+REPLY_WAIT_SECONDS = 10.0
 # torch reads these when it is imported (TORCH_LOGS, PYTORCH_*, TORCHDYNAMO_*, ...), and Python its
 # own at start-up (PYTHONPATH, PYTHONHASHSEED, ...): a worker whose environment sets them differently
-# from the warm process's must start cold to see them.
+# from the server's must start cold to see them.
 IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTHON")
 
 
@@ -27,49 +36,95 @@ def import_time_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class WarmPool:
-    def __init__(self, size: int, enabled: bool = True) -> None:
-        self.size = size if enabled else 0
-        self.ready: list[subprocess.Popen[bytes]] = []
+    def __init__(self, size: int, enabled: bool = True, log: Path | None = None) -> None:
+        """`size` 0 or `enabled` False: every worker starts cold. Enabling it makes this process a
+        child subreaper (the forked workers become its children)."""
+        self.enabled = enabled and size > 0 and become_subreaper()
+        self.log = log
+        self.server: subprocess.Popen[bytes] | None = None
+        self.ready = False
+        self._buffer = b""
+        self._start_after = 0.0
         self._env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
-        # Not at once: the node's first workers, its shadow loader and its neighbours are all starting
-        # now, and warming up competes with them for the CPU (heartbeats included).
-        self._quiet_until = time.monotonic() + REFILL_DELAY_SECONDS
 
     def maintain(self) -> None:
-        """Drop dead warm workers; start new ones up to the pool size once things are quiet."""
-        self.ready = [p for p in self.ready if p.poll() is None]
-        if time.monotonic() < self._quiet_until or len(self.ready) >= self.size:
+        """Start the server (again, after a pause, if it died); notice when it is ready."""
+        if not self.enabled:
             return
-        while len(self.ready) < self.size:
-            self.ready.append(
-                spawn(
+        if self.server is not None and self.server.poll() is not None:
+            self.server, self.ready, self._buffer = None, False, b""
+            self._start_after = time.monotonic() + RESTART_DELAY_SECONDS
+        if self.server is None and time.monotonic() >= self._start_after:
+            stderr: IO[bytes] | int = subprocess.DEVNULL
+            if self.log is not None:
+                self.log.parent.mkdir(parents=True, exist_ok=True)
+                stderr = open(self.log, "ab")  # closed below, once the server holds it
+            try:
+                self.server = spawn(
                     [sys.executable, "-m", "stalwart.agents.warm_start"],
                     env=self._env,
                     stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
                 )
-            )
+            finally:
+                if not isinstance(stderr, int):
+                    stderr.close()
+        if self.server is not None and not self.ready:
+            self.ready = self._read_line(0.0) == "ready"
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes] | None:
-        """A warm worker running `argv`, or None (no warm worker ready, or a command that can't use one)."""
-        if not warm_eligible(argv) or import_time_env(env) != import_time_env(self._env):
+    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> ChildProcess | None:
+        """A forked worker running `argv`, or None (start it cold)."""
+        if not self.enabled or not warm_eligible(argv) or import_time_env(env) != import_time_env(self._env):
             return None
-        while self.ready:
-            proc = self.ready.pop(0)
-            if proc.poll() is not None or proc.stdin is None:
-                continue
-            request = LaunchRequest(argv=argv, env=env, cwd=str(cwd), log=str(log))
-            try:
-                proc.stdin.write(request.model_dump_json().encode() + b"\n")
-                proc.stdin.close()
-            except (BrokenPipeError, OSError):
-                continue
-            self._quiet_until = time.monotonic() + REFILL_DELAY_SECONDS
-            return proc
-        return None
+        self.maintain()
+        if self.server is None or self.server.stdin is None:
+            return None
+        if not self.ready:
+            self.ready = self._read_line(READY_WAIT_SECONDS) == "ready"
+            if not self.ready:
+                return None
+        request = LaunchRequest(argv=argv, env=env, cwd=str(cwd), log=str(log))
+        try:
+            self.server.stdin.write(request.model_dump_json().encode() + b"\n")
+            self.server.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._discard()
+            return None
+        reply = self._read_line(REPLY_WAIT_SECONDS)
+        if reply is None or not reply.isdigit() or int(reply) <= 0:
+            self._discard()  # a server that does not answer is of no use: a new one starts later
+            return None
+        return AdoptedProcess(int(reply))
+
+    def _read_line(self, timeout: float) -> str | None:
+        """One line from the server, waiting up to `timeout` seconds; None if none came."""
+        assert self.server is not None and self.server.stdout is not None
+        fd = self.server.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not readable:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None  # it exited
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode().strip()
+
+    def _discard(self) -> None:
+        if self.server is not None:
+            stop_process(self.server, grace=1.0)
+        self.server, self.ready, self._buffer = None, False, b""
+        self._start_after = time.monotonic() + RESTART_DELAY_SECONDS
 
     def close(self) -> None:
-        for proc in self.ready:
-            stop_process(proc, grace=1.0)
-        self.ready = []
+        if self.server is not None:
+            if self.server.stdin is not None:
+                try:
+                    self.server.stdin.close()  # it leaves its loop and exits
+                except OSError:
+                    pass
+            stop_process(self.server, grace=1.0)
+        self.server, self.ready = None, False

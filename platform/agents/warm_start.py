@@ -1,19 +1,31 @@
-"""A warm worker: a Python process that has already imported torch and waits to become a worker.
+"""The fork server: one Python process per node that has already imported torch and forks workers.
 
-Importing torch takes seconds (more on a loaded host), and a restart pays it once per worker. The
-agent keeps one of these per local rank, started while the job trains; at a restart it sends the
-worker's command, environment and log file over stdin, and this process becomes the worker by
-running the script as __main__, with the same pid, signals and exit codes as a cold start.
+Importing torch (and torch._dynamo, which DDP imports) costs seconds of CPU per process: a node that
+started each worker cold paid it per worker and per restart. The agent starts this process once; for
+each worker it sends the worker's command, environment and log file over stdin, and the server forks
+a process that becomes the worker by running the script as __main__ (same exit codes and signals as
+a cold start). Every worker of every generation then costs one fork, not one import.
 
-    python -m stalwart.agents.warm_start     (then one JSON line on stdin: LaunchRequest)
+The fork is doubled so that the worker is not the server's child but the agent's: the agent is a
+child subreaper (`stalwart.processes.become_subreaper`), so the orphaned grandchild is reparented to
+it, and the agent waits for it, signals it and stops its process group like any worker it spawned.
+The worker dies with the agent (PR_SET_PDEATHSIG, set once the agent is its parent).
+
+    python -m stalwart.agents.warm_start     (prints "ready"; then per LaunchRequest line on stdin,
+                                              the new worker's pid on stdout)
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import datetime
+import gc
 import importlib
 import os
+import random
 import runpy
+import signal
 import socket
 import sys
 import time
@@ -122,17 +134,129 @@ def become_worker(request: LaunchRequest) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+PR_SET_PDEATHSIG = 1
+ADOPTION_WAIT_SECONDS = 5.0
+
+
+class _Become(Exception):
+    """Raised in the forked worker to leave the server's loop with its request (the stack unwinds,
+    so the worker runs the script from main(), not from inside the loop)."""
+
+    def __init__(self, request: LaunchRequest) -> None:
+        super().__init__(request.argv)
+        self.request = request
+
+
+def _adopted_by(agent: int) -> None:
+    """In the new worker: wait until the agent is our parent, then die with it."""
+    deadline = time.monotonic() + ADOPTION_WAIT_SECONDS
+    while os.getppid() != agent and time.monotonic() < deadline:
+        time.sleep(0.001)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != agent:  # the agent is gone (or never adopted us): no worker without it
+        os._exit(137)
+
+
+def _reseed() -> None:
+    """Forked workers share the server's random state: each draws its own, as a new process would."""
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def fork_worker(request: LaunchRequest, agent: int) -> int:
+    """Fork the worker (twice: it must be the agent's child, not ours) and return its pid."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(read_end)
+            worker = os.fork()
+            if worker == 0:
+                os.close(write_end)
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, 0)
+                os.dup2(null, 1)  # the server's reply pipe; become_worker points 1 and 2 at the log
+                os.close(null)
+                os.setpgid(0, 0)  # its own process group, as a spawned worker has: stopping it stops its children
+                _adopted_by(agent)
+                _reseed()
+                raise _Become(request)
+            os.write(write_end, f"{worker}\n".encode())
+        except _Become:
+            raise
+        except BaseException:  # the middle process never serves: the server reads no pid
+            os._exit(1)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        line = pipe.readline()
+    os.waitpid(middle, 0)  # once it has exited, its child is the agent's
+    return int(line)
+
+
+def serve(agent: int) -> LaunchRequest | None:
+    """Answer LaunchRequests until stdin closes. Returns the request in a forked worker, None in the
+    server when the agent goes away."""
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            pid = fork_worker(LaunchRequest.model_validate_json(line), agent)
+        except _Become as become:
+            return become.request
+        except (OSError, ValueError) as exc:
+            print(f"stalwart fork server: no worker ({exc})", file=sys.stderr, flush=True)
+            pid = 0
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+    return None
+
+
+_exit_code = 0
+
+
+def _exit_without_teardown() -> None:
+    """The worker's last exit handler (registered before the script's, so run after them): exit now.
+    Tearing down an interpreter that holds torch touches every object the server created, so a forked
+    worker copies the server's whole heap (seconds of CPU) only to throw it away."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(_exit_code)
+
+
+def _exit_code_of(exc: BaseException) -> int:
+    """The status Python would exit with for `exc` (it has printed the message or traceback by then)."""
+    if isinstance(exc, SystemExit):
+        if exc.code is None:
+            return 0
+        return exc.code if isinstance(exc.code, int) else 1
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
 def main() -> None:
+    global _exit_code
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
-    line = sys.stdin.readline()
-    if not line:
-        return  # the agent went away or drained the pool before using us
-    sys.stdin.close()
-    become_worker(LaunchRequest.model_validate_json(line))
+    gc.freeze()  # what the server holds is never collected in a worker (nor its pages copied by the GC)
+    request = serve(agent=os.getppid())
+    if request is not None:
+        sys.stdin = open(os.devnull)  # the worker's stdin for its whole life
+        atexit.register(_exit_without_teardown)
+        try:
+            become_worker(request)
+        except BaseException as exc:
+            _exit_code = _exit_code_of(exc)
+            raise
 
 
 if __name__ == "__main__":

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stalwart.processes import spawn, stop_process
+from stalwart.processes import ChildProcess, spawn, stop_process
 from stalwart.signatures import LogScanner, SignatureMatch, classify_exit
 from stalwart.store.records import (
     Assignment,
@@ -22,7 +21,7 @@ from stalwart.store.records import (
 )
 
 # (argv, env, cwd, log) -> a started worker, or None to spawn it cold.
-Launcher = Callable[[list[str], dict[str, str], Path, Path], "subprocess.Popen[bytes] | None"]
+Launcher = Callable[[list[str], dict[str, str], Path, Path], "ChildProcess | None"]
 
 LOG_TAIL_LINES = 40
 MAX_MATCHES_KEPT = 20  # per worker, the most recent: a heartbeat stays small
@@ -47,7 +46,7 @@ def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 10
 class Worker:
     local_rank: int
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: ChildProcess
     log_path: Path
     status: WorkerStatus = field(init=False)
     scanner: LogScanner = field(init=False)
@@ -62,10 +61,6 @@ class Worker:
             started_at=time.time(),
         )
         self.scanner = LogScanner(rank=self.rank)
-        try:
-            self.scanned = self.log_path.stat().st_size  # the log is appended to: skip earlier runs
-        except FileNotFoundError:
-            self.scanned = 0
 
     def scan(self, final: bool = False) -> list[SignatureMatch]:
         """Feed what the worker printed since the last scan through the signature scanner."""
@@ -120,12 +115,15 @@ class WorkerGroup:
         for local_rank, env in enumerate(envs):
             worker_env = dict(env)
             log_path = log_dir / f"rank-{node.first_rank + local_rank}.log"
-            proc = launcher(list(command), worker_env, working_dir, log_path) if launcher else None
+            # The log is appended to: skip earlier runs' lines, measured before the start (a forked
+            # worker may have printed its first lines by the time the launcher returns).
+            earlier = log_path.stat().st_size if log_path.exists() else 0
+            proc: ChildProcess | None = launcher(list(command), worker_env, working_dir, log_path) if launcher else None
             self.warm_starts += proc is not None
             if proc is None:
                 with open(log_path, "ab") as log:
                     proc = spawn(command, env=worker_env, cwd=working_dir, stdout=log)
-            self.workers.append(Worker(local_rank, node.first_rank + local_rank, proc, log_path))
+            self.workers.append(Worker(local_rank, node.first_rank + local_rank, proc, log_path, scanned=earlier))
 
     def scan(self) -> list[SignatureMatch]:
         """New signature matches in the running workers' output."""

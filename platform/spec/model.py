@@ -342,8 +342,9 @@ class FaultTolerance(SpecModel):
     warm_workers: Annotated[
         bool,
         Field(
-            description="Keep a Python process per worker with torch already imported, so a restart "
-            "skips the import (only for commands of the form `python script.py ...`)."
+            description="Fork workers from one Python process per node that has torch already imported "
+            "(a fork server), so no worker and no restart pays the import (only for commands of the form "
+            "`python script.py ...`; others start cold)."
         ),
     ] = True
     hang_timeout_multiplier: Annotated[
