@@ -4,6 +4,10 @@ loop, with the nodes' metric windows; the node the others keep waiting for, or t
 single out, is the finding. In synchronous training every rank reports the same step time, so the
 pace says that someone is slow and the stacks and metrics say who.
 
+The rounds are spread so that the last one comes when the slow node's metrics have had time to
+persist (METRIC_SAMPLES heartbeats since the onset): stacks alone often catch nobody (a rank that
+sleeps between collectives, an oversubscribed host), and its own-work phase times then name it.
+
 Whatever the rounds find, the pace starts over: a slowdown nobody is to blame for (a data change, a
 shared filesystem) drops its slow samples and is looked at again only after a pause that doubles
 each time, so a slowdown that lasts becomes the baseline by itself.
@@ -20,6 +24,9 @@ from stalwart.spec.model import FailureEvent
 
 PACE_HISTORY = 200
 PACE_QUIET_SECONDS = 10.0  # after rounds that blame no one; doubles each time
+# Heartbeats (metric samples) from the onset before the last round: diagnosis' metric outliers
+# weigh a metric fully once it was out for 10 windows of 5 samples in a row (14 samples), plus two.
+METRIC_SAMPLES = 16
 
 
 class Slowdowns(Detector):
@@ -57,7 +64,7 @@ class Slowdowns(Detector):
             view.state.generation,
             self._rounds,
             rounds=ft.slowdown_rounds,
-            interval=max(0.5, 1.5 * self._asked[1]),
+            interval=rounds_interval(self._asked, ft.slowdown_rounds, ft.heartbeat_interval_seconds),
         )
 
     def _follow(self, view: View) -> Report:
@@ -65,6 +72,8 @@ class Slowdowns(Detector):
         onset, recent, asked_at = self._asked
         work = self._work(view)
         result = self._found = self._found or view.result(work.key)
+        if result is None and work.rounds == 1 and view.now < metrics_ready_at(onset, view):
+            return Report()  # one round: taken once the metrics can tell
         if result is None:
             return Report(work=[] if view.busy(work.key) else [replace(work, history=view.slot_vectors())])
         diagnosis = result.diagnosis
@@ -88,3 +97,15 @@ class Slowdowns(Detector):
         """Handled, or tolerated by an Ignore rule: the pace starts a new baseline."""
         self._pace, self._paced_step = [], None
         self._rounds, self._asked, self._found = self._rounds + 1, None, None
+
+
+def metrics_ready_at(onset: float, view: View) -> float:
+    return onset + METRIC_SAMPLES * view.spec.fault_tolerance.heartbeat_interval_seconds
+
+
+def rounds_interval(asked: tuple[float, float, float], rounds: int, heartbeat: float) -> float:
+    """Seconds between rounds: 1.5 steps at least (a round sees a new step), and spread so that
+    the last round comes METRIC_SAMPLES heartbeats after the onset."""
+    onset, recent, asked_at = asked
+    spread = (onset + METRIC_SAMPLES * heartbeat - asked_at) / (rounds - 1) if rounds > 1 else 0.0
+    return max(0.5, 1.5 * recent, spread)
