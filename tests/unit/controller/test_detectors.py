@@ -3,12 +3,14 @@ and that a finding acted on is not reported again."""
 
 from __future__ import annotations
 
+import pytest
 from support.controller_harness import Harness, worker
 
 from stalwart.controller.decision import FenceNode
 from stalwart.controller.detectors.base import PEER_TROUBLE_SECONDS, View
 from stalwart.controller.detectors.crashes import CRASH_DIAGNOSIS_WAIT
 from stalwart.controller.detectors.lost_nodes import GONE_PER_CLUSTER
+from stalwart.controller.detectors.slowdowns import METRIC_SAMPLES
 from stalwart.controller.diagnosis_link import Finding
 from stalwart.controller.observation import Observation
 from stalwart.store.records import JobStage, LogMatch, RequestKind, RequestStatus
@@ -262,6 +264,27 @@ def test_a_slowdown_nobody_is_to_blame_for_pauses_then_a_culprit_is_evicted() ->
     [incident] = h.incidents()
     assert incident.failure_class.value == "Slowdown" and incident.evicted == ["node-1"]
     assert incident.evidence[0].startswith("step time 0.5s, more than 2x")
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_the_rounds_last_until_the_metrics_can_name_the_slow_node(rounds: int) -> None:
+    """Stacks alone often catch nobody: the last round comes METRIC_SAMPLES heartbeats after the
+    onset, when the slow rank's own-work times have been out long enough to count fully."""
+    h = Harness(faultTolerance={"slowdownFactor": 2, "slowdownRounds": rounds, "heartbeatIntervalSeconds": 0.5})
+    h.running()
+    _pace(h, [0.1] * 8)
+    onset = h.clock.now + 0.5
+    _pace(h, [0.5] * 5, first_step=9)
+    ready = onset + METRIC_SAMPLES * 0.5
+    launched = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
+    if rounds == 1:
+        assert launched == []  # one round: asked once the metrics can tell
+        _pace(h, [0.5] * 12, first_step=14)
+        [work] = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
+        assert h.clock.now >= ready
+    else:
+        [work] = launched
+        assert work.interval >= 1.5 * 0.5 and h.clock.now + (rounds - 1) * work.interval >= ready - 1e-9
 
 
 # -- metric outliers -----------------------------------------------------------------------------
