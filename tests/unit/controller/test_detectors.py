@@ -266,6 +266,20 @@ def test_a_slowdown_nobody_is_to_blame_for_pauses_then_a_culprit_is_evicted() ->
     assert incident.evidence[0].startswith("step time 0.5s, more than 2x")
 
 
+def test_a_slowdown_that_ends_while_the_rounds_run_evicts_nobody() -> None:
+    """A load spike (or a checkpoint's background work) slows every step for a while; by the time
+    the rounds are back the pace is what it was: a transient, whatever the rounds name."""
+    h = Harness(faultTolerance={"slowdownFactor": 2, "slowdownRounds": 2}, standbys={"count": 1})
+    h.running(standbys=["node-2"], next_node_index=3)
+    h.join("node-2")
+    _pace(h, [0.1] * 8 + [0.5] * 5)
+    [rounds] = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
+    _pace(h, [0.1] * 5, first_step=14)  # the spike is over
+    h.runner.finish(rounds.key, diagnosis=Finding(suspects=["node-1"], evidence=["optimizer_time_s on node-1"]))
+    h.tick()
+    assert h.incidents() == [] and h.state().stage is S.RUNNING
+
+
 @pytest.mark.parametrize("rounds", [1, 3])
 def test_the_rounds_last_until_the_metrics_can_name_the_slow_node(rounds: int) -> None:
     """Stacks alone often catch nobody: the last round comes METRIC_SAMPLES heartbeats after the
