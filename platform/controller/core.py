@@ -14,7 +14,15 @@ from collections.abc import Callable, Sequence
 
 from stalwart.controller import catalog, checks, pool_upkeep, replaying, requests, suspension, world
 from stalwart.controller.decision import Decision, Launch, Needs, Plan
-from stalwart.controller.detectors.base import CodeUpdateSeen, Detector, Failure, Report, RequestFinding, View
+from stalwart.controller.detectors.base import (
+    CodeUpdateSeen,
+    Detector,
+    Failure,
+    LateVerdict,
+    Report,
+    RequestFinding,
+    View,
+)
 from stalwart.controller.eviction import new_node
 from stalwart.controller.generation import start_generation
 from stalwart.controller.ladder import fail, handle
@@ -23,7 +31,8 @@ from stalwart.controller.progress import note_progress, track
 from stalwart.controller.ranks import slot_roles
 from stalwart.controller.standby_pool import standbys_for
 from stalwart.controller.transitions import Trigger
-from stalwart.store.records import JobStage, JobState
+from stalwart.store import keys
+from stalwart.store.records import Incident, JobStage, JobState
 
 STARTUP_TIMEOUT_SECONDS = 300.0
 STANDBY_WAIT_SECONDS = STARTUP_TIMEOUT_SECONDS / 10  # pre-flight waits this long for the standbys to join
@@ -69,6 +78,7 @@ class ReconcileCore:
         more = self._decide(plan, obs, view, reports)
         if more and not obs.satisfies(more):
             return more
+        self._attach_late_verdicts(plan, obs, reports)
         world.reconcile(plan, obs)
         plan.consumed.update(view.taken)
         return plan.decision()
@@ -192,6 +202,22 @@ class ReconcileCore:
         return None  # nothing runs; world.py stops any node that comes back
 
     # -- helpers -------------------------------------------------------------------------------
+    def _attach_late_verdicts(self, plan: Plan, obs: Observation, reports: list[tuple[Detector, Report]]) -> None:
+        """A verdict that came after its failure was handled joins its incident (in any stage)."""
+        for detector, report in reports:
+            for f in report.findings:
+                if not isinstance(f, LateVerdict) or f.incident not in obs.incidents:
+                    continue
+                key = keys.incident(self.job, f.incident)
+                written = plan.puts.get(key)  # this decision's own write of it (the recovery's end)
+                stored = written if isinstance(written, Incident) else obs.incidents[f.incident]
+                if stored is not None:
+                    incident = stored.model_copy(deep=True)
+                    incident.verdict, incident.diagnosed_at = f.verdict, f.diagnosed_at
+                    plan.put(key, incident)
+                    plan.log("info", "late verdict attached", incident=incident.id)
+                plan.acks.append((detector.name, f))
+
     def _create(self, obs: Observation) -> Decision:
         spec = obs.spec.spec
         count = len(slot_roles(spec))

@@ -81,12 +81,15 @@ class Needs:
 
     cluster: bool = False
     rendezvous: frozenset[str] = frozenset()
+    incidents: frozenset[str] = frozenset()  # incidents to read (to attach a late verdict)
 
     def __bool__(self) -> bool:
-        return self.cluster or bool(self.rendezvous)
+        return self.cluster or bool(self.rendezvous) or bool(self.incidents)
 
     def __or__(self, other: Needs) -> Needs:
-        return Needs(self.cluster or other.cluster, self.rendezvous | other.rendezvous)
+        return Needs(
+            self.cluster or other.cluster, self.rendezvous | other.rendezvous, self.incidents | other.incidents
+        )
 
 
 @dataclass

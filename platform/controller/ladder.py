@@ -64,6 +64,7 @@ def handle(plan: Plan, failure: Failure, view: View, job: str, new_id: NewId) ->
         loss_before=rank0.loss if rank0 and rank0.loss is not None and math.isfinite(rank0.loss) else None,
         mean_step_time=sum(step_times) / len(step_times) if step_times else None,
     )
+    failure.incident = incident.id
     if incident.node is None and what.rank is not None:
         incident.node = view.owners.get(what.rank)
     for node, (lease, why) in failure.fence.items():

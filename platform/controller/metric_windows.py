@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from stalwart.diagnosis.models import NodeMetrics
 
 # Fields of a vector that are bookkeeping, not measurements to compare.
-NOT_METRICS = frozenset({"node", "at", "step", "workers_running", "gpu_count"})
+NOT_METRICS = frozenset({"node", "at", "step", "workers_running", "gpu_count", "rank_phases"})
+# A rank's own work, as its phase times tell (waits for other ranks are in `compute` and `comm`).
+RANK_PHASES = ("data", "optimizer", "other")
 MAX_SAMPLES = 240  # per series: a few minutes of heartbeats, far below the bundle's limit
 
 
@@ -46,4 +48,22 @@ def node_metrics(
         series = series_of(windows[node])
         if series:
             out.append(NodeMetrics(node=node, series=series))
+        out += [NodeMetrics(node=node, rank=rank, series=s) for rank, s in sorted(rank_series(windows[node]).items())]
+    return out
+
+
+def rank_series(vectors: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, list[float | None]]]:
+    """Rank -> its own-work phase times (`data_time_s`, ...) over the window, aligned with the node's
+    samples (None where the rank reported nothing), from the vectors' `rank_phases`."""
+    window = list(vectors)[-MAX_SAMPLES:]
+    ranks = sorted({int(r) for v in window for r in (v.get("rank_phases") or {})})
+    out: dict[int, dict[str, list[float | None]]] = {}
+    for rank in ranks:
+        phases = [
+            (v.get("rank_phases") or {}).get(str(rank)) or (v.get("rank_phases") or {}).get(rank) or {} for v in window
+        ]
+        series = {f"{p}_time_s": [_number(ph.get(p)) for ph in phases] for p in RANK_PHASES}
+        series = {name: xs for name, xs in series.items() if any(x is not None for x in xs)}
+        if series:
+            out[rank] = series
     return out

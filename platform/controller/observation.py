@@ -69,9 +69,14 @@ class Observation:
     in_flight: frozenset[WorkKey] = frozenset()
     etcd_back_at: float | None = None  # when etcd last answered again after this controller lost it
     catalog: Mapping[int, CheckpointEntry] = field(default_factory=dict)  # the job's checkpoint catalog, by step
+    incidents: Mapping[str, Incident | None] = field(default_factory=dict)  # read when asked for (None: gone)
 
     def satisfies(self, needs: Needs) -> bool:
-        return (not needs.cluster or self.cluster is not None) and needs.rendezvous <= set(self.rendezvous)
+        return (
+            (not needs.cluster or self.cluster is not None)
+            and needs.rendezvous <= set(self.rendezvous)
+            and needs.incidents <= set(self.incidents)
+        )
 
 
 class Observer:
@@ -150,7 +155,10 @@ class Observer:
         rendezvous = dict(obs.rendezvous)
         for node in sorted(needs.rendezvous - set(rendezvous)):
             rendezvous[node] = self.cluster.rendezvous(node)
-        return replace(obs, cluster=cluster, rendezvous=rendezvous)
+        incidents = dict(obs.incidents)
+        for incident in sorted(needs.incidents - set(incidents)):
+            incidents[incident] = self.store.get(keys.incident(self.job, incident), Incident)
+        return replace(obs, cluster=cluster, rendezvous=rendezvous, incidents=incidents)
 
     def _catalog(self) -> dict[int, CheckpointEntry]:
         return {e.step: e for e in self.store.get_prefix(keys.checkpoints_prefix(self.job), CheckpointEntry)}

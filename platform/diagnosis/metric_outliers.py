@@ -181,19 +181,16 @@ def _step_scale(metrics: Sequence[NodeMetrics], nodes: list[str], cfg: OutlierCo
         return np.nanmedian(win, axis=0)
 
 
-def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = None) -> MetricFindings:
-    cfg = cfg or OutlierConfig()
-    out = MetricFindings()
-    nodes = [m.node for m in metrics]
-    if len(nodes) < cfg.min_nodes:
-        return out
-    names = sorted({k for m in metrics for k in m.series})
-    per_node: dict[int, list[MetricScore]] = {}
-    step = _step_scale(metrics, nodes, cfg) if STEP_SCALED & set(names) else None
-    for name in names:
+def _persistent(
+    units: Sequence[NodeMetrics], cfg: OutlierConfig, step: np.ndarray | None, out: MetricFindings
+) -> dict[int, list[MetricScore]]:
+    """Unit index -> its metrics that were out for `persist` windows in a row (a unit is a node, or
+    a rank when ranks are compared)."""
+    nodes = [m.node for m in units]
+    per_unit: dict[int, list[MetricScore]] = {}
+    for name in sorted({k for m in units for k in m.series}):
         direction = DIRECTIONS.get(name, "both")
-        x = _matrix(metrics, name, nodes)
-        win = _windows(x, cfg)
+        win = _windows(_matrix(units, name, nodes), cfg)
         if win.shape[1] == 0:
             continue
         out.metrics_seen += 1
@@ -204,40 +201,79 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
         z, big = _z(win, name, direction, scale)
         flags = (z >= cfg.z_threshold) & big
         run, end = _longest_run(flags)
-        for i in np.flatnonzero(run >= cfg.persist):
+        for i in (int(j) for j in np.flatnonzero(run >= cfg.persist)):
             lo, hi = int(end[i] - run[i]), int(end[i])
-            score = float(np.mean(z[i, lo:hi]))
-            per_node.setdefault(int(i), []).append(
-                MetricScore(metric=name, node=nodes[i], score=round(score, 2), windows=int(run[i]))
+            per_unit.setdefault(i, []).append(
+                MetricScore(
+                    metric=name,
+                    node=nodes[i],
+                    rank=units[i].rank,
+                    score=round(float(np.mean(z[i, lo:hi])), 2),
+                    windows=int(run[i]),
+                )
             )
-    # When some node is out in a local phase (data, optimizer, the rest of the step), that is where
-    # the step's time goes: the waits of its victims are explained, host readings are leads.
-    local_runs = [m.windows for scores in per_node.values() for m in scores if m.metric in LOCAL_PHASES]
-    # Each metric weighs by how long it persisted, full weight at FULL_RUN windows in a row or, when a
-    # node has been out in a local phase for longer, at that run: a node that turned out only lately,
-    # while another was out all along, is most likely its victim (or a starved host's).
+    return per_unit
+
+
+def _weight(scores: Sequence[MetricScore], full_run: int, local_culprit: bool) -> float:
+    """How much a unit's persistent metrics say: each by how long it persisted (full weight at
+    `full_run` windows in a row); a quantity's mean and max over a node's ranks are one measurement.
+    With a culprit out in a local phase, waits weigh nothing and host readings are leads."""
+    family: dict[str, float] = {}
+    for m in scores:
+        w = min(1.0, m.windows / full_run)
+        if local_culprit and m.metric in WAIT_INCLUSIVE:
+            w = 0.0
+        elif local_culprit and m.metric not in LOCAL_PHASES:
+            w *= LEAD_WEIGHT
+        key = m.metric.replace("_max_s", "_s")
+        family[key] = max(family.get(key, 0.0), w)
+    return sum(family.values())
+
+
+def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = None) -> MetricFindings:
+    """Nodes compared with nodes, and ranks (the entries with `rank`: their own-work phase times)
+    with ranks: a node is named by its own metrics or by a rank of it that is out."""
+    cfg = cfg or OutlierConfig()
+    out = MetricFindings()
+    nodes = [m for m in metrics if m.rank is None]
+    ranks = [m for m in metrics if m.rank is not None]
+    step = _step_scale(nodes, [m.node for m in nodes], cfg) if len(nodes) else None
+    per_node = _persistent(nodes, cfg, step, out) if len(nodes) >= cfg.min_nodes else {}
+    per_rank = _persistent(ranks, cfg, step, out) if len(ranks) >= cfg.min_nodes else {}
+    # When some node or rank is out in a local phase (data, optimizer, the rest of the step), that is
+    # where the step's time goes: the waits of its victims are explained, host readings are leads.
+    local_runs = [
+        m.windows
+        for found in (per_node, per_rank)
+        for scores in found.values()
+        for m in scores
+        if m.metric in LOCAL_PHASES
+    ]
+    # Full weight at FULL_RUN windows in a row or, when a culprit has been out in a local phase for
+    # longer, at that run: one that turned out only lately is most likely its victim (or a starved host).
     full_run = max([FULL_RUN_FACTOR * cfg.persist, *local_runs])
-    for index, scores in per_node.items():
+    for index, scores in sorted(per_node.items()):
         scores.sort(key=lambda s: -s.score)
         out.ranking.extend(scores)
-        node = nodes[index]
-        # One metric barely past `persist` is a lead, a long run or several agreeing metrics a finding.
-        # A quantity's mean and max over the node's ranks are one measurement: the stronger counts.
-        family: dict[str, float] = {}
-        for m in scores:
-            w = min(1.0, m.windows / full_run)
-            if local_runs and m.metric in WAIT_INCLUSIVE:
-                w = 0.0
-            elif local_runs and m.metric not in LOCAL_PHASES:
-                w *= LEAD_WEIGHT
-            key = m.metric.replace("_max_s", "_s")
-            family[key] = max(family.get(key, 0.0), w)
-        weight = sum(family.values())
-        out.node_scores[node] = round(min(0.95, 0.3 + 0.3 * weight), 2)
+        node = nodes[index].node
+        out.node_scores[node] = round(min(0.95, 0.3 + 0.3 * _weight(scores, full_run, bool(local_runs))), 2)
         out.reasons[node] = [
             f"{s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "
             f"the other nodes for {s.windows} windows in a row"
             for s in scores[:4]
         ]
+    # A rank out in its own work names its node (the stronger of the node's and its ranks' scores).
+    for index, scores in sorted(per_rank.items()):
+        scores.sort(key=lambda s: -s.score)
+        out.ranking.extend(scores)
+        node, rank = ranks[index].node, ranks[index].rank
+        score = round(min(0.95, 0.3 + 0.3 * _weight(scores, full_run, bool(local_runs))), 2)
+        out.node_scores[node] = max(out.node_scores.get(node, 0.0), score)
+        out.reasons.setdefault(node, []).extend(
+            f"rank {rank}: {s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "
+            f"the other ranks for {s.windows} windows in a row"
+            for s in scores[:2]
+        )
     out.ranking.sort(key=lambda s: (-out.node_scores.get(s.node, 0), -s.score))
     return out

@@ -171,9 +171,11 @@ def rank_stacks(reports: list[Any]) -> list[RankStack]:
 
 
 class NodeMetrics(_Model):
-    """One node's metric series, oldest first, one value per heartbeat or scrape (None: not measured)."""
+    """One node's metric series, oldest first, one value per heartbeat or scrape (None: not measured);
+    with `rank`, the series of one rank on that node (its phase times), compared with other ranks."""
 
     node: NodeName = Field(min_length=1, max_length=253)
+    rank: int | None = Field(default=None, ge=0, lt=MAX_RANKS)
     series: dict[str, list[float | None]] = Field(default_factory=dict, max_length=MAX_METRICS)
 
     @field_validator("series")
@@ -282,6 +284,7 @@ class SuspectGroup(_Model):
 class MetricScore(_Model):
     metric: str
     node: NodeName
+    rank: int | None = None  # the rank on `node` that is out, when ranks were compared
     score: float  # robust z-score in the bad direction, mean over the windows it persisted
     windows: int = 0  # consecutive windows it was an outlier in
 

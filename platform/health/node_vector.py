@@ -15,7 +15,7 @@ from pydantic import Field
 from stalwart.health.gpu_readings import GpuReading
 from stalwart.health.host import HostReadings
 from stalwart.health.network import NetReadings, error_deltas
-from stalwart.store.records import Record, WorkerState, WorkerStatus
+from stalwart.store.records import PhaseTimes, Record, WorkerState, WorkerStatus
 
 
 class NodeMetricVector(Record):
@@ -38,6 +38,9 @@ class NodeMetricVector(Record):
     comm_time_max_s: float | None = None
     other_time_s: float | None = None  # step wall time no phase accounts for
     other_time_max_s: float | None = None
+    # Each running rank's last step, by phase: diagnosis compares ranks as well as nodes, so a slow
+    # rank is named among few nodes (two nodes have no "others") and apart from its victims.
+    rank_phases: dict[int, PhaseTimes] = Field(default_factory=dict)
     gpu_count: int | None = None
     gpu_utilization_pct: float | None = None  # mean over GPUs
     gpu_temperature_c: float | None = None  # hottest GPU
@@ -86,6 +89,7 @@ def node_metric_vector(
         if values:
             setattr(vector, f"{phase}_time_s", mean(values))
             setattr(vector, f"{phase}_time_max_s", max(values))
+    vector.rank_phases = {w.rank: w.phases for w in running if w.phases is not None}
     if gpus is not None:
         responding = [g for g in gpus if g.responding]
         temps = [g.temperature_c for g in responding if g.temperature_c is not None]

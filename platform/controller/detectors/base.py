@@ -52,6 +52,7 @@ class Failure:
     detected_at: float | None = None  # default: the tick that handles it
     # Nodes to fence once the decision holds: node -> (its lease, why it is fenced).
     fence: dict[str, tuple[int, str]] = field(default_factory=dict)
+    incident: str | None = None  # the incident the decision opened for it (set by the ladder)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,17 @@ class CodeUpdateSeen:
     version: str | None
 
 
-Finding = Failure | RequestFinding | CodeUpdateSeen
+@dataclass(frozen=True)
+class LateVerdict:
+    """Diagnosis' verdict on a failure that was handled without it (it came after the wait): the
+    incident gains it, whatever the job's stage."""
+
+    incident: str
+    verdict: dict[str, Any]
+    diagnosed_at: float
+
+
+Finding = Failure | RequestFinding | CodeUpdateSeen | LateVerdict
 
 
 @dataclass

@@ -6,6 +6,12 @@ this never fires: the pace (slowdowns.py) is what tells, and the metrics name th
 diagnosis. It fires where nodes step on their own (RLHF rollout workers, independent replicas): a
 node persistently `metric_outliers`' outlier on step time or throughput is a Slowdown, evicted by
 default. Only nodes of one role are compared, and only this generation's samples after a warm-up.
+
+A sample counts only when its node stepped since the one before: a step time that stays as it was
+is not a measurement. And nothing is judged while a rank of the job has stopped progressing
+altogether: its peers then wait in their collectives with their last step's numbers frozen, and a
+jitter of that one step would read as a persistent outlier. That is a hang, the hang detector's
+case (hangs.py), with its stack rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ PACE_METRICS = ("step_time_s", "tokens_per_second")
 WARMUP_SAMPLES = 2
 MIN_NODES = 3  # fewer, and there are no "others" to compare with
 FLAG_SCORE = 0.6  # a metric out for twice the persistence, or two metrics out together
+# A rank is stalled when its last progress is older than this many of the job's recent step times
+# (and than STALL_BEATS heartbeats: progress is seen no faster than the heartbeats carry it).
+STALL_STEPS = 3.0
+STALL_BEATS = 3
 
 
 class MetricOutliers(Detector):
@@ -42,6 +52,8 @@ class MetricOutliers(Detector):
         return self._found
 
     def _evaluate(self, view: View) -> Report:
+        if stalled_ranks(view):
+            return Report()  # the hang detector's case: a frozen step says nothing about pace
         state = view.state
         since = state.generation_started_at or 0.0
         running = {n for n in state.slots if n in view.registrations and n not in self._handled}
@@ -64,8 +76,27 @@ class MetricOutliers(Detector):
             self._found = Report()
 
 
+def stalled_ranks(view: View) -> list[int]:
+    """The running ranks with no progress for STALL_STEPS x the ranks' median step time."""
+    running = [w for w in view.workers if w.exit_code is None]
+    times = sorted(w.step_time for w in running if w.step_time)
+    if not times:
+        return []
+    limit = max(
+        STALL_STEPS * times[len(times) // 2], STALL_BEATS * view.spec.fault_tolerance.heartbeat_interval_seconds
+    )
+    return sorted(w.rank for w in running if w.last_progress_at is not None and view.now - w.last_progress_at > limit)
+
+
 def _generation_window(vectors: Sequence[Mapping[str, Any]], since: float) -> list[Mapping[str, Any]]:
-    mine = [v for v in vectors if (v.get("at") or 0.0) >= since and v.get("workers_running")]
+    """This generation's samples taken while the node ran workers, each a new step of the node's."""
+    mine: list[Mapping[str, Any]] = []
+    for v in vectors:
+        if (v.get("at") or 0.0) < since or not v.get("workers_running"):
+            continue
+        if v.get("step") is not None and mine and v.get("step") == mine[-1].get("step"):
+            continue  # the same step as the sample before: nothing new was measured
+        mine.append(v)
     return mine[WARMUP_SAMPLES:]
 
 

@@ -4,6 +4,14 @@ loop, with the nodes' metric windows; the node the others keep waiting for, or t
 single out, is the finding. In synchronous training every rank reports the same step time, so the
 pace says that someone is slow and the stacks and metrics say who.
 
+The rounds are spread so that the last one comes when the slow node's metrics have had time to
+persist (METRIC_SAMPLES heartbeats since the onset): stacks alone often catch nobody (a rank that
+sleeps between collectives, an oversubscribed host), and its own-work phase times then name it.
+
+The pace is still sampled while the rounds run: when the steps since they were asked for are back
+under the factor, the slowdown was transient (a load spike, a checkpoint's background work) and
+nobody is evicted, whatever the rounds say.
+
 Whatever the rounds find, the pace starts over: a slowdown nobody is to blame for (a data change, a
 shared filesystem) drops its slow samples and is looked at again only after a pause that doubles
 each time, so a slowdown that lasts becomes the baseline by itself.
@@ -14,12 +22,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
-from stalwart.controller.policy import Classified, slowdown_onset
+from stalwart.controller.policy import PACE_WARMUP_SAMPLES, Classified, slowdown_onset
 from stalwart.controller.work import StackDiagnosis, WorkResult
 from stalwart.spec.model import FailureEvent
 
 PACE_HISTORY = 200
 PACE_QUIET_SECONDS = 10.0  # after rounds that blame no one; doubles each time
+# Heartbeats (metric samples) from the onset before the last round: diagnosis' metric outliers
+# weigh a metric fully once it was out for 10 windows of 5 samples in a row (14 samples), plus two.
+METRIC_SAMPLES = 16
 
 
 class Slowdowns(Detector):
@@ -31,23 +42,37 @@ class Slowdowns(Detector):
         self._quiet_until, self._backoff = 0.0, PACE_QUIET_SECONDS
         self._rounds = 0  # numbers the rounds of stacks (their work keys)
         self._asked: tuple[float, float, float] | None = None  # (onset, recent step time, asked at)
+        self._baseline = 0.0  # the pace's median before the onset
         self._found: WorkResult | None = None  # the rounds' result, once back
 
     def observe(self, view: View) -> Report:
         running = [w for w in view.workers if w.exit_code is None]
-        if self._asked is not None:
-            return self._follow(view)
         steps = [w.step for w in running if w.step is not None]
         times = sorted(w.step_time for w in running if w.step_time)
-        if not steps or not times or max(steps) == self._paced_step or view.now < self._quiet_until:
-            return Report()  # (nothing sampled while quiet, so a pause cannot turn into the baseline)
-        self._paced_step = max(steps)
-        self._pace = [*self._pace[-PACE_HISTORY + 1 :], (view.now, times[len(times) // 2])]
+        # The pace is sampled while the rounds run too: a slowdown that ends by itself meanwhile
+        # was transient (a load spike, a checkpoint's background work), not a node to evict.
+        sampled = bool(steps and times and max(steps) != self._paced_step and view.now >= self._quiet_until)
+        if sampled:  # (nothing sampled while quiet, so a pause cannot turn into the baseline)
+            self._paced_step = max(steps)
+            self._pace = [*self._pace[-PACE_HISTORY + 1 :], (view.now, times[len(times) // 2])]
+        if self._asked is not None:
+            return self._follow(view)
+        if not sampled:
+            return Report()
         onset = slowdown_onset(self._pace, view.spec.fault_tolerance.slowdown_factor)
         if onset is None:
             return Report()
         self._asked = (onset, self._pace[-1][1], view.now)
+        before = sorted(t for at, t in self._pace[PACE_WARMUP_SAMPLES:] if at < onset)
+        self._baseline = before[len(before) // 2] if before else 0.0
         return self._follow(view)
+
+    def _ended(self, view: View) -> bool:
+        """The pace came back under the factor while the rounds ran (the steps since they were asked for)."""
+        assert self._asked is not None
+        since = sorted(t for at, t in self._pace if at > self._asked[2])
+        factor = view.spec.fault_tolerance.slowdown_factor
+        return bool(since) and self._baseline > 0 and since[len(since) // 2] <= factor * self._baseline
 
     def _work(self, view: View) -> StackDiagnosis:
         assert self._asked is not None
@@ -57,7 +82,7 @@ class Slowdowns(Detector):
             view.state.generation,
             self._rounds,
             rounds=ft.slowdown_rounds,
-            interval=max(0.5, 1.5 * self._asked[1]),
+            interval=rounds_interval(self._asked, ft.slowdown_rounds, ft.heartbeat_interval_seconds),
         )
 
     def _follow(self, view: View) -> Report:
@@ -65,11 +90,14 @@ class Slowdowns(Detector):
         onset, recent, asked_at = self._asked
         work = self._work(view)
         result = self._found = self._found or view.result(work.key)
+        if result is None and work.rounds == 1 and view.now < metrics_ready_at(onset, view):
+            return Report()  # one round: taken once the metrics can tell
         if result is None:
             return Report(work=[] if view.busy(work.key) else [replace(work, history=view.slot_vectors())])
         diagnosis = result.diagnosis
-        if diagnosis is None or not diagnosis.suspects:
-            # Everyone slowed down together: forget the slow samples, keep the baseline, pause.
+        if diagnosis is None or not diagnosis.suspects or self._ended(view):
+            # Everyone slowed down together, or the slowdown ended by itself: forget the slow
+            # samples, keep the baseline, pause.
             self._pace = [p for p in self._pace if p[0] < onset]
             self._quiet_until, self._backoff = result.finished_at + self._backoff, 2 * self._backoff
             self._rounds, self._asked, self._found = self._rounds + 1, None, None
@@ -88,3 +116,15 @@ class Slowdowns(Detector):
         """Handled, or tolerated by an Ignore rule: the pace starts a new baseline."""
         self._pace, self._paced_step = [], None
         self._rounds, self._asked, self._found = self._rounds + 1, None, None
+
+
+def metrics_ready_at(onset: float, view: View) -> float:
+    return onset + METRIC_SAMPLES * view.spec.fault_tolerance.heartbeat_interval_seconds
+
+
+def rounds_interval(asked: tuple[float, float, float], rounds: int, heartbeat: float) -> float:
+    """Seconds between rounds: 1.5 steps at least (a round sees a new step), and spread so that
+    the last round comes METRIC_SAMPLES heartbeats after the onset."""
+    onset, recent, asked_at = asked
+    spread = (onset + METRIC_SAMPLES * heartbeat - asked_at) / (rounds - 1) if rounds > 1 else 0.0
+    return max(0.5, 1.5 * recent, spread)

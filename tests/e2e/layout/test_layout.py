@@ -105,12 +105,6 @@ def test_a_node_whose_data_loading_alone_is_slow_is_named_by_metric_outliers(fau
     assert any("metrics point at node-2" in line for line in slow["evidence"]), slow["evidence"]
 
 
-@pytest.mark.xfail(
-    reason="known defect (2026-11-24, twice on main): before the hang is detected, the metric-outlier "
-    "detector evicts node-1 (the hung rank's data-parallel peer, waiting in its collective) as a persistent "
-    "step-time outlier; open in the closing note",
-    strict=False,
-)
 def test_a_hung_rank_localizes_its_node_not_its_whole_stage(faults_run: Run) -> None:
     """Rank 1 stops before its next collective: its node (node-0) is evicted, not node-1 (the other
     node of pipeline stage 0) nor the stage-1 nodes that wait for it."""

@@ -84,9 +84,14 @@ def test_a_node_slow_in_one_phase_is_named_by_its_metrics_not_its_victims(phase:
     """The stacks say nothing here; the metrics name node-2 alone (its victims' waits are explained by it)."""
     reports = windows(phase)
     metrics = node_metrics(reports, {})
-    assert [m.node for m in metrics] == ["node-0", "node-1", "node-2", "node-3"]
-    assert len(metrics[2].series["data_time_max_s"]) == 20
-    assert not {"at", "step", "workers_running"} & set(metrics[2].series)  # what a node is, not how it does
+    nodes = [m for m in metrics if m.rank is None]
+    assert [m.node for m in nodes] == ["node-0", "node-1", "node-2", "node-3"]
+    assert len(nodes[2].series["data_time_max_s"]) == 20
+    assert not {"at", "step", "workers_running", "rank_phases"} & set(
+        nodes[2].series
+    )  # what a node is, not how it does
+    # ... and each rank's own work, compared with the other ranks'.
+    assert [(m.node, m.rank) for m in metrics if m.rank is not None] == [(f"node-{r // 2}", r) for r in range(8)]
     bundle = EvidenceBundle(
         job="j",
         generation=1,
@@ -97,4 +102,5 @@ def test_a_node_slow_in_one_phase_is_named_by_its_metrics_not_its_victims(phase:
     verdict = diagnose(bundle)
     assert verdict.flagged == ["node-2"], verdict.summary
     assert any(line.startswith(f"{phase}_time") and "node-2" in line for line in verdict.evidence), verdict.evidence
+    assert any(m.rank == 4 and m.metric == f"{phase}_time_s" for m in verdict.metric_ranking), verdict.metric_ranking
     assert node_metrics([StackReport(request_id="r", node="n", generation=1, captured_at=0.0, stacks=[])], {}) == []

@@ -3,11 +3,14 @@ and that a finding acted on is not reported again."""
 
 from __future__ import annotations
 
+import pytest
 from support.controller_harness import Harness, worker
 
 from stalwart.controller.decision import FenceNode
 from stalwart.controller.detectors.base import PEER_TROUBLE_SECONDS, View
+from stalwart.controller.detectors.crashes import CRASH_DIAGNOSIS_WAIT
 from stalwart.controller.detectors.lost_nodes import GONE_PER_CLUSTER
+from stalwart.controller.detectors.slowdowns import METRIC_SAMPLES
 from stalwart.controller.diagnosis_link import Finding
 from stalwart.controller.observation import Observation
 from stalwart.store.records import JobStage, LogMatch, RequestKind, RequestStatus
@@ -99,6 +102,45 @@ def test_diagnosis_naming_a_machine_upgrades_a_plain_crash_to_an_eviction() -> N
     assert incident.failure_class.value == "MachineFault" and incident.evicted == ["node-1"]
     assert incident.runbook == "xid" and incident.verdict == verdict
     assert "Xid 79: GPU fell off the bus" in incident.evidence
+
+
+def test_a_verdict_that_comes_after_the_wait_is_attached_to_its_incident() -> None:
+    """The crash is handled without its verdict after CRASH_DIAGNOSIS_WAIT; the verdict that comes
+    later (the job already in its stop-time checks) joins the incident in etcd with its time."""
+    h = Harness()
+    h.running()
+    h.beat("node-1", 1, [worker(2), worker(3, exit_code=-9, exited_at=h.clock.now)])
+    h.tick()
+    [crash] = [w for w in h.runner.launched if w.key[0] == "crash"]
+    h.clock.advance(CRASH_DIAGNOSIS_WAIT + 0.5)
+    h.beat("node-0", 1, [worker(0), worker(1)])
+    h.beat("node-1", 1, [worker(2), worker(3, exit_code=-9, exited_at=h.clock.now - CRASH_DIAGNOSIS_WAIT - 0.5)])
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "WorkerCrash" and incident.verdict is None and incident.diagnosed_at is None
+    assert h.state().stage is not S.RUNNING
+    h.clock.advance(3)
+    verdict = {"failure_class": "worker_crash", "summary": "rank 3 was killed (SIGKILL)"}
+    h.runner.finish(crash.key, diagnosis=Finding(["node-1"], ["rank 3: signal 9"], verdict, None))
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.verdict == verdict and incident.diagnosed_at == h.clock.now
+    assert incident.evicted == [] and incident.failure_class.value == "WorkerCrash"  # the decision stands
+    h.tick()
+    assert h.incidents()[0].verdict == verdict and h.runner.done == []  # attached once, nothing left
+
+
+def test_a_verdict_in_time_rides_in_the_incident_with_its_time() -> None:
+    h = Harness()
+    h.running()
+    h.beat("node-1", 1, [worker(2), worker(3, exit_code=-9, exited_at=h.clock.now)])
+    h.tick()
+    [crash] = [w for w in h.runner.launched if w.key[0] == "crash"]
+    h.clock.advance(1)
+    h.runner.finish(crash.key, diagnosis=Finding([], [], {"failure_class": "worker_crash"}, None))
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.verdict == {"failure_class": "worker_crash"} and incident.diagnosed_at == h.clock.now
 
 
 def test_a_user_code_error_is_retried_once_then_fails_the_job_with_its_traceback() -> None:
@@ -224,6 +266,41 @@ def test_a_slowdown_nobody_is_to_blame_for_pauses_then_a_culprit_is_evicted() ->
     assert incident.evidence[0].startswith("step time 0.5s, more than 2x")
 
 
+def test_a_slowdown_that_ends_while_the_rounds_run_evicts_nobody() -> None:
+    """A load spike (or a checkpoint's background work) slows every step for a while; by the time
+    the rounds are back the pace is what it was: a transient, whatever the rounds name."""
+    h = Harness(faultTolerance={"slowdownFactor": 2, "slowdownRounds": 2}, standbys={"count": 1})
+    h.running(standbys=["node-2"], next_node_index=3)
+    h.join("node-2")
+    _pace(h, [0.1] * 8 + [0.5] * 5)
+    [rounds] = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
+    _pace(h, [0.1] * 5, first_step=14)  # the spike is over
+    h.runner.finish(rounds.key, diagnosis=Finding(suspects=["node-1"], evidence=["optimizer_time_s on node-1"]))
+    h.tick()
+    assert h.incidents() == [] and h.state().stage is S.RUNNING
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_the_rounds_last_until_the_metrics_can_name_the_slow_node(rounds: int) -> None:
+    """Stacks alone often catch nobody: the last round comes METRIC_SAMPLES heartbeats after the
+    onset, when the slow rank's own-work times have been out long enough to count fully."""
+    h = Harness(faultTolerance={"slowdownFactor": 2, "slowdownRounds": rounds, "heartbeatIntervalSeconds": 0.5})
+    h.running()
+    _pace(h, [0.1] * 8)
+    onset = h.clock.now + 0.5
+    _pace(h, [0.5] * 5, first_step=9)
+    ready = onset + METRIC_SAMPLES * 0.5
+    launched = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
+    if rounds == 1:
+        assert launched == []  # one round: asked once the metrics can tell
+        _pace(h, [0.5] * 12, first_step=14)
+        [work] = [w for w in h.runner.launched if w.key[:2] == ("stacks", "slowdown")]
+        assert h.clock.now >= ready
+    else:
+        [work] = launched
+        assert work.interval >= 1.5 * 0.5 and h.clock.now + (rounds - 1) * work.interval >= ready - 1e-9
+
+
 # -- metric outliers -----------------------------------------------------------------------------
 def _vectors(h: Harness, step_time: dict[str, float], samples: int) -> None:
     for _ in range(samples):
@@ -250,6 +327,46 @@ def test_a_node_whose_own_pace_is_an_outlier_among_its_role_is_evicted() -> None
     [incident] = h.incidents()
     assert incident.failure_class.value == "Slowdown" and incident.suspects == ["node-2"]
     assert incident.evidence[0].startswith("node-2 is a persistent outlier among the 4 rollout nodes")
+
+
+def test_metric_outliers_do_not_act_while_a_rank_has_stopped() -> None:
+    """A hang, as the 3-D job's: rank 1 stops; its peers wait in their collectives and every node's
+    numbers freeze at its last step, where node-1's step happened to be slower. Frozen samples are
+    no measurement, and a stalled rank is the hang detector's case: no metric-outlier incident."""
+    h = Harness(roles=[{"name": "rollout", "replicas": 4, "processesPerNode": 2, "command": ["python", "r.py"]}])
+    h.running(slots=("node-0", "node-1", "node-2", "node-3"), next_node_index=4)
+
+    def beat(step: int, step_time: dict[str, float], progress_at: float) -> None:
+        for i, (node, t) in enumerate(step_time.items()):
+            vector = {"node": node, "at": h.clock.now, "step": step, "workers_running": 2, "step_time_s": t}
+            ranks = [worker(r, step=step, step_time=t, last_progress_at=progress_at) for r in (2 * i, 2 * i + 1)]
+            h.beat(node, 1, ranks, vector=vector)
+
+    pace = {"node-0": 0.10, "node-1": 0.10, "node-2": 0.10, "node-3": 0.10}
+    for step in range(1, 11):
+        h.clock.advance(0.5)
+        beat(step, pace, h.clock.now)
+        h.tick()
+    hung_at = h.clock.now
+    frozen = {**pace, "node-1": 0.14}  # one step's jitter, frozen
+    for _ in range(30):
+        h.clock.advance(0.5)
+        beat(11, frozen, hung_at)
+        h.tick()
+    assert [i for i in h.incidents() if i.failure_class.value == "Slowdown"] == []
+    # The same frozen numbers with fresh progress times (no stall seen): still no new measurement.
+    h2 = Harness(roles=[{"name": "rollout", "replicas": 4, "processesPerNode": 2, "command": ["python", "r.py"]}])
+    h2.running(slots=("node-0", "node-1", "node-2", "node-3"), next_node_index=4)
+    h = h2
+    for step in range(1, 11):
+        h.clock.advance(0.5)
+        beat(step, pace, h.clock.now)
+        h.tick()
+    for _ in range(30):
+        h.clock.advance(0.5)
+        beat(11, frozen, h.clock.now)
+        h.tick()
+    assert h.incidents() == []
 
 
 def test_metric_outliers_need_three_nodes_of_a_role() -> None:

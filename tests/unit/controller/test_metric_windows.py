@@ -74,3 +74,43 @@ def test_a_slow_node_is_named_by_its_metrics_when_every_stack_looks_the_same(
     # A hang weighs metrics at half (the stacks are the measurement there): named in the evidence.
     hang = diagnosis_link.diagnose_hang(None, "j", assignment, None, log)  # type: ignore[arg-type]
     assert any(line.startswith(f"metric outlier: {metric} on node-2") for line in hang.evidence), hang.evidence
+
+
+def test_ranks_are_compared_too_so_a_slow_rank_is_named_among_two_nodes() -> None:
+    """Two nodes have no "others" to compare with; their four ranks do. Rank 3 (node-1) spends its
+    step outside every phase it measures (a throttled rank between collectives); ranks 0-2 wait for
+    it inside their forward and backward (DDP's all-reduce): victims, not outliers."""
+
+    def phases(rank: int, t: int) -> dict[str, float]:
+        jitter = 0.002 * ((t + rank) % 3)
+        slow = rank == 3
+        return {
+            "data": 0.01 + jitter,
+            "compute": (0.05 if slow else 0.45) + jitter,
+            "optimizer": 0.01,
+            "comm": 0.01,
+            "other": (0.43 if slow else 0.03) + jitter,
+        }
+
+    windows = {
+        f"node-{n}": [
+            vector(f"node-{n}", t, step_time_s=0.5, rank_phases={str(r): phases(r, t) for r in (2 * n, 2 * n + 1)})
+            for t in range(20)
+        ]
+        for n in (0, 1)
+    }
+    metrics = node_metrics([], windows)
+    assert [(m.node, m.rank) for m in metrics] == [
+        ("node-0", None),
+        ("node-0", 0),
+        ("node-0", 1),
+        ("node-1", None),
+        ("node-1", 2),
+        ("node-1", 3),
+    ]
+    assert set(metrics[5].series) == {"data_time_s", "optimizer_time_s", "other_time_s"}  # own work only
+    from stalwart.diagnosis import EvidenceBundle, diagnose
+
+    verdict = diagnose(EvidenceBundle(job="j", kind="slowdown", metrics=metrics))
+    assert verdict.flagged == ["node-1"] and "metrics point at node-1" in verdict.summary, verdict.summary
+    assert {(m.node, m.rank, m.metric) for m in verdict.metric_ranking} == {("node-1", 3, "other_time_s")}

@@ -112,3 +112,34 @@ def test_a_node_out_all_along_in_a_local_phase_outweighs_late_and_host_only_outl
     v = diagnose(EvidenceBundle(job="m", kind="slowdown", metrics=metrics))
     assert v.failure_class == "slowdown" and v.flagged == ["node-2"], v.suspects
     assert v.suspects[0].node == "node-2"
+
+
+def test_a_victim_waiting_in_a_collective_is_not_an_outlier_the_slow_rank_is() -> None:
+    """Four nodes of two ranks. Rank 5 (node-2) loads its data slowly; its data-parallel peer, rank
+    1 (node-0), waits for it in the gradient all-reduce (its comm time, and its node's, is out). The
+    slow rank names node-2; node-0's wait weighs nothing, so it is no suspect."""
+
+    def series(value: float, n: int = 24) -> list[float | None]:
+        return [value + 0.001 * (i % 3) for i in range(n)]
+
+    metrics = []
+    for node in range(4):
+        waiting = node == 0
+        metrics.append(
+            NodeMetrics(
+                node=f"node-{node}",
+                series={
+                    "step_time_s": series(1.0),
+                    "comm_time_max_s": series(0.9 if waiting else 0.05),
+                    "data_time_max_s": series(0.9 if node == 2 else 0.02),
+                },
+            )
+        )
+        for rank in (2 * node, 2 * node + 1):
+            own = {"data_time_s": series(0.9 if rank == 5 else 0.02), "other_time_s": series(0.03)}
+            metrics.append(NodeMetrics(node=f"node-{node}", rank=rank, series=own))
+    f = metric_outliers(metrics)
+    assert f.node_scores["node-2"] >= 0.6 and f.node_scores.get("node-0", 0.0) < 0.5, f.node_scores
+    assert any(m.rank == 5 and m.metric == "data_time_s" for m in f.ranking)
+    v = diagnose(EvidenceBundle(job="m", kind="slowdown", metrics=metrics))
+    assert v.flagged == ["node-2"], v.suspects
