@@ -149,14 +149,16 @@ def test_user_code_error_fails_the_job_after_one_retry(tmp_path: Path, stalwart_
 
 
 def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[str]) -> None:
-    """Rank 3 (on node-1) turns slow at step 45: the job's step time climbs past twice its baseline,
+    """Rank 3 (on node-1) turns slow at step 45, by 1.5 s a step (so that the 45 steps left outlast the
+    detection on a loaded machine: the rounds wait for the metrics, in time, not steps): the job's
+    step time climbs past twice its baseline,
     rounds of stacks look for whom the others wait, the ranks' own-work times name rank 3 (its
     step's time outside every phase it measures; the others only wait for it), and the standby
     takes node-1's ranks."""
     job = job_variant(
         tmp_path, args=["--steps", "90"], fault_tolerance={"slowdownFactor": 2, "slowdownRounds": 3, **WARM}, standbys=1
     )
-    code, result, output = run_job(tmp_path, stalwart_cmd, "slow-worker:rank=3,step=45", job=job)
+    code, result, output = run_job(tmp_path, stalwart_cmd, "slow-worker:rank=3,step=45,seconds=1.5", job=job)
     snap = result["snapshot"]
     assert code == 0, output
     assert snap["step"] == 90
