@@ -38,8 +38,9 @@ def preflight_checks(plan: Plan, obs: Observation) -> NodeChecks:
 
 
 def stop_time_checks(plan: Plan, obs: Observation) -> NodeChecks:
+    """The nodes the recovery restarts (a role-scoped one: its roles' alone; the others keep running)."""
     state = plan.state
-    return NodeChecks("stop-time", str(state.generation), tuple(state.slots), check_procs(obs.spec.spec))
+    return NodeChecks("stop-time", str(state.generation), tuple(state.restarting_slots()), check_procs(obs.spec.spec))
 
 
 def on_preflight(plan: Plan, obs: Observation, result: WorkResult, job: str, new_id: NewId) -> Needs | None:

@@ -49,7 +49,7 @@ class FaultInjector:
     def poll(self, state: JobState | None, beats: dict[str, Heartbeat]) -> list[FiredFault]:
         if state is None or state.phase is not JobPhase.RUNNING or not self.pending:
             return []
-        workers = [w for b in beats.values() if b.generation == state.generation for w in b.workers]
+        workers = state.current_workers(beats)
         step = max((w.step for w in workers if w.step is not None), default=0)
         out = []
         for fault in list(self.pending):

@@ -45,10 +45,7 @@ def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | 
         return None
     nodes = read_nodes(store, job)
     beats, registered = nodes.heartbeats, nodes.registrations
-    workers = sorted(
-        (w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation for w in b.workers),
-        key=lambda w: w.rank,
-    )
+    workers = sorted(state.current_workers(beats), key=lambda w: w.rank)
     incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)
     steps = [w.step for w in workers if w.step is not None]
     rank0 = next((w for w in workers if w.rank == 0 and w.loss is not None), None)
