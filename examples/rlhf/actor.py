@@ -54,9 +54,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kl", type=float, default=0.02, help="weight of the KL penalty against the reference")
     parser.add_argument("--clip", type=float, default=0.2, help="PPO clip range of the importance ratio")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompts", type=Path, default=Path("data/rlhf-prompts.stok"), help="prompt shard")
+    parser.add_argument(
+        "--prompts", type=Path, default=None, help="prompt shard (default: data/rlhf-prompts.stok in the run folder)"
+    )
     parser.add_argument("--num-prompts", type=int, default=8192, help="prompts in the shard (one epoch)")
-    parser.add_argument("--ledger", type=Path, default=Path("ledger/actor.jsonl"))
+    parser.add_argument(
+        "--ledger", type=Path, default=None, help="default: ledger/actor.jsonl in the run folder (beside the checkpoints)"
+    )
     parser.add_argument("--checkpoint-interval", type=int, default=None, help="default: the job's, else 10")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos)")
     parser.add_argument(
@@ -67,7 +71,12 @@ def parse_args() -> argparse.Namespace:
         "(no file: run free), so a fault can be injected at a known step without racing the run",
     )
     args = parser.parse_args()
-    args.prompts = args.prompts.resolve()  # the ledger's data config must name it from anywhere
+    # Under `stalwart run` the checkpoints live in the run folder: the ledger and the prompts go there
+    # too, so that two runs never share (or append to) one ledger.
+    uri = os.environ.get("STALWART_CHECKPOINT_URI", "")
+    run_dir = Path(uri).parent if uri and "://" not in uri else Path(".")
+    args.ledger = args.ledger or run_dir / "ledger" / "actor.jsonl"
+    args.prompts = (args.prompts or run_dir / "data" / "rlhf-prompts.stok").resolve()  # named from anywhere
     return args
 
 

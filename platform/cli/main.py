@@ -99,11 +99,6 @@ def run(
         faults = [parse_fault(f) for f in inject or []]
     except (SpecError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    if job.spec.data_plane is not None:  # until the runtime gives each role its own world
-        raise _fail(
-            f"{job_file}: this job has a dataPlane (RLHF roles, each its own world), which the local "
-            "runtime cannot run yet; see docs/rlhf.md, 'Runtime integration'"
-        )
     workdir = workdir or Path(".stalwart/runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         local = LocalRun(
