@@ -59,7 +59,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--num-prompts", type=int, default=8192, help="prompts in the shard (one epoch)")
     parser.add_argument(
-        "--ledger", type=Path, default=None, help="default: ledger/actor.jsonl in the run folder (beside the checkpoints)"
+        "--ledger",
+        type=Path,
+        default=None,
+        help="default: ledger/actor.jsonl in the run folder (beside the checkpoints)",
     )
     parser.add_argument("--checkpoint-interval", type=int, default=None, help="default: the job's, else 10")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos)")

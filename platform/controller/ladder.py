@@ -114,7 +114,9 @@ def handle(plan: Plan, failure: Failure, view: View, job: str, new_id: NewId) ->
         state.restarting_roles = scoped
         incident.scope = "Role" if scoped else "Job"
         where = f"the {', '.join(scoped)} role{'s' if len(scoped) > 1 else ''} only" if scoped else "every role"
-        actions.append(f"restart the workers in place ({where})" if len(spec.roles) > 1 else "restart the workers in place")
+        actions.append(
+            f"restart the workers in place ({where})" if len(spec.roles) > 1 else "restart the workers in place"
+        )
     incident.action = "; ".join(actions)
     counters = count(Counters(state.restarts, state.user_code_failures), decision)
     spent = counters.restarts - state.restarts
@@ -137,4 +139,3 @@ def handle(plan: Plan, failure: Failure, view: View, job: str, new_id: NewId) ->
         exit_code=what.exit_code,
         **fields,
     )
-

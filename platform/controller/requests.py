@@ -10,9 +10,9 @@ from __future__ import annotations
 from stalwart.controller.checks import check_procs
 from stalwart.controller.decision import Launch, Plan, UncordonNode
 from stalwart.controller.detectors.base import RequestFinding, View
-from stalwart.controller.scope import role_scope, roles_of
 from stalwart.controller.eviction import evict, top_up_standbys
 from stalwart.controller.ladder import NewId
+from stalwart.controller.scope import role_scope, roles_of
 from stalwart.controller.transitions import Trigger
 from stalwart.controller.work import NodeChecks
 from stalwart.spec.model import FailureAction, FailureEvent

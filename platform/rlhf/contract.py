@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from stalwart import worker_contract as contract
-
 from stalwart.rlhf.endpoints import EndpointDirectory
 from stalwart.spec.model import DataPlaneSettings
 

@@ -78,6 +78,9 @@ class Relay:
         self.done = False
         self.counts: Counter[str] = Counter()
         self._superseded: set[str] = set()
+        # Worker ("role-rank") -> when a lease of its expired holding groups: a hung worker, for the
+        # controller (stalwart.controller.detectors.dataplane_hangs) to localize to its node.
+        self.expired_at: dict[str, float] = {}
 
     # -- the actor ---------------------------------------------------------------------------------
     def resume(self, lineage: Lineage, watermark: int) -> None:
@@ -229,6 +232,7 @@ class Relay:
                 "held": dict(Counter(e.stage.value for e in self._entries.values())),
                 "holding": dict(holding),
                 "counts": dict(self.counts),
+                "expired_at": dict(self.expired_at),
                 "lineage": self.lineage.model_dump(),
             }
 
@@ -343,6 +347,8 @@ class Relay:
                 entry.lease_id = None
                 n += 1
         self.counts[f"{why}.{lease.stage.value}"] += n
+        if why == "expired" and n:
+            self.expired_at[lease.client.split("#", 1)[0]] = time.time()  # wall time: the controller reads it
         return n
 
     def _expire(self) -> None:

@@ -466,6 +466,16 @@ class Incident(Record):
         return redone * self.mean_step_time  # type: ignore[operator]
 
 
+class DataPlaneHealth(Record):
+    """What the RLHF relay tells the controller (stalwart.rlhf.relay_server writes it every few
+    seconds): workers ("role-rank") whose lease expired while they held groups, and when. Rollout,
+    reward and reference workers do not step, so a hang among them shows here, not in progress."""
+
+    incarnation: str  # the relay process that wrote it
+    written_at: float
+    expired_at: dict[str, float] = {}
+
+
 class CheckpointTiming(BaseModel):
     """What the checkpoint engine said about one save or load (its SaveResult, its load time), as a
     worker reports it: the agent exports it; the engine itself knows nothing of the control plane."""
