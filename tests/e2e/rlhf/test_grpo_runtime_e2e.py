@@ -17,6 +17,7 @@ The actor's ledger then shows every prompt trained on exactly once across all of
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ FAULTS = (
     "hang-worker:rank=5,step=24",  # the reward worker
     "kill-node:node=0,step=32",  # the relay's node
 )
+STALWART = [sys.executable, "-m", "stalwart.cli.main"]  # (the conftest's stalwart_cmd is per test)
 WINDOW = 5
 MARGIN = 0.15  # the untrained policy scores ~0.1
 
@@ -91,15 +93,15 @@ def launch(tmp_path: Path, stalwart_cmd: list[str], job: Path, *faults: str) -> 
 
 
 @pytest.fixture(scope="module")
-def role_run(tmp_path_factory: pytest.TempPathFactory, stalwart_cmd: list[str]) -> Iterator[Run]:
+def role_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("grpo-role")
-    yield launch(tmp, stalwart_cmd, grpo_variant(tmp, steps=STEPS, scope="Role"), *FAULTS)
+    yield launch(tmp, STALWART, grpo_variant(tmp, steps=STEPS, scope="Role"), *FAULTS)
 
 
 @pytest.fixture(scope="module")
-def job_run(tmp_path_factory: pytest.TempPathFactory, stalwart_cmd: list[str]) -> Iterator[Run]:
+def job_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("grpo-job")
-    yield launch(tmp, stalwart_cmd, grpo_variant(tmp, steps=12, scope="Job"), "kill-node:node=3,step=4")
+    yield launch(tmp, STALWART, grpo_variant(tmp, steps=12, scope="Job"), "kill-node:node=3,step=4")
 
 
 def incident(run: Run, failure_class: str, role: str) -> dict[str, Any]:
