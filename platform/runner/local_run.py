@@ -347,7 +347,7 @@ class LocalRun:
             if snap.phase is JobPhase.RUNNING:
                 seen = self.agents_by_generation.setdefault(snap.generation, {})
                 seen.update({n: pid for n, pid in snap.agents.items() if n in snap.slots})
-            for role in snap.roles:
+            for role in (r for r in snap.roles if r.generation and r.pids):
                 pids = self.role_pids.setdefault(role.role, {}).setdefault(role.generation, [])
                 pids.extend(p for p in role.pids if p not in pids)
         assert self.controller is not None

@@ -41,6 +41,7 @@ FAULTS = (
     "hang-worker:rank=5,step=24",  # the reward worker
     "kill-node:node=0,step=32",  # the relay's node
 )
+pytestmark = pytest.mark.timeout(1200)  # a run of the example starts 7 torch processes on a shared machine
 STALWART = [sys.executable, "-m", "stalwart.cli.main"]  # (the conftest's stalwart_cmd is per test)
 WINDOW = 5
 MARGIN = 0.15  # the untrained policy scores ~0.1
