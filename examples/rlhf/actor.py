@@ -9,7 +9,8 @@ contract (stalwart.rlhf.contract: STALWART_JOB, STALWART_ETCD, STALWART_DATAPLAN
    referenced (it waits for them);
 3. GRPO: advantages relative to each prompt's group, a clipped ratio against the rollout's
    log-probabilities, a KL penalty against the reference; DDP averages the gradients;
-4. rank 0 writes the step to the ledger, moves the relay's watermark and publishes the new weights.
+4. rank 0 writes the step to the ledger and publishes the new weights; every rank moves the relay's
+   watermark (and says who the actor is to a relay that restarted: any rank may reach it first).
 
 Checkpoints (stalwart.checkpoint) hold the model, the optimizer, the RNG, the loader's position and
 the relay cursor (watermark and lineage), so a restarted actor resumes exactly: each prompt of an
@@ -134,7 +135,7 @@ def main() -> None:
         )
         publisher = WeightPublisher(ctx).start()
         publisher.publish(WeightVersion(incarnation=incarnation[0], step=start), model.module.state_dict())
-        relay.resume(cursor.lineage, cursor.watermark)
+    relay.resume(cursor.lineage, cursor.watermark)  # every rank: any may be first at a new relay
     dist.barrier()  # no rank takes before the relay knows this incarnation
     log.info("actor started", fields={"resumed_from": start, "steps": args.steps, "world": world})
 
@@ -185,8 +186,8 @@ def main() -> None:
                     versions=sorted({v for g in gathered for v in g[3]}),
                 )
             )
-            relay.advance(cursor.watermark)
             publisher.publish(WeightVersion(incarnation=incarnation[0], step=step), model.module.state_dict())
+        relay.advance(cursor.watermark)  # every rank, so each can tell a new relay where the actor is
         step_time = time.perf_counter() - t0
         # No loss: a policy-gradient loss hovers around zero and changes sign, so the loss-spike
         # detector would read noise as spikes (the NaN check is above).

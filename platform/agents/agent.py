@@ -36,7 +36,7 @@ from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.agents.reports import OnDemandReports
 from stalwart.agents.saved_checkpoints import SavedCheckpoints, without_secrets
 from stalwart.agents.standby import StandbyDuty
-from stalwart.agents.warm_pool import WarmPool
+from stalwart.agents.warm_pool import WarmPool, warm_size
 from stalwart.agents.workers import WorkerGroup
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
@@ -108,7 +108,7 @@ class NodeAgent:
             self.job, job_dir, node, self.address, self.node_dir, self.log, self.checkpoint_token.get
         )
         self.warm = WarmPool(
-            max(r.processes_per_node for r in self.job.spec.roles),
+            warm_size(self.job.spec.roles),
             enabled=self.ft.warm_workers,
             log=self.node_dir / "fork-server.log",
         )

@@ -6,6 +6,7 @@ import time
 
 from stalwart import worker_contract as contract
 from stalwart.agents.launcher import NodeServices, worker_env
+from stalwart.agents.warm_pool import warm_size
 from stalwart.checkpoint.memory_auth import TOKEN_ENV
 from stalwart.spec import Parallelism, Role, TrainingJob
 from stalwart.store.records import Assignment, NodeAssignment
@@ -147,3 +148,13 @@ def test_a_replay_group_is_a_smaller_copy_of_the_job() -> None:
     ):
         assert absent not in env
     assert env[contract.DATA_CONFIG] == SERVICES.data_config  # it reads the job's data itself
+
+
+def test_warm_workers_are_sized_by_the_nodes_role() -> None:
+    roles = [
+        Role(name="relay", command=["python", "-m", "stalwart.rlhf.relay_server"]),
+        Role(name="actor", processes_per_node=2, command=["python", "actor.py"]),
+        Role(name="rollout", command=["python", "rollout.py"]),
+    ]
+    assert [warm_size(roles, r) for r in ("relay", "actor", "rollout")] == [0, 2, 1]
+    assert warm_size(roles) == 2  # a node whose role is not known yet
