@@ -43,12 +43,14 @@ GRPO = REPO / "examples" / "rlhf" / "grpo.yaml"
 STEPS = 30
 FAIL_AT = 12
 INTERVAL = 5
+# Each after the job recovered from the one before: steps outrun detection, so faults placed by step
+# alone would land in one another's recoveries.
 EACH_ROLE = (
     "kill-node:node=3,step=6",  # a rollout node
-    "kill-worker:rank=2,step=12",  # actor rank 1
-    "hang-worker:rank=5,step=18",  # the reward worker
-    "kill-node:node=5,step=22",  # the reference's node
-    "kill-node:node=0,step=26",  # the relay's node
+    "kill-worker:rank=2,step=12,after=recovery",  # actor rank 1
+    "hang-worker:rank=5,step=18,after=recovery",  # the reward worker
+    "kill-node:node=5,step=22,after=recovery",  # the reference's node
+    "kill-node:node=0,step=26,after=recovery",  # the relay's node
 )
 
 

@@ -75,7 +75,9 @@ class FaultInjector:
         by the caller; a role recovering alone keeps the job Running, so its incident is asked)."""
         if self._handled_at_last_fire is None:
             return True
-        return handled(state) > self._handled_at_last_fire and state.open_incident is None and not state.restarting_roles
+        return (
+            handled(state) > self._handled_at_last_fire and state.open_incident is None and not state.restarting_roles
+        )
 
     def _fire(self, fault: FaultSpec, state: JobState, workers: list) -> str | None:
         if fault.kind in _WORKER_SIGNALS:
