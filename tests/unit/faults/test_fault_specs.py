@@ -11,8 +11,8 @@ from support.controller_harness import spec_document
 
 from stalwart import worker_contract as contract
 from stalwart.faults import FaultKind, node_fault_env, parse_fault
-from stalwart.spec import parse_job
 from stalwart.faults.injector import FaultInjector
+from stalwart.spec import parse_job
 from stalwart.store.records import Heartbeat, JobStage, JobState, WorkerState, WorkerStatus
 
 
