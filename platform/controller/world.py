@@ -21,7 +21,9 @@ def commands(state: JobState) -> dict[str, tuple[int, AgentAction]]:
         return {n: (state.running_generation(n), AgentAction.RUN) for n in state.slots}
     replay = state.replay
     if stage in (JobStage.REPLAY_HORIZONTAL, JobStage.REPLAY_VERTICAL) and replay and replay.generation is not None:
-        return {n: (replay.generation, AgentAction.RUN) for g in replay.groups(stage) for n in g.nodes}
+        groups = {n: (replay.generation, AgentAction.RUN) for g in replay.groups(stage) for n in g.nodes}
+        # A role's replay: the other roles' nodes keep their command (their workers keep running).
+        return groups if replay.role is None else {**_recovering(state), **groups}
     if stage in (
         JobStage.RESTARTING,
         JobStage.CHECKING,
@@ -30,15 +32,18 @@ def commands(state: JobState) -> dict[str, tuple[int, AgentAction]]:
         JobStage.SUSPENDING,
         JobStage.SUSPENDED,
     ):
-        # Stop the old generation's workers (they may be stuck in a collective). A role-scoped
-        # recovery stops only its roles: the other roles' nodes keep their command, so their workers
-        # keep their processes.
-        stopping = set(state.restarting_slots())
-        return {
-            n: (state.running_generation(n), AgentAction.STOP if n in stopping else AgentAction.RUN)
-            for n in state.slots
-        }
+        return _recovering(state)
     return {}  # starting: nothing runs yet; finished: the loop shuts the agents down
+
+
+def _recovering(state: JobState) -> dict[str, tuple[int, AgentAction]]:
+    """Stop the old generation's workers (they may be stuck in a collective). A role-scoped
+    recovery stops only its roles: the other roles' nodes keep their command, so their workers
+    keep their processes."""
+    stopping = set(state.restarting_slots())
+    return {
+        n: (state.running_generation(n), AgentAction.STOP if n in stopping else AgentAction.RUN) for n in state.slots
+    }
 
 
 def wanted_nodes(state: JobState) -> set[str]:

@@ -114,6 +114,9 @@ class ReplayState(BaseModel):
     vertical: list[ReplayGroupRun]
     generation: int | None = None  # the generation running the current phase's groups
     started_at: float | None = None
+    # A multi-role job replays the failed role alone, on its own nodes and layout; the other roles
+    # keep running. None: the job's only role.
+    role: str | None = None
 
     def groups(self, stage: JobStage) -> list[ReplayGroupRun]:
         return self.vertical if stage is JobStage.REPLAY_VERTICAL else self.horizontal
@@ -146,6 +149,9 @@ class RoleState(BaseModel):
     infra_restarts: int = 0  # uncounted ones (machine faults, lost nodes, hangs)
     restarted: int = 0  # how often the role's workers were restarted, by its own failures or the job's
     incidents: list[str] = []  # the incidents this role's failures opened
+    # Role-scoped failures in a row that no check explained: at failurePolicy.replayAfter, the role
+    # alone is replayed.
+    unexplained_failures: int = 0
 
 
 class JobState(Record):
