@@ -150,11 +150,7 @@ def test_a_replay_group_is_a_smaller_copy_of_the_job() -> None:
     assert env[contract.DATA_CONFIG] == SERVICES.data_config  # it reads the job's data itself
 
 
-def test_warm_workers_are_sized_by_the_nodes_role() -> None:
-    roles = [
-        Role(name="relay", command=["python", "-m", "stalwart.rlhf.relay_server"]),
-        Role(name="actor", processes_per_node=2, command=["python", "actor.py"]),
-        Role(name="rollout", command=["python", "rollout.py"]),
-    ]
-    assert [warm_size(roles, r) for r in ("relay", "actor", "rollout")] == [0, 2, 1]
-    assert warm_size(roles) == 2  # a node whose role is not known yet
+def test_no_fork_server_for_a_job_whose_commands_cannot_be_forked() -> None:
+    relay = Role(name="relay", command=["python", "-m", "stalwart.rlhf.relay_server"])
+    roles = [relay, Role(name="actor", processes_per_node=2, command=["python", "actor.py"])]
+    assert warm_size(roles) == 2 and warm_size([relay]) == 0
