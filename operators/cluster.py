@@ -112,7 +112,7 @@ class KubernetesCluster(Cluster):
             total_pods=total,
         )
 
-    def start_node(self, name: str) -> None:
+    def start_node(self, name: str, role: str | None = None) -> None:
         try:
             manifest = self.pod_manifest(name)  # a dict body: the client sends it as it is
             self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)  # type: ignore[arg-type]

@@ -316,13 +316,7 @@ class Runtime:
             requests=requests,
         )
         if state is not None:
-            live = [
-                w.step
-                for n in state.slots
-                if (b := nodes.heartbeats.get(n)) and b.generation == state.generation
-                for w in b.workers
-                if w.step is not None
-            ]
+            live = [w.step for w in state.current_workers(nodes.heartbeats) if w.step is not None]
             if live and (status.current_step is None or max(live) > status.current_step):
                 status = status.model_copy(update={"current_step": max(live)})
         return Observed(status, state, incidents, requests)

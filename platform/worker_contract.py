@@ -69,6 +69,13 @@ DATALOADER_SHM = "STALWART_DATALOADER_SHM"  # the node's shadow loader segment
 # -- replay ----------------------------------------------------------------------------------------------
 REPLAY_STEPS = "STALWART_REPLAY_STEPS"  # a replay generation's workers stop, successfully, after this many
 
+# -- the RLHF data plane (stalwart.rlhf: a job with spec.dataPlane) ---------------------------------------
+ETCD = "STALWART_ETCD"  # HOST:PORT of the job's etcd, where the data-plane endpoints are
+DATAPLANE = "STALWART_DATAPLANE"  # the spec's dataPlane section, as JSON
+DATAPLANE_TOKEN = "STALWART_DATAPLANE_TOKEN"  # shared by the job's roles; the data plane's servers refuse others
+NODE_ADDRESS = "STALWART_NODE_ADDRESS"  # where this node's servers listen and are reached (the pod IP)
+ROLE_GENERATION = "STALWART_ROLE_GENERATION"  # the worker's role's own generation (multi-role jobs)
+
 # -- fault injection (tests and demos only; stalwart.faults.worker_faults reads it) ----------------------
 FAULT_HOOKS = "STALWART_FAULT_HOOKS"
 
@@ -93,6 +100,11 @@ STALWART = (
     DATA_MICRO_BATCH,
     DATALOADER_SHM,
     REPLAY_STEPS,
+    ETCD,
+    DATAPLANE,
+    DATAPLANE_TOKEN,
+    NODE_ADDRESS,
+    ROLE_GENERATION,
     FAULT_HOOKS,
 )
 

@@ -9,7 +9,8 @@ contract (stalwart.rlhf.contract: STALWART_JOB, STALWART_ETCD, STALWART_DATAPLAN
    referenced (it waits for them);
 3. GRPO: advantages relative to each prompt's group, a clipped ratio against the rollout's
    log-probabilities, a KL penalty against the reference; DDP averages the gradients;
-4. rank 0 writes the step to the ledger, moves the relay's watermark and publishes the new weights.
+4. rank 0 writes the step to the ledger and publishes the new weights; every rank moves the relay's
+   watermark (and says who the actor is to a relay that restarted: any rank may reach it first).
 
 Checkpoints (stalwart.checkpoint) hold the model, the optimizer, the RNG, the loader's position and
 the relay cursor (watermark and lineage), so a restarted actor resumes exactly: each prompt of an
@@ -54,9 +55,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kl", type=float, default=0.02, help="weight of the KL penalty against the reference")
     parser.add_argument("--clip", type=float, default=0.2, help="PPO clip range of the importance ratio")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompts", type=Path, default=Path("data/rlhf-prompts.stok"), help="prompt shard")
+    parser.add_argument(
+        "--prompts", type=Path, default=None, help="prompt shard (default: data/rlhf-prompts.stok in the run folder)"
+    )
     parser.add_argument("--num-prompts", type=int, default=8192, help="prompts in the shard (one epoch)")
-    parser.add_argument("--ledger", type=Path, default=Path("ledger/actor.jsonl"))
+    parser.add_argument(
+        "--ledger",
+        type=Path,
+        default=None,
+        help="default: ledger/actor.jsonl in the run folder (beside the checkpoints)",
+    )
     parser.add_argument("--checkpoint-interval", type=int, default=None, help="default: the job's, else 10")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos)")
     parser.add_argument(
@@ -67,7 +75,12 @@ def parse_args() -> argparse.Namespace:
         "(no file: run free), so a fault can be injected at a known step without racing the run",
     )
     args = parser.parse_args()
-    args.prompts = args.prompts.resolve()  # the ledger's data config must name it from anywhere
+    # Under `stalwart run` the checkpoints live in the run folder: the ledger and the prompts go there
+    # too, so that two runs never share (or append to) one ledger.
+    uri = os.environ.get("STALWART_CHECKPOINT_URI", "")
+    run_dir = Path(uri).parent if uri and "://" not in uri else Path(".")
+    args.ledger = args.ledger or run_dir / "ledger" / "actor.jsonl"
+    args.prompts = (args.prompts or run_dir / "data" / "rlhf-prompts.stok").resolve()  # named from anywhere
     return args
 
 
@@ -122,7 +135,7 @@ def main() -> None:
         )
         publisher = WeightPublisher(ctx).start()
         publisher.publish(WeightVersion(incarnation=incarnation[0], step=start), model.module.state_dict())
-        relay.resume(cursor.lineage, cursor.watermark)
+    relay.resume(cursor.lineage, cursor.watermark)  # every rank: any may be first at a new relay
     dist.barrier()  # no rank takes before the relay knows this incarnation
     log.info("actor started", fields={"resumed_from": start, "steps": args.steps, "world": world})
 
@@ -173,8 +186,8 @@ def main() -> None:
                     versions=sorted({v for g in gathered for v in g[3]}),
                 )
             )
-            relay.advance(cursor.watermark)
             publisher.publish(WeightVersion(incarnation=incarnation[0], step=step), model.module.state_dict())
+        relay.advance(cursor.watermark)  # every rank, so each can tell a new relay where the actor is
         step_time = time.perf_counter() - t0
         # No loss: a policy-gradient loss hovers around zero and changes sign, so the loss-spike
         # detector would read noise as spikes (the NaN check is above).

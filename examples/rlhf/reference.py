@@ -13,6 +13,7 @@ import torch
 from policy import answer_logprobs, build_policy
 
 from stalwart import logs
+from stalwart.agents.worker_sdk import report_work
 from stalwart.rlhf.contract import DataPlaneContext
 from stalwart.rlhf.messages import Group, Stage
 from stalwart.rlhf.relay_client import RelayClient
@@ -32,6 +33,7 @@ def main() -> None:
     relay = RelayClient(ctx, f"reference-{rank}")
 
     def anchor(groups: list[Group]) -> list[Group]:
+        report_work(len(groups))
         prompts = torch.tensor([g.prompt.tokens for g in groups for _ in g.samples])
         answers = torch.tensor([s.tokens for g in groups for s in g.samples])
         with torch.no_grad():

@@ -12,6 +12,7 @@ import os
 import task
 
 from stalwart import logs
+from stalwart.agents.worker_sdk import report_work
 from stalwart.rlhf.contract import DataPlaneContext
 from stalwart.rlhf.messages import Group, Stage
 from stalwart.rlhf.relay_client import RelayClient
@@ -28,6 +29,7 @@ def main() -> None:
     relay = RelayClient(ctx, f"reward-{rank}")
 
     def score(groups: list[Group]) -> list[Group]:
+        report_work(len(groups))
         return [
             Group(**{**g.model_dump(), "rewards": [task.reward(g.prompt.tokens, s.tokens) for s in g.samples]})
             for g in groups

@@ -15,6 +15,7 @@ import torch
 from policy import build_policy, generate
 
 from stalwart import logs
+from stalwart.agents.worker_sdk import report_work
 from stalwart.rlhf.connection import ChannelFinished, DataPlaneUnavailable
 from stalwart.rlhf.contract import DataPlaneContext
 from stalwart.rlhf.messages import Group, Sample, Stage
@@ -63,6 +64,7 @@ def main() -> None:
             break
         if reply.status != "ok":
             continue  # "empty": nothing to do with these weights within the lease's wait
+        report_work(len(reply.prompts))
         prompts = torch.tensor([p.tokens for p in reply.prompts])
         answers, logprobs = generate(policy, prompts, args.group, generator)
         groups = [

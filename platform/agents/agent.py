@@ -22,6 +22,7 @@ import socket
 import time
 from pathlib import Path
 
+from stalwart import worker_contract as contract
 from stalwart.agents.agent_state import AgentState, check_transition
 from stalwart.agents.check_duty import CheckDuty
 from stalwart.agents.checkpoint_token import CheckpointToken
@@ -35,7 +36,7 @@ from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.agents.reports import OnDemandReports
 from stalwart.agents.saved_checkpoints import SavedCheckpoints, without_secrets
 from stalwart.agents.standby import StandbyDuty
-from stalwart.agents.warm_pool import WarmPool
+from stalwart.agents.warm_pool import WarmPool, warm_size
 from stalwart.agents.workers import WorkerGroup
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
@@ -95,7 +96,7 @@ class NodeAgent:
         self._beat_workers: list[WorkerStatus] = []
         self.saves = SavedCheckpoints()  # committed saves the ranks reported, for the job's catalog
         self._beat_saves: list[SavedCheckpoint] = []
-        self.address = os.environ.get("STALWART_NODE_ADDRESS", "127.0.0.1")
+        self.address = os.environ.get(contract.NODE_ADDRESS, "127.0.0.1")
         self.node_dir = workdir / "nodes" / node
         self.inbox = ProgressInbox()
         self.metrics = MetricsExporter(job, node)
@@ -107,7 +108,7 @@ class NodeAgent:
             self.job, job_dir, node, self.address, self.node_dir, self.log, self.checkpoint_token.get
         )
         self.warm = WarmPool(
-            max(r.processes_per_node for r in self.job.spec.roles),
+            warm_size(self.job.spec.roles),
             enabled=self.ft.warm_workers,
             log=self.node_dir / "fork-server.log",
         )
@@ -358,6 +359,9 @@ class NodeAgent:
             checkpoint_token=self.checkpoint_token.get() if memory else None,
             shadow_segment=self.data_plane.shadow_segment,
             data_config=self.data_plane.data_config_json,
+            etcd=self.store.endpoint,
+            address=self.address,
+            dataplane_token=self.checkpoint_token.get() if self.job.spec.data_plane is not None else "",
         )
         peer = memory_peer(self.node, topology) if services.memory_uri else None
         try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from stalwart import worker_contract as contract
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup
+from stalwart.rlhf.contract import dataplane_env
 from stalwart.spec import PathConfinement, Role, TrainingJob
 from stalwart.store.records import Assignment, NodeAssignment
 
@@ -31,6 +32,9 @@ class NodeServices:
     checkpoint_token: str | None = None  # what the memory stores ask of their callers
     shadow_segment: str | None = None  # the node's shadow data loader
     data_config: str | None = None  # the loader's DataConfig as JSON (with absolute shard paths)
+    etcd: str | None = None  # HOST:PORT of the job's etcd (RLHF roles find the data plane there)
+    address: str = "127.0.0.1"  # where this node's servers listen and are reached
+    dataplane_token: str = ""  # the job's data-plane token (RLHF roles)
     bin_dir: str = str(Path(sys.executable).parent)  # workers find `python` and our tools here
 
 
@@ -41,18 +45,21 @@ def replay_scratch_uri(checkpoint_uri: str, generation: int, group: str) -> str:
 
 
 def torchrun_env(assignment: Assignment, node: NodeAssignment, local_rank: int) -> dict[str, str]:
-    """The environment torchrun gives a worker, so an unmodified torchrun-style script runs."""
+    """The environment torchrun gives a worker, so an unmodified torchrun-style script runs. A role
+    that is its own world (multi-role jobs) counts ranks, node ranks and restarts within the role."""
+    first = node.first_rank if node.role_first_rank is None else node.role_first_rank
+    generation = assignment.generation if node.role_generation is None else node.role_generation
     return {
-        contract.RANK: str(node.first_rank + local_rank),
+        contract.RANK: str(first + local_rank),
         contract.LOCAL_RANK: str(local_rank),
         contract.WORLD_SIZE: str(node.world_size or assignment.world_size),
         contract.LOCAL_WORLD_SIZE: str(node.local_world_size),
-        contract.GROUP_RANK: str(node.node_rank),
+        contract.GROUP_RANK: str(node.node_rank if node.role_node_rank is None else node.role_node_rank),
         contract.ROLE_NAME: node.role,
         contract.MASTER_ADDR: node.master_addr or assignment.master_addr,
         contract.MASTER_PORT: str(node.master_port or assignment.master_port),
         contract.RUN_ID: assignment.job,
-        contract.RESTART_COUNT: str(max(0, assignment.generation - 1)),
+        contract.RESTART_COUNT: str(max(0, generation - 1)),
     }
 
 
@@ -123,6 +130,11 @@ def worker_env(
             env[contract.RESUME_MAX_STEP] = str(assignment.resume_max_step)
         if services.shadow_segment:
             env[contract.DATALOADER_SHM] = services.shadow_segment
+    if node.role_generation is not None:
+        env[contract.ROLE_GENERATION] = str(node.role_generation)
+    if spec.data_plane is not None:
+        env[contract.NODE_ADDRESS] = services.address
+        env.update(dataplane_env(assignment.job, services.etcd or "", spec.data_plane, services.dataplane_token))
     if services.data_config is not None and spec.data is not None:
         env[contract.DATA_CONFIG] = services.data_config
         env[contract.DATA_MICRO_BATCH] = str(spec.data.micro_batch)

@@ -19,6 +19,7 @@ from typing import IO
 
 from stalwart.agents.warm_start import LaunchRequest, warm_eligible
 from stalwart.processes import AdoptedProcess, ChildProcess, become_subreaper, spawn, stop_process
+from stalwart.spec import Role
 
 RESTART_DELAY_SECONDS = 3.0
 # A launch waits this long for the server to finish its imports: a cold worker would spend the same
@@ -33,6 +34,12 @@ IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV_PREFIXES)}
+
+
+def warm_size(roles: list[Role]) -> int:
+    """The most workers a node of this job starts whose command can be forked from the server; 0
+    (no server, no torch import for nothing) when no role's can, e.g. a relay's `python -m ...`."""
+    return max((r.processes_per_node for r in roles if warm_eligible(r.command)), default=0)
 
 
 class WarmPool:

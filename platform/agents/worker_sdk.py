@@ -194,6 +194,15 @@ def report_step(
     _end_replay_if_done()
 
 
+def report_work(done: int) -> None:
+    """A worker that does not step (an RLHF rollout, reward or reference worker) marks each unit of
+    work as it takes it on. No progress report goes out: its pace is its upstream's, so silence is not
+    a hang (the relay tells the controller when one holds work too long). Injected faults reach it
+    here as they reach a trainer at its steps."""
+    install()
+    fault_hooks.at_step(done)
+
+
 def _end_replay_if_done() -> None:
     """A replay generation's workers stop, successfully, after the steps the controller asked for."""
     steps = contract.int_var(contract.REPLAY_STEPS)

@@ -91,7 +91,7 @@ def read_logs(
     beats = read_nodes(store, job).heartbeats
     for node in silent:
         beat = beats.get(node)
-        for ws in beat.workers if beat and beat.generation == state.generation else []:
+        for ws in beat.workers if beat and beat.generation == state.running_generation(node) else []:
             if (rank is None or ws.rank == rank) and ws.log_tail and ws.rank not in found:
                 found[ws.rank] = RankOutput(
                     rank=ws.rank, node=node, source="heartbeat", exit_code=ws.exit_code, lines=ws.log_tail[-lines:]

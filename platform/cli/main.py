@@ -52,7 +52,8 @@ def run(
             help="Inject a fault, e.g. kill-worker:rank=1,step=20, kill-node:node=1,step=30, "
             "kill-controller:step=25, hang-worker:rank=1,step=20, slow-worker:rank=3,step=20, "
             "slow-data:rank=5,step=20,seconds=1, bad-node:node=1, pause-etcd:step=20,seconds=10, "
-            "kill-etcd:step=20,seconds=5. Repeatable.",
+            "kill-etcd:step=20,seconds=5. Repeatable; add after=recovery to fire only once the job "
+            "recovered from the faults fired before it.",
         ),
     ] = None,
     workdir: Annotated[
@@ -99,11 +100,6 @@ def run(
         faults = [parse_fault(f) for f in inject or []]
     except (SpecError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    if job.spec.data_plane is not None:  # until the runtime gives each role its own world
-        raise _fail(
-            f"{job_file}: this job has a dataPlane (RLHF roles, each its own world), which the local "
-            "runtime cannot run yet; see docs/rlhf.md, 'Runtime integration'"
-        )
     workdir = workdir or Path(".stalwart/runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         local = LocalRun(

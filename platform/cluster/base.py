@@ -22,8 +22,9 @@ class PreflightVerdict(BaseModel):
 
 class Cluster(ABC):
     @abstractmethod
-    def start_node(self, name: str) -> None:
-        """Bring up a node running the agent for this job; it registers itself in etcd."""
+    def start_node(self, name: str, role: str | None = None) -> None:
+        """Bring up a node running the agent for this job; it registers itself in etcd. `role`: the
+        role it serves (a backend with a template per role uses that role's)."""
 
     @abstractmethod
     def stop_node(self, name: str) -> None:

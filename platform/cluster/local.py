@@ -55,7 +55,7 @@ class LocalCluster(Cluster):
         except psutil.Error:
             return False
 
-    def start_node(self, name: str) -> None:
+    def start_node(self, name: str, role: str | None = None) -> None:
         node_dir = self._node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
         argv = [

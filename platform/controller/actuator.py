@@ -53,8 +53,8 @@ class Actuator:
             command = AgentCommand(generation=effect.generation, action=effect.action, issued_at=self.clock.time())
             self.store.put(keys.node_command(self.job, effect.node), command)
         elif isinstance(effect, StartNode):
-            log.info("starting node", fields={"node": effect.node, "standby": effect.standby})
-            self.cluster.start_node(effect.node)
+            log.info("starting node", fields={"node": effect.node, "standby": effect.standby, "role": effect.role})
+            self.cluster.start_node(effect.node, role=effect.role)
         elif isinstance(effect, StopNode):
             self._stop_in_background(effect.node, log)
         elif isinstance(effect, CordonNode):

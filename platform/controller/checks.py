@@ -17,7 +17,7 @@ from stalwart.controller.work import NodeChecks, WorkResult
 from stalwart.spec import TrainingJobSpec
 from stalwart.spec.model import FailureAction
 from stalwart.store import keys
-from stalwart.store.records import FailureClass, Incident, JobStage
+from stalwart.store.records import FailureClass, Incident, JobStage, JobState, RoleState
 
 MAX_PREFLIGHT_ROUNDS = 3
 REPLAY_RECENT_SECONDS = 3600.0  # failures further apart than this do not add up towards a replay
@@ -38,8 +38,9 @@ def preflight_checks(plan: Plan, obs: Observation) -> NodeChecks:
 
 
 def stop_time_checks(plan: Plan, obs: Observation) -> NodeChecks:
+    """The nodes the recovery restarts (a role-scoped one: its roles' alone; the others keep running)."""
     state = plan.state
-    return NodeChecks("stop-time", str(state.generation), tuple(state.slots), check_procs(obs.spec.spec))
+    return NodeChecks("stop-time", str(state.generation), tuple(state.restarting_slots()), check_procs(obs.spec.spec))
 
 
 def on_preflight(plan: Plan, obs: Observation, result: WorkResult, job: str, new_id: NewId) -> Needs | None:
@@ -128,23 +129,27 @@ def on_stop_time_checks(plan: Plan, obs: Observation, result: WorkResult, job: s
 
 def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> None:
     """A failure the checks cannot explain counts towards a replay; one that recurs within the hour
-    counts on top of the last (a job that ran well for longer starts the count again)."""
+    counts on top of the last (a job that ran well for longer starts the count again). A multi-role
+    job's failure that stays in one role counts in that role's books, and replays that role alone."""
     state, policy = plan.state, spec.failure_policy
+    role = state.restarting_roles[0] if len(spec.roles) > 1 and len(state.restarting_roles) == 1 else None
+    books: JobState | RoleState = state.roles[role] if role is not None else state
     if explained:
-        state.unexplained_failures = 0
+        books.unexplained_failures = 0
         return
-    ran = plan.now - (state.generation_started_at or plan.now)
-    state.unexplained_failures = 1 if ran > REPLAY_RECENT_SECONDS else state.unexplained_failures + 1
-    if not policy.replay_after or state.unexplained_failures < policy.replay_after:
+    ran = plan.now - (books.generation_started_at or plan.now)
+    books.unexplained_failures = 1 if ran > REPLAY_RECENT_SECONDS else books.unexplained_failures + 1
+    if not policy.replay_after or books.unexplained_failures < policy.replay_after:
         return
-    why_not = replayable(spec, state.slots)
+    why_not = replayable(spec, state.slots, role)
     if why_not:
         plan.log("warning", "failures keep coming with nothing to blame, and the job cannot be replayed", why=why_not)
         return
-    state.replay = plan_replay(spec, state.slots)
+    state.replay = plan_replay(spec, state.slots, role)
     plan.log(
         "warning",
         "failures keep coming with nothing to blame; dual-phase replay",
-        failures=state.unexplained_failures,
+        failures=books.unexplained_failures,
         vertical=[g.nodes for g in state.replay.vertical],
+        **({"role": role} if role else {}),
     )

@@ -23,13 +23,12 @@ from stalwart.controller.detectors.base import (
     RequestFinding,
     View,
 )
-from stalwart.controller.eviction import new_node
+from stalwart.controller.eviction import new_node, top_up_standbys
 from stalwart.controller.generation import start_generation
 from stalwart.controller.ladder import fail, handle
 from stalwart.controller.observation import Observation
-from stalwart.controller.progress import note_progress, track
-from stalwart.controller.ranks import slot_roles
-from stalwart.controller.standby_pool import standbys_for
+from stalwart.controller.progress import note_job_resumed, note_progress, track
+from stalwart.controller.ranks import role_states, slot_roles
 from stalwart.controller.transitions import Trigger
 from stalwart.store import keys
 from stalwart.store.records import Incident, JobStage, JobState
@@ -69,6 +68,7 @@ class ReconcileCore:
         if obs.state.stage.terminal:
             return plan.decision()
         view = View.of(obs, obs.state)
+        note_job_resumed(plan, view.workers, obs.incident, self.job)
         reports = [(d, d.look(view)) for d in self.detectors if obs.state.stage in d.stages]
         needs = Needs()
         for _, report in reports:
@@ -179,7 +179,11 @@ class ReconcileCore:
             return None
         if not all(s in obs.registrations for s in state.slots):
             return None
-        still = [n for n in state.slots if (b := obs.beats.get(n)) and any(w.exit_code is None for w in b.workers)]
+        still = [
+            n
+            for n in state.restarting_slots()
+            if (b := obs.beats.get(n)) and any(w.exit_code is None for w in b.workers)
+        ]
         if still:
             return None  # the checks need the machines to themselves
         plan.effect(Launch(work))
@@ -222,16 +226,17 @@ class ReconcileCore:
         spec = obs.spec.spec
         count = len(slot_roles(spec))
         slots = [f"node-{i}" for i in range(count)]
-        standbys = [f"node-{count + i}" for i in range(standbys_for(spec.standbys, count))]
         state = JobState(
             job=self.job,
             slots=slots,
-            standbys=standbys,
-            next_node_index=count + len(standbys),
+            next_node_index=count,
             code_version=spec.code_version,
             created_at=obs.now,
             updated_at=obs.now,
+            roles=role_states(spec),
         )
+        top_up_standbys(state, spec)
+        standbys = state.standbys
         plan = Plan(state, 0, obs.now, new=True)
         plan.begin()
         plan.log("info", "job created", slots=slots, standbys=standbys)
@@ -245,6 +250,10 @@ class ReconcileCore:
             return False
         dead = [s for s in state.slots if s in known and not known[s].alive and s not in obs.registrations]
         for slot in dead:
+            role = state.role_of(slot)
+            if state.restarting_roles and role is not None and role not in state.restarting_roles:
+                state.restarting_roles = [r for r in state.roles if r in {*state.restarting_roles, role}]
+                plan.log("warning", "a node of a running role died during a role's recovery", role=role)
             replacement = new_node(state)
             state.slots = [replacement if s == slot else s for s in state.slots]
             plan.log("warning", "node died before joining; replacing it", node=slot, replacement=replacement)

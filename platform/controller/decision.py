@@ -30,6 +30,7 @@ class SendCommand:
 class StartNode:
     node: str
     standby: bool = False
+    role: str | None = None  # the role it serves (a standby waits for that role's nodes only)
 
 
 @dataclass(frozen=True)

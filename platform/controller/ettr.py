@@ -5,7 +5,11 @@ Window: from the job's first training step to its end (or now), optionally narro
 user's choice, neither productive nor the platform's fault). Unproductive time in it is each
 incident's downtime (failure to first step after recovery) clipped to the window and outside any
 suspension, plus the work it made the job redo (steps between the restored checkpoint and the
-failure, at the mean step time).
+failure, at the mean step time). A role-scoped incident (an RLHF rollout that died while the actor
+trained on) costs the job only until the roles that kept running stepped again.
+
+Per role (multi-role jobs): how often each role failed, how long until the job stepped again with
+the role back (its MTTR), and its share of the job's downtime.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def compute_ettr(
     for inc in incidents:
         if inc.failed_at < state.first_step_at or inc.failed_at >= end:
             continue
-        down_end = inc.first_step_at if inc.first_step_at is not None else end
+        down_end = inc.failed_at + inc.downtime if inc.downtime is not None else end
         downtime += _outside(max(inc.failed_at, start), min(down_end, end), state.suspensions, now)
         if inc.failed_at >= start:
             lost += inc.lost_work_seconds
@@ -90,6 +94,36 @@ def mttr_by_class(
                 mttr_seconds=mean(downs) if downs else None,
                 mean_detect_seconds=mean(i.detected_at - i.failed_at for i in incs),
                 downtime_seconds=sum(downs),
+            )
+        )
+    return out
+
+
+class RoleMttr(BaseModel):
+    role: str
+    incidents: int
+    recovered: int
+    role_scoped: int  # restarted that role alone
+    mttr_seconds: float | None  # mean failure-to-first-step after the role's restart
+    downtime_seconds: float  # the job's downtime these incidents caused
+
+
+def mttr_by_role(incidents: list[Incident]) -> list[RoleMttr]:
+    """Per role that failed (incidents with no role are the job's)."""
+    groups: dict[str, list[Incident]] = defaultdict(list)
+    for inc in incidents:
+        groups[inc.role or "(job)"].append(inc)
+    out = []
+    for role, incs in sorted(groups.items()):
+        recoveries = [r for i in incs if (r := i.recovery) is not None]
+        out.append(
+            RoleMttr(
+                role=role,
+                incidents=len(incs),
+                recovered=len(recoveries),
+                role_scoped=sum(1 for i in incs if i.scope == "Role"),
+                mttr_seconds=mean(recoveries) if recoveries else None,
+                downtime_seconds=sum(d for i in incs if (d := i.downtime) is not None),
             )
         )
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from stalwart.controller.decision import Plan
-from stalwart.controller.standby_pool import standbys_for
+from stalwart.controller.standby_pool import role_standbys
 from stalwart.spec import TrainingJobSpec
 from stalwart.store import keys
 from stalwart.store.records import Cordon, Incident, JobState
@@ -43,16 +43,23 @@ def evict(
         plan.put(keys.cordon(node), Cordon(node=node, reason=reason, incident=incident.id, cordoned_at=plan.now))
         if node in state.standbys:
             state.standbys.remove(node)
+            state.standby_roles.pop(node, None)
             continue
         if node not in state.slots:
             continue
+        role = state.role_of(node)
         ready = sorted(
-            (s for s in state.standbys if s not in exclude and s not in nodes),
+            (
+                s
+                for s in state.standbys
+                if s not in exclude and s not in nodes and (role is None or state.standby_roles.get(s, role) == role)
+            ),
             key=lambda s: (s not in state.standbys_checked, s not in registered),
         )
         if ready:
             replacement = ready[0]
             state.standbys.remove(replacement)
+            state.standby_roles.pop(replacement, None)
         else:
             replacement = new_node(state)
         state.slots = [replacement if s == node else s for s in state.slots]
@@ -62,6 +69,15 @@ def evict(
 
 
 def top_up_standbys(state: JobState, spec: TrainingJobSpec) -> None:
-    target = standbys_for(spec.standbys, len(state.slots))
-    while len(state.standbys) < target:
-        state.standbys.append(new_node(state))
+    """Each role's pool back to its target; a new standby is started for one role only. (A standby
+    of a state written before roles had pools is counted towards the first role that lacks one.)"""
+    targets = role_standbys(spec)
+    for node in state.standbys:
+        if node not in state.standby_roles:
+            short = [r for r, n in targets.items() if sum(1 for v in state.standby_roles.values() if v == r) < n]
+            state.standby_roles[node] = short[0] if short else spec.roles[0].name
+    for role, target in targets.items():
+        while sum(1 for v in state.standby_roles.values() if v == role) < target:
+            node = new_node(state)
+            state.standbys.append(node)
+            state.standby_roles[node] = role

@@ -15,6 +15,7 @@ from stalwart.controller.detectors.base import Failure, View
 from stalwart.controller.eviction import evict, new_node
 from stalwart.controller.policy import Counters, count, decide
 from stalwart.controller.progress import note_progress
+from stalwart.controller.scope import role_scope, roles_of
 from stalwart.controller.transitions import Trigger
 from stalwart.spec.model import FailureAction, FailureEvent, RecoveryMode
 from stalwart.store import keys
@@ -67,6 +68,8 @@ def handle(plan: Plan, failure: Failure, view: View, job: str, new_id: NewId) ->
     failure.incident = incident.id
     if incident.node is None and what.rank is not None:
         incident.node = view.owners.get(what.rank)
+    failed_roles = roles_of(state, [*what.suspects, *([incident.node] if incident.node else [])])
+    incident.role = failed_roles[0] if failed_roles else None
     for node, (lease, why) in failure.fence.items():
         plan.effect(FenceNode(node, lease, why))
     fields = {"incident": incident.id, "event": what.event.value, "action": decision.action.value}
@@ -107,11 +110,23 @@ def handle(plan: Plan, failure: Failure, view: View, job: str, new_id: NewId) ->
         state.slots = [new_node(state) for _ in state.slots]
         actions.append("requeue: relaunch every node")
     else:
-        actions.append("restart the workers in place")
+        scoped = role_scope(failed_roles, spec)
+        state.restarting_roles = scoped
+        incident.scope = "Role" if scoped else "Job"
+        where = f"the {', '.join(scoped)} role{'s' if len(scoped) > 1 else ''} only" if scoped else "every role"
+        actions.append(
+            f"restart the workers in place ({where})" if len(spec.roles) > 1 else "restart the workers in place"
+        )
     incident.action = "; ".join(actions)
     counters = count(Counters(state.restarts, state.user_code_failures), decision)
+    spent = counters.restarts - state.restarts
     state.restarts, state.user_code_failures = counters.restarts, counters.user_code_failures
     state.infra_restarts += 0 if decision.counted else 1
+    for name in failed_roles or [spec.roles[0].name]:
+        if (role := state.roles.get(name)) is not None:
+            role.restarts += spent
+            role.infra_restarts += 0 if decision.counted else 1
+            role.incidents = [*role.incidents, incident.id]
     note_progress(plan, workers, force=True)
     state.open_incident = incident.id
     plan.put(keys.incident(job, incident.id), incident)

@@ -24,6 +24,7 @@ from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentCommand,
     CheckpointEntry,
+    DataPlaneHealth,
     Heartbeat,
     Incident,
     JobStage,
@@ -70,6 +71,7 @@ class Observation:
     etcd_back_at: float | None = None  # when etcd last answered again after this controller lost it
     catalog: Mapping[int, CheckpointEntry] = field(default_factory=dict)  # the job's checkpoint catalog, by step
     incidents: Mapping[str, Incident | None] = field(default_factory=dict)  # read when asked for (None: gone)
+    dataplane: DataPlaneHealth | None = None  # the RLHF relay's word on its workers (jobs with a dataPlane)
 
     def satisfies(self, needs: Needs) -> bool:
         return (
@@ -134,6 +136,9 @@ class Observer:
             results=dict(results),
             in_flight=in_flight,
             catalog=self._catalog() if state is not None and not state.stage.terminal else {},
+            dataplane=self.store.get(keys.dataplane_health(self.job), DataPlaneHealth)
+            if spec.spec.data_plane is not None
+            else None,
         )
         interval = spec.spec.fault_tolerance.heartbeat_interval_seconds
         if state is not None and (state.stage in LISTED_EVERY_TICK or now - self._listed_at >= interval):

@@ -34,6 +34,7 @@ def apply_standby_checks(plan: Plan, view: View) -> None:
 def drop(plan: Plan, node: str, why: str) -> None:
     state = plan.state
     state.standbys.remove(node)
+    state.standby_roles.pop(node, None)
     state.evicted.append(node)
     plan.put(keys.cordon(node), Cordon(node=node, reason=f"standby {why}"[:300], cordoned_at=plan.now))
     plan.log("warning", "dropping a standby", node=node, why=why)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from stalwart.controller.decision import Plan
 from stalwart.store import keys
-from stalwart.store.records import Incident, WorkerStatus
+from stalwart.store.records import Incident, JobStage, WorkerStatus
 
 PROGRESS_PERSIST_SECONDS = 5.0  # step and loss are copied into the state this often, not every step
 
@@ -44,7 +44,10 @@ def track(plan: Plan, workers: Sequence[WorkerStatus], incident: Incident | None
         state.resume_max_step = None  # a checkpoint newer than the rollback point exists: it is good
     if state.open_incident is None:
         return
-    if incident is not None and incident.first_step_at is None:
+    if incident is not None and incident.scope == "Role":
+        if incident.first_step_at is None and not _role_recovered(plan, workers, incident, job):
+            return  # the job stepped, but the restarted role is not back yet
+    elif incident is not None and incident.first_step_at is None:
         incident = incident.model_copy(deep=True)
         first = min(stepped, key=lambda w: w.first_step_at or 0.0)
         rank0 = next((w for w in stepped if w.rank == 0), first)
@@ -60,3 +63,59 @@ def track(plan: Plan, workers: Sequence[WorkerStatus], incident: Incident | None
             downtime=incident.downtime,
         )
     state.open_incident = None
+
+
+def _resumed_by_survivors(workers: Sequence[WorkerStatus], incident: Incident) -> float | None:
+    """When workers that kept running through a role-scoped failure were first seen stepping after
+    it (as heartbeats tell it: within a heartbeat interval of the step)."""
+    after = [
+        w.last_progress_at
+        for w in workers
+        if w.first_step_at is not None
+        and w.first_step_at < incident.failed_at
+        and w.last_progress_at is not None
+        and w.last_progress_at > incident.failed_at
+    ]
+    return min(after) if after else None
+
+
+def note_job_resumed(plan: Plan, workers: Sequence[WorkerStatus], incident: Incident | None, job: str) -> None:
+    """While a role-scoped recovery is under way: the moment the roles that kept running stepped
+    again (an actor training on with what the relay holds), which ends the job's own downtime."""
+    if plan.state.stage is JobStage.RUNNING or incident is None or incident.scope != "Role":
+        return  # running: track() records it with the rest
+    if incident.job_resumed_at is None and (at := _resumed_by_survivors(workers, incident)) is not None:
+        incident = incident.model_copy(deep=True)
+        incident.job_resumed_at = at
+        plan.put(keys.incident(job, incident.id), incident)
+
+
+def _role_recovered(plan: Plan, workers: Sequence[WorkerStatus], incident: Incident, job: str) -> bool:
+    """A role-scoped incident ends at the job's first step after the role's restart: the restarted
+    workers' own first step, or a step of the roles that kept running (an RLHF rollout does not
+    step; the actor stepping again with it back does)."""
+    restarted = incident.restarted_at
+    if restarted is None:
+        return False
+    firsts = [
+        (w.first_step_at, w.first_step, w)
+        for w in workers
+        if w.first_step_at is not None and w.first_step_at >= restarted
+    ] + [
+        (w.last_progress_at, w.step, w)
+        for w in workers
+        if w.first_step_at is not None
+        and w.first_step_at < restarted
+        and w.last_progress_at is not None
+        and w.last_progress_at >= restarted
+    ]
+    if not firsts:
+        return False
+    at, step, first = min(firsts, key=lambda f: f[0] or 0.0)
+    incident = incident.model_copy(deep=True)
+    incident.job_resumed_at = incident.job_resumed_at or _resumed_by_survivors(workers, incident)
+    incident.first_step_at, incident.resumed_step = at, step
+    incident.loss_after = first.first_loss if first.first_step_at == at else first.loss
+    plan.put(keys.incident(job, incident.id), incident)
+    plan.log("info", "role recovered", incident=incident.id, role=incident.role, downtime=incident.downtime)
+    return True

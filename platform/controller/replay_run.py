@@ -9,6 +9,11 @@ This module turns a phase of the plan into a generation whose nodes run in indep
 replicas, a few steps from scratch), judges each group from the agents' heartbeats, and reads the
 faulty node off the two failing groups.
 
+In a multi-role job each role is its own world, so a failure that stays in one role
+(`restartScope: Role`) is replayed within that role: its own nodes, its own layout, groups that are
+smaller copies of the role, while the other roles keep their processes. A job with a data plane is
+not replayed: its roles' workers would run against the live relay and weights channel.
+
 A group's nodes are kept in rank order (stage-major: stage 0 of each of its pipelines, then stage
 1, ...), so node i of a group holds ranks i x processesPerNode.. of the group's own layout. A group
 that is the whole job (plain data parallelism on few nodes) has just failed and is not run again.
@@ -19,28 +24,52 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from stalwart.spec import TrainingJobSpec
+from stalwart.spec import Role, TrainingJobSpec
 from stalwart.spec.topology import MachineGrid, Topology, stage_major
 from stalwart.store.records import Assignment, Heartbeat, NodeAssignment, ReplayGroupRun, ReplayState
 
 WHOLE_JOB = "the whole job (it has just failed with nothing to blame)"
 
 
-def machine_grid(spec: TrainingJobSpec, slots: list[str]) -> MachineGrid:
-    """The job's nodes as pipeline stages x data-parallel blocks (ValueError says why not)."""
-    procs = spec.roles[0].processes_per_node
-    rank_nodes = {i * procs + j: node for i, node in enumerate(slots) for j in range(procs)}
-    return Topology.from_spec(spec, rank_nodes).machine_grid()
+def _role(spec: TrainingJobSpec, role: str | None) -> Role:
+    return spec.roles[0] if role is None else next(r for r in spec.roles if r.name == role)
 
 
-def replayable(spec: TrainingJobSpec, slots: list[str]) -> str | None:
-    """Why this job cannot be replayed, or None."""
-    if len(spec.roles) != 1:
-        return "replay needs a single-role job (its groups are smaller copies of it)"
-    if len(slots) < 2:
-        return "replay needs at least two nodes"
+def rank_nodes(spec: TrainingJobSpec, slots: list[str]) -> dict[int, str]:
+    """Job-wide rank -> node: the roles in spec order on consecutive slots (as ranks.assign lays them)."""
+    out: dict[int, str] = {}
+    nodes = iter(slots)
+    for role in spec.roles:
+        for _ in range(role.replicas):
+            node = next(nodes)
+            for _ in range(role.processes_per_node):
+                out[len(out)] = node
+    return out
+
+
+def machine_grid(spec: TrainingJobSpec, slots: list[str], role: str | None = None) -> MachineGrid:
+    """The role's nodes (the job's, for a single-role job) as pipeline stages x data-parallel blocks
+    (ValueError says why not)."""
+    return Topology.from_spec(spec, rank_nodes(spec, slots)).machine_grid(role)
+
+
+def replayable(spec: TrainingJobSpec, slots: list[str], role: str | None = None) -> str | None:
+    """Why this job (or, in a multi-role job, this role) cannot be replayed, or None."""
+    if len(spec.roles) > 1:
+        if role is None:
+            return "replay of a multi-role job needs the failure to stay in one role (restartScope: Role)"
+        if spec.data_plane is not None:
+            return (
+                f"replay of role {role!r} would run its workers against the job's live data plane (a replayed "
+                "actor publishes weights the rollouts load; rollout, reward and reference workers report no "
+                "steps to judge them by)"
+            )
+    elif role is not None and role != spec.roles[0].name:
+        return f"no role {role!r}"
+    if _role(spec, role).replicas < 2:
+        return "replay needs at least two nodes" + (f" in role {role!r}" if role else "")
     try:
-        grid = machine_grid(spec, slots)
+        grid = machine_grid(spec, slots, role)
     except ValueError as exc:
         return f"replay needs whole machines per pipeline stage: {exc}"
     if grid.dp < grid.pp:
@@ -48,24 +77,25 @@ def replayable(spec: TrainingJobSpec, slots: list[str]) -> str | None:
             f"replay of {grid.dp} data-parallel machine column(s) under {grid.pp} pipeline stages needs "
             f"{grid.pp - grid.dp} known-good spare machine(s) in its vertical groups, which is not supported yet"
         )
-    if grid.replicas_per_machine % spec.roles[0].parallelism.expert:
+    if grid.replicas_per_machine % _role(spec, role).parallelism.expert:
         return "replay needs each node's data-parallel replicas to hold whole expert-parallel groups"
     return None
 
 
-def plan(spec: TrainingJobSpec, slots: list[str]) -> ReplayState:
-    """The replay's groups over the job's machine grid; a horizontal group that is the whole job
-    counts as failed already."""
+def plan(spec: TrainingJobSpec, slots: list[str], role: str | None = None) -> ReplayState:
+    """The replay's groups over the machine grid of the job (or of the failed role); a horizontal
+    group that is all of it counts as failed already."""
     from stalwart.diagnosis.replay import plan_replay
 
-    grid = machine_grid(spec, slots)
+    grid = machine_grid(spec, slots, role)
     layout = plan_replay(grid.pp, grid.dp, grid.machines)
     state = ReplayState(
         horizontal=[ReplayGroupRun(id=g.id, nodes=stage_major(g.pipelines)) for g in layout.horizontal],
         vertical=[ReplayGroupRun(id=g.id, nodes=stage_major(g.pipelines)) for g in layout.vertical],
+        role=role if len(spec.roles) > 1 else None,
     )
     for group in state.horizontal:
-        if sorted(group.nodes) == sorted(slots):
+        if sorted(group.nodes) == sorted(grid.machines):
             group.outcome, group.reason = "failed", WHOLE_JOB
     return state  # horizontal groups all judged already: the controller goes straight to the vertical phase
 
@@ -76,9 +106,11 @@ def phase_assignment(
     groups: list[ReplayGroupRun],
     generation: int,
     rendezvous: Callable[[str], tuple[str, int]],
+    role_name: str | None = None,
 ) -> Assignment:
-    """One generation for every group still to run, each group its own little job."""
-    role = spec.roles[0]
+    """One generation for every group still to run, each group its own little job (a smaller copy
+    of the replayed role)."""
+    role = _role(spec, role_name)
     procs = role.processes_per_node
     nodes: list[NodeAssignment] = []
     for group in groups:

@@ -13,8 +13,8 @@ from stalwart.store.records import JobStage
 
 
 def launch_phase(plan: Plan, obs: Observation, job: str) -> Needs | None:
-    """Run the current phase's groups still to judge, each a small copy of the job, as one
-    generation (each group its own rendezvous and world size)."""
+    """Run the current phase's groups still to judge, each a small copy of the job (of the
+    replayed role), as one generation (each group its own rendezvous and world size)."""
     state, spec = plan.state, obs.spec.spec
     replay = state.replay
     assert replay is not None, "a replay stage without a replay plan"
@@ -23,7 +23,11 @@ def launch_phase(plan: Plan, obs: Observation, job: str) -> Needs | None:
     if missing:
         return Needs(rendezvous=missing)
     generation = state.generation + 1
-    assignment = phase_assignment(job, spec, pending, generation, lambda node: obs.rendezvous[node])
+    if replay.role is not None:
+        # The other roles keep running the generation they run: pin it before the job's moves on.
+        replaying = {n for g in pending for n in g.nodes}
+        state.node_generations = {n: generation if n in replaying else state.running_generation(n) for n in state.slots}
+    assignment = phase_assignment(job, spec, pending, generation, lambda node: obs.rendezvous[node], replay.role)
     assignment.replay_steps = spec.failure_policy.replay_steps
     plan.put(keys.generation(job, generation), assignment)
     state.generation = generation
@@ -34,6 +38,7 @@ def launch_phase(plan: Plan, obs: Observation, job: str) -> Needs | None:
         replay_phase=state.stage.value,
         generation=generation,
         groups={g.id: g.nodes for g in pending},
+        **({"role": replay.role} if replay.role else {}),
     )
     return None
 
@@ -44,7 +49,7 @@ def judge_phase(plan: Plan, obs: Observation, job: str) -> None:
     state, spec = plan.state, obs.spec.spec
     replay = state.replay
     assert replay is not None and replay.generation is not None
-    procs = spec.roles[0].processes_per_node
+    procs = next(r for r in spec.roles if replay.role in (None, r.name)).processes_per_node
     for group in replay.groups(state.stage):
         if group.outcome is not None:
             continue
@@ -71,6 +76,8 @@ def judge_phase(plan: Plan, obs: Observation, job: str) -> None:
         return
     node, summary = conclusion(replay)
     state.replay, state.unexplained_failures = None, 0
+    if replay.role is not None:
+        state.roles[replay.role].unexplained_failures = 0
     incident = obs.incident.model_copy(deep=True) if obs.incident is not None else None
     if incident is not None:
         incident.evidence += [summary] + [

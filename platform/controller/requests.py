@@ -12,6 +12,7 @@ from stalwart.controller.decision import Launch, Plan, UncordonNode
 from stalwart.controller.detectors.base import RequestFinding, View
 from stalwart.controller.eviction import evict, top_up_standbys
 from stalwart.controller.ladder import NewId
+from stalwart.controller.scope import role_scope, roles_of
 from stalwart.controller.transitions import Trigger
 from stalwart.controller.work import NodeChecks
 from stalwart.spec.model import FailureAction, FailureEvent
@@ -83,13 +84,20 @@ def _evict(plan: Plan, request: OperatorRequest, node: str, view: View, job: str
         failed_at=now,
         detected_at=now,
     )
+    failed = roles_of(state, [node])
+    incident.role = failed[0] if failed else None
     evict(plan, [node], incident, view.registrations, view.spec)
     incident.action = f"evict {node} on request" + (
         f", standby {incident.replacements[node]} takes its ranks" if node in incident.replacements else ""
     )
     if node in incident.replacements:
+        state.restarting_roles = role_scope(failed, view.spec)
+        incident.scope = "Role" if state.restarting_roles else "Job"
         state.open_incident = incident.id
         state.infra_restarts += 1
+        for name in failed:
+            state.roles[name].infra_restarts += 1
+            state.roles[name].incidents = [*state.roles[name].incidents, incident.id]
         plan.enter(Trigger.EVICT_REQUESTED)
     else:
         incident.first_step_at = now  # a standby left the pool: no downtime

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from stalwart.spec.model import StandbySettings
+from stalwart.spec.model import StandbySettings, TrainingJobSpec
 
 
 def binomial_quantile(n: int, p: float, q: float) -> int:
@@ -41,3 +41,11 @@ def standbys_for(settings: StandbySettings, nodes: int) -> int:
     if settings.count is not None:
         return settings.count
     return max(settings.minimum, standby_count(nodes, settings.node_failure_probability))
+
+
+def role_standbys(spec: TrainingJobSpec) -> dict[str, int]:
+    """Each role's standby target: its own `standbys`, else the job's settings sized from its replicas
+    (for a one-role job, exactly the job's target)."""
+    return {
+        r.name: r.standbys if r.standbys is not None else standbys_for(spec.standbys, r.replicas) for r in spec.roles
+    }

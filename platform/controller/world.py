@@ -18,10 +18,12 @@ def commands(state: JobState) -> dict[str, tuple[int, AgentAction]]:
     """node -> (generation, action) its agent should hold. Standbys get none: they wait."""
     stage = state.stage
     if stage is JobStage.RUNNING:
-        return dict.fromkeys(state.slots, (state.generation, AgentAction.RUN))
+        return {n: (state.running_generation(n), AgentAction.RUN) for n in state.slots}
     replay = state.replay
     if stage in (JobStage.REPLAY_HORIZONTAL, JobStage.REPLAY_VERTICAL) and replay and replay.generation is not None:
-        return {n: (replay.generation, AgentAction.RUN) for g in replay.groups(stage) for n in g.nodes}
+        groups = {n: (replay.generation, AgentAction.RUN) for g in replay.groups(stage) for n in g.nodes}
+        # A role's replay: the other roles' nodes keep their command (their workers keep running).
+        return groups if replay.role is None else {**_recovering(state), **groups}
     if stage in (
         JobStage.RESTARTING,
         JobStage.CHECKING,
@@ -30,9 +32,18 @@ def commands(state: JobState) -> dict[str, tuple[int, AgentAction]]:
         JobStage.SUSPENDING,
         JobStage.SUSPENDED,
     ):
-        # Stop the old generation's workers (they may be stuck in a collective).
-        return dict.fromkeys(state.slots, (state.generation, AgentAction.STOP))
+        return _recovering(state)
     return {}  # starting: nothing runs yet; finished: the loop shuts the agents down
+
+
+def _recovering(state: JobState) -> dict[str, tuple[int, AgentAction]]:
+    """Stop the old generation's workers (they may be stuck in a collective). A role-scoped
+    recovery stops only its roles: the other roles' nodes keep their command, so their workers
+    keep their processes."""
+    stopping = set(state.restarting_slots())
+    return {
+        n: (state.running_generation(n), AgentAction.STOP if n in stopping else AgentAction.RUN) for n in state.slots
+    }
 
 
 def wanted_nodes(state: JobState) -> set[str]:
@@ -49,6 +60,11 @@ def startable(state: JobState) -> list[str]:
         return []
     recovering = state.open_incident is not None and state.generation > 0
     return [*state.slots, *([] if recovering else state.standbys)]
+
+
+def node_role(state: JobState, node: str) -> str | None:
+    """The role a node to start serves: its slot's, or the pool it waits in."""
+    return state.role_of(node) or state.standby_roles.get(node)
 
 
 def reconcile(plan: Plan, obs: Observation) -> None:
@@ -68,4 +84,4 @@ def reconcile(plan: Plan, obs: Observation) -> None:
             plan.effect(StopNode(name))
     for name in startable(state):
         if name not in obs.cluster:
-            plan.effect(StartNode(name, standby=name in state.standbys))
+            plan.effect(StartNode(name, standby=name in state.standbys, role=node_role(state, name)))

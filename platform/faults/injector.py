@@ -45,26 +45,39 @@ class FaultInjector:
         self.kill_controller = kill_controller
         self.etcd = etcd or EtcdFaults(None)
         self.log = get_logger("stalwart.faults", job=cluster.job)
+        # The job's handled failures when the last fault fired: an `after=recovery` fault waits until
+        # one more was handled and no incident is open any more.
+        self._handled_at_last_fire: int | None = None
 
     def poll(self, state: JobState | None, beats: dict[str, Heartbeat]) -> list[FiredFault]:
         if state is None or state.phase is not JobPhase.RUNNING or not self.pending:
             return []
-        workers = [w for b in beats.values() if b.generation == state.generation for w in b.workers]
+        workers = state.current_workers(beats)
         step = max((w.step for w in workers if w.step is not None), default=0)
         out = []
         for fault in list(self.pending):
-            if step < fault.step:
+            if step < fault.step or (fault.after is not None and not self._recovered(state)):
                 continue
             fired_at = time.time()  # before the signal: killing a node also waits for its processes to go
             target = self._fire(fault, state, workers)
             if target is None:
                 continue  # the target is not up yet: try again next poll
             self.pending.remove(fault)
+            self._handled_at_last_fire = handled(state)
             fired = FiredFault(fault=fault.describe(), fired_at=fired_at, step=step, target=target)
             self.fired.append(fired)
             self.log.warning("fault injected", fields=fired.model_dump())
             out.append(fired)
         return out
+
+    def _recovered(self, state: JobState) -> bool:
+        """The faults fired so far were handled and the job is past them (phase Running is checked
+        by the caller; a role recovering alone keeps the job Running, so its incident is asked)."""
+        if self._handled_at_last_fire is None:
+            return True
+        return (
+            handled(state) > self._handled_at_last_fire and state.open_incident is None and not state.restarting_roles
+        )
 
     def _fire(self, fault: FaultSpec, state: JobState, workers: list) -> str | None:
         if fault.kind in _WORKER_SIGNALS:
@@ -89,3 +102,8 @@ class FaultInjector:
             return f"{node} ({len(pids)} processes)" if pids else None
         pid = self.kill_controller()
         return f"controller (pid {pid})" if pid else None
+
+
+def handled(state: JobState) -> int:
+    """Failures the controller has acted on (each restart, counted or not)."""
+    return state.restarts + state.infra_restarts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -58,11 +59,18 @@ class FaultSpec(BaseModel):
         le=600,
         description="slow-worker, slow-data: the delay; pause-etcd (default 10), kill-etcd: how long etcd is away",
     )
+    after: Literal["recovery"] | None = Field(
+        default=None,
+        description="recovery: fire only once the job has recovered from the faults fired before this "
+        "one (their failure handled and its incident closed), so faults in one run never overlap "
+        "however fast the steps go",
+    )
 
     def describe(self) -> str:
         target = f" rank={self.rank}" if self.rank is not None else f" node={self.node}" if self.node else ""
         delay = f" +{self.seconds:g}s" if self.seconds is not None else ""
-        return f"{self.kind.value}{target}{delay} at step {self.step}"
+        after = " after recovery" if self.after else ""
+        return f"{self.kind.value}{target}{delay} at step {self.step}{after}"
 
 
 _REQUIRED = {

@@ -1,6 +1,7 @@
-"""The environment a data-plane worker reads: the one place its variables are named.
+"""The environment a data-plane worker reads.
 
-A launcher (the node agent, or the tests' launcher) builds it with `dataplane_env`; a role's script
+The node agent builds it with `dataplane_env` (stalwart.agents.launcher.worker_env); the names live in
+the worker contract (stalwart.worker_contract) with every other variable a worker gets. A role's script
 reads it with `DataPlaneContext.from_env`. Besides these, a role reads the usual torchrun variables.
 """
 
@@ -12,14 +13,15 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from stalwart import worker_contract as contract
 from stalwart.rlhf.endpoints import EndpointDirectory
 from stalwart.spec.model import DataPlaneSettings
 
-ETCD_ENV = "STALWART_ETCD"  # HOST:PORT of the job's etcd, where the endpoints are
-JOB_ENV = "STALWART_JOB"
-SETTINGS_ENV = "STALWART_DATAPLANE"  # the spec's dataPlane section, as JSON
-TOKEN_ENV = "STALWART_DATAPLANE_TOKEN"  # shared by the job's roles; servers refuse other callers
-ADDRESS_ENV = "STALWART_NODE_ADDRESS"  # where this node's servers listen (the pod IP on Kubernetes)
+ETCD_ENV = contract.ETCD  # HOST:PORT of the job's etcd, where the endpoints are
+JOB_ENV = contract.JOB
+SETTINGS_ENV = contract.DATAPLANE  # the spec's dataPlane section, as JSON
+TOKEN_ENV = contract.DATAPLANE_TOKEN  # shared by the job's roles; servers refuse other callers
+ADDRESS_ENV = contract.NODE_ADDRESS  # where this node's servers listen (the pod IP on Kubernetes)
 
 RELAY_CHANNEL = "relay"
 WEIGHTS_CHANNEL = "weights"

@@ -78,20 +78,30 @@ class Relay:
         self.done = False
         self.counts: Counter[str] = Counter()
         self._superseded: set[str] = set()
+        # Worker ("role-rank") -> when a lease of its expired holding groups: a hung worker, for the
+        # controller (stalwart.controller.detectors.dataplane_hangs) to localize to its node.
+        self.expired_at: dict[str, float] = {}
 
     # -- the actor ---------------------------------------------------------------------------------
     def resume(self, lineage: Lineage, watermark: int) -> None:
         """A (re)started actor: groups before its watermark are gone, groups made with weights that are
-        no longer history go back to their rollout stage."""
+        no longer history go back to their rollout stage.
+
+        Every rank of an incarnation says it (each may be the first to reach a new relay), so the
+        same incarnation saying it again never moves the watermark back: a rank one step behind
+        another must not reopen positions already trained on. A new incarnation moves it anywhere
+        (back to its checkpoint)."""
         if lineage.current is None:
             raise RelayError("an actor resumes with an empty lineage")
         with self._cond:
             incarnation = lineage.current.incarnation
             if incarnation in self._superseded:
                 raise RelayError(f"actor incarnation {incarnation} was superseded: it may not resume")
-            if self.lineage.current is not None and self.lineage.current.incarnation != incarnation:
+            same = self.lineage.current is not None and self.lineage.current.incarnation == incarnation
+            if self.lineage.current is not None and not same:
                 self._superseded.add(self.lineage.current.incarnation)
-            self.lineage, self.watermark, self.done = lineage, watermark, False
+            watermark = max(watermark, self.watermark) if same else watermark
+            self.lineage, self.watermark, self.done = lineage, watermark, self.done and same
             self._drop_below(watermark)
             for entry in self._entries.values():
                 if entry.group is not None and not lineage.valid(entry.group.version):
@@ -229,6 +239,7 @@ class Relay:
                 "held": dict(Counter(e.stage.value for e in self._entries.values())),
                 "holding": dict(holding),
                 "counts": dict(self.counts),
+                "expired_at": dict(self.expired_at),
                 "lineage": self.lineage.model_dump(),
             }
 
@@ -343,6 +354,8 @@ class Relay:
                 entry.lease_id = None
                 n += 1
         self.counts[f"{why}.{lease.stage.value}"] += n
+        if why == "expired" and n:
+            self.expired_at[lease.client.split("#", 1)[0]] = time.time()  # wall time: the controller reads it
         return n
 
     def _expire(self) -> None:

@@ -55,7 +55,11 @@ class RelayClient:
     # -- the actor ---------------------------------------------------------------------------------
     def resume(self, lineage: Lineage, watermark: int) -> None:
         """Say who the actor is and where it resumes; said again on every reconnection (a restarted
-        relay starts empty and learns it from here)."""
+        relay starts empty and learns it from here).
+
+        Every actor rank says it and keeps it current with `advance`: whichever rank reaches a new
+        relay first must tell it, since the others may be blocked in a collective waiting for that
+        rank's groups, which no rollout may make before the relay knows the actor's lineage."""
         self.conn.call(Resume(lineage=lineage, watermark=watermark))
         self._session = (lineage, watermark)
 

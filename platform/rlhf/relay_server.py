@@ -24,6 +24,11 @@ from stalwart.rlhf.endpoints import DataPlaneEndpoint, EndpointDirectory
 from stalwart.rlhf.messages import Advance, Demand, Finish, Lease, Message, Resume, Stats, Submit, Take
 from stalwart.rlhf.relay import Relay
 from stalwart.rlhf.server import ChannelServer, RequestRefused
+from stalwart.store import keys
+from stalwart.store.client import StoreUnavailable
+from stalwart.store.records import DataPlaneHealth
+
+HEALTH_SECONDS = 2.0  # how often the relay writes its health for the controller
 
 
 class Ack(BaseModel):
@@ -53,6 +58,19 @@ class RelayService:
             log=self.log,
         )
         self.endpoint: DataPlaneEndpoint | None = None
+
+    def publish_health(self) -> None:
+        """Tell the controller which workers held groups past their lease (a hang it can localize)."""
+        assert self.endpoint is not None
+        record = DataPlaneHealth(
+            incarnation=self.endpoint.incarnation,
+            written_at=time.time(),
+            expired_at=self.relay.stats()["expired_at"],
+        )
+        try:
+            self.directory.store.put(keys.dataplane_health(self.ctx.job), record)
+        except StoreUnavailable as exc:
+            self.log.warning("could not publish the data plane's health", fields={"error": str(exc)})
 
     def start(self) -> RelayService:
         self.server.start()
@@ -123,8 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     finished_at: float | None = None
+    health_due = 0.0
     try:
         while not stop.wait(0.2):
+            if time.monotonic() >= health_due:
+                service.publish_health()
+                health_due = time.monotonic() + HEALTH_SECONDS
             if not service.relay.done:
                 finished_at = None
                 continue

@@ -92,6 +92,16 @@ def summary_view(s: JobSnapshot) -> Group:
         Text(f"  wall time  {s.elapsed_seconds:.1f}s"),
     ]
     parts: list = [*lines]
+    if len(s.roles) > 1:
+        mttr = {m.role: m.mttr_seconds for m in s.mttr_by_role}
+        parts += [
+            Text(
+                f"  role {r.role:<12} gen {r.generation}  scope {r.restart_scope:<4}  restarted {r.restarted}  "
+                f"restarts {r.restarts} counted + {r.infra_restarts}  incidents {r.incidents}  "
+                f"MTTR {_fmt(mttr.get(r.role), '.1f')}s"
+            )
+            for r in s.roles
+        ]
     if s.incidents:
         parts.append(incidents_table(s.incidents))
         parts += [Text(f"  {inc.id}: {inc.action}") for inc in s.incidents]

@@ -60,6 +60,9 @@ class RunResult(BaseModel):
     controller_starts: int
     # generation -> node -> agent pid, as seen while the job ran: shows which agents survived.
     agents_by_generation: dict[int, dict[str, int]] = {}
+    # role -> its generation -> the pids of its workers seen in it (multi-role jobs): shows which
+    # roles' processes a failure left alone.
+    role_pids: dict[str, dict[int, list[int]]] = {}
 
 
 class JobAlreadyExists(RuntimeError):
@@ -113,6 +116,7 @@ class LocalRun:
         self.web_console: subprocess.Popen[bytes] | None = None
         self.controller_starts = 0
         self.agents_by_generation: dict[int, dict[str, int]] = {}
+        self.role_pids: dict[str, dict[int, list[int]]] = {}
         self._interrupted: int | None = None
         self.etcd_faults = EtcdFaults(None)
         self._targets_due = 0.0
@@ -258,6 +262,7 @@ class LocalRun:
                 faults=injector.fired,
                 controller_starts=self.controller_starts,
                 agents_by_generation=self.agents_by_generation,
+                role_pids=self.role_pids,
             )
         finally:
             self.etcd_faults.close()  # a paused etcd answers again: the teardown needs it
@@ -342,6 +347,9 @@ class LocalRun:
             if snap.phase is JobPhase.RUNNING:
                 seen = self.agents_by_generation.setdefault(snap.generation, {})
                 seen.update({n: pid for n, pid in snap.agents.items() if n in snap.slots})
+            for role in (r for r in snap.roles if r.generation and r.pids):
+                pids = self.role_pids.setdefault(role.role, {}).setdefault(role.generation, [])
+                pids.extend(p for p in role.pids if p not in pids)
         assert self.controller is not None
         if self.controller.poll() is not None:
             state = store.get(keys.job_state(self.job.name), JobState)  # as of now, not of the loop's start

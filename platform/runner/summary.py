@@ -6,11 +6,26 @@ import time
 
 from pydantic import BaseModel
 
-from stalwart.controller.ettr import ClassMttr, EttrReport, compute_ettr, mttr_by_class
+from stalwart.controller.ettr import ClassMttr, EttrReport, RoleMttr, compute_ettr, mttr_by_class, mttr_by_role
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import CheckpointEntry, Incident, JobPhase, JobState, WorkerStatus
+
+
+class RoleView(BaseModel):
+    """One role of a multi-role job: its own generation, restarts and incidents, and its workers."""
+
+    role: str
+    generation: int
+    restart_scope: str
+    restarts: int  # counted against maxRestarts, caused by this role
+    infra_restarts: int
+    restarted: int  # how often its workers were restarted (by its own failures or the job's)
+    incidents: int
+    workers_running: int
+    world_size: int
+    pids: list[int]  # its current workers' pids, by rank
 
 
 class JobSnapshot(BaseModel):
@@ -36,6 +51,8 @@ class JobSnapshot(BaseModel):
     mttr: list[ClassMttr]
     workers: list[WorkerStatus]
     checkpoints: list[CheckpointEntry] = []  # the job's catalog, newest first
+    roles: list[RoleView] = []
+    mttr_by_role: list[RoleMttr] = []
 
 
 def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | None:
@@ -45,10 +62,7 @@ def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | 
         return None
     nodes = read_nodes(store, job)
     beats, registered = nodes.heartbeats, nodes.registrations
-    workers = sorted(
-        (w for n in state.slots if (b := beats.get(n)) and b.generation == state.generation for w in b.workers),
-        key=lambda w: w.rank,
-    )
+    workers = sorted(state.current_workers(beats), key=lambda w: w.rank)
     incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)
     steps = [w.step for w in workers if w.step is not None]
     rank0 = next((w for w in workers if w.rank == 0 and w.loss is not None), None)
@@ -76,4 +90,27 @@ def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | 
         mttr=mttr_by_class(incidents),
         workers=workers,
         checkpoints=sorted(store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry), key=lambda c: -c.step),
+        roles=role_views(state, workers),
+        mttr_by_role=mttr_by_role(incidents) if len(state.roles) > 1 else [],
     )
+
+
+def role_views(state: JobState, workers: list[WorkerStatus]) -> list[RoleView]:
+    out = []
+    for r in state.roles.values():
+        mine = [w for w in workers if r.first_rank <= w.rank < r.first_rank + r.world_size]
+        out.append(
+            RoleView(
+                role=r.name,
+                generation=r.generation,
+                restart_scope=r.restart_scope,
+                restarts=r.restarts,
+                infra_restarts=r.infra_restarts,
+                restarted=r.restarted,
+                incidents=len(r.incidents),
+                workers_running=sum(1 for w in mine if w.exit_code is None),
+                world_size=r.world_size,
+                pids=[w.pid for w in mine],
+            )
+        )
+    return out

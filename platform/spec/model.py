@@ -238,6 +238,16 @@ class Role(SpecModel):
     restart_scope: Annotated[
         RestartScope, Field(description="What restarts when a worker of this role fails: Job or Role.")
     ] = RestartScope.JOB
+    standbys: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=1024,
+            description="Warm standbys kept for this role alone: a standby takes only this role's nodes "
+            "(on Kubernetes it runs the role's pod template). Default: spec.standbys, sized from this "
+            "role's replicas.",
+        ),
+    ] = None
     image: Annotated[str | None, Field(description="Container image of the role's pods (Kubernetes only).")] = None
     resources: Annotated[Resources, Field(description="Per-node resources (Kubernetes only).")] = Resources()
     template: Annotated[

@@ -31,6 +31,8 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/dataplane/{channel}        DataPlaneEndpoint: where an RLHF data-plane server
                                                        (the relay, the actor's weights) listens; the
                                                        data itself never goes through etcd
+    /stalwart/v1/jobs/{job}/dataplane-health           DataPlaneHealth: the relay's word on workers that held
+                                                       groups past their lease (data-plane hangs)
     /stalwart/v1/jobs/{job}/checkpoint-token           the memory stores' token, when none was given (text)
     /stalwart/v1/cordons/{node}                        Cordon: a machine not to be used until it passes checks
     /stalwart/v1/services/{name}                       ServiceEndpoint (the diagnosis service's URL)
@@ -214,6 +216,11 @@ def operator_events(job: str) -> str:
 
 def dataplane_prefix(job: str) -> str:
     return job_prefix(job) + "dataplane/"
+
+
+def dataplane_health(job: str) -> str:
+    """The relay's DataPlaneHealth: which worker held groups past its lease (a data-plane hang)."""
+    return job_prefix(job) + "dataplane-health"
 
 
 def dataplane_endpoint(job: str, channel: str) -> str:

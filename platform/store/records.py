@@ -6,6 +6,7 @@ NTP keeps them close across hosts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Literal
 
@@ -113,6 +114,9 @@ class ReplayState(BaseModel):
     vertical: list[ReplayGroupRun]
     generation: int | None = None  # the generation running the current phase's groups
     started_at: float | None = None
+    # A multi-role job replays the failed role alone, on its own nodes and layout; the other roles
+    # keep running. None: the job's only role.
+    role: str | None = None
 
     def groups(self, stage: JobStage) -> list[ReplayGroupRun]:
         return self.vertical if stage is JobStage.REPLAY_VERTICAL else self.horizontal
@@ -123,6 +127,31 @@ class Suspension(BaseModel):
 
     started_at: float
     ended_at: float | None = None
+
+
+class RoleState(BaseModel):
+    """One role of the job as its own world: its slots, its rendezvous, its own generation counter and
+    its own accounting. A role-scoped restart (`restartScope: Role`) moves only this role's record;
+    the job's generation still numbers every assignment written (keys.generation)."""
+
+    name: str
+    first_slot: int  # the role's nodes are slots[first_slot : first_slot + nodes]
+    nodes: int
+    first_rank: int  # the job-wide rank of the role's rank 0 (ranks stay unique in heartbeats)
+    world_size: int
+    restart_scope: Literal["Role", "Job"] = "Job"
+    generation: int = 0  # the role's own counter: 1 at its first start, + 1 at each of its restarts
+    assigned_in: int = 0  # the job generation whose assignment the role's nodes run
+    master_addr: str | None = None  # the role's own rendezvous (its node rank 0)
+    master_port: int | None = None
+    generation_started_at: float | None = None
+    restarts: int = 0  # counted restarts caused by this role's failures
+    infra_restarts: int = 0  # uncounted ones (machine faults, lost nodes, hangs)
+    restarted: int = 0  # how often the role's workers were restarted, by its own failures or the job's
+    incidents: list[str] = []  # the incidents this role's failures opened
+    # Role-scoped failures in a row that no check explained: at failurePolicy.replayAfter, the role
+    # alone is replayed.
+    unexplained_failures: int = 0
 
 
 class JobState(Record):
@@ -167,6 +196,45 @@ class JobState(Record):
     last_loss: float | None = None
     finished_at: float | None = None
     updated_at: float
+    # Multi-role jobs (RLHF): each role its own world. Empty for a state written before roles had one.
+    roles: dict[str, RoleState] = {}
+    # A role-scoped recovery under way: only these roles' nodes stop and start. Empty: the whole job.
+    restarting_roles: list[str] = []
+    # The job generation each slot node runs, once a role-scoped restart left roles on different ones.
+    node_generations: dict[str, int] = {}
+    # Standby -> the role whose nodes it may replace (a standby runs on its role's template).
+    standby_roles: dict[str, str] = {}
+
+    def role_slots(self, role: str) -> list[str]:
+        r = self.roles[role]
+        return self.slots[r.first_slot : r.first_slot + r.nodes]
+
+    def role_of(self, node: str) -> str | None:
+        """The role whose slot `node` holds (None: not a slot, or a state without roles)."""
+        if node not in self.slots:
+            return None
+        index = self.slots.index(node)
+        return next((r.name for r in self.roles.values() if r.first_slot <= index < r.first_slot + r.nodes), None)
+
+    def running_generation(self, node: str) -> int:
+        """The generation whose assignment `node` runs (roles restarted alone run newer ones)."""
+        return self.node_generations.get(node, self.generation)
+
+    def current_workers(self, beats: Mapping[str, Heartbeat]) -> list[WorkerStatus]:
+        """The workers the slot nodes run now, as their last heartbeats say (a heartbeat from a
+        generation the node no longer runs, or not yet, says nothing about them)."""
+        return [
+            w
+            for n in self.slots
+            if (b := beats.get(n)) is not None and b.generation == self.running_generation(n)
+            for w in b.workers
+        ]
+
+    def restarting_slots(self) -> list[str]:
+        """The slots a recovery under way stops and starts again: its roles', or every slot."""
+        if not self.restarting_roles:
+            return list(self.slots)
+        return [n for n in self.slots if self.role_of(n) in self.restarting_roles]
 
     @model_validator(mode="before")
     @classmethod
@@ -291,11 +359,17 @@ class NodeAssignment(Record):
     role: str
     first_rank: int
     local_world_size: int
-    # A replay group's own rendezvous (ranks then count from the group's first node).
+    # A replay group's or a role's own rendezvous (ranks then count from its first node).
     group: str | None = None
     master_addr: str | None = None
     master_port: int | None = None
     world_size: int | None = None
+    # A role that is its own world (multi-role jobs): its workers' RANK and GROUP_RANK count from 0
+    # within the role, and its generation is the role's own. `first_rank` stays job-wide: heartbeats,
+    # stacks and incidents name a rank the whole job agrees on.
+    role_first_rank: int | None = None
+    role_node_rank: int | None = None
+    role_generation: int | None = None
 
 
 class Assignment(Record):
@@ -354,6 +428,11 @@ class Incident(Record):
     evicted: list[str] = []
     replacements: dict[str, str] = {}
     counted: bool = True  # against maxRestarts; infrastructure failures are not
+    role: str | None = None  # the role that failed (multi-role jobs)
+    scope: Literal["Role", "Job"] = "Job"  # what restarted: that role alone, or the whole job
+    # Role scope: the first step the roles that kept running made after the failure (an actor that
+    # trains on with what the relay holds): the job's own downtime may end before the role is back.
+    job_resumed_at: float | None = None
     # The diagnosis service's verdict (stalwart.diagnosis.models.Verdict), when it was asked.
     verdict: dict | None = None
     runbook: str | None = None  # runbooks/<runbook>.md
@@ -374,7 +453,14 @@ class Incident(Record):
 
     @property
     def downtime(self) -> float | None:
-        """Wall time from the failure to the first step after it: no training happened then."""
+        """Wall time from the failure to the first step after it: no training happened then. (Role
+        scope: the first step of the roles that kept running, if it came before the role was back.)"""
+        ends = [t for t in (self.first_step_at, self.job_resumed_at) if t is not None]
+        return None if self.first_step_at is None else min(ends) - self.failed_at
+
+    @property
+    def recovery(self) -> float | None:
+        """Wall time from the failure to the failed role's (the job's) first step after its restart."""
         return None if self.first_step_at is None else self.first_step_at - self.failed_at
 
     @property
@@ -384,6 +470,16 @@ class Incident(Record):
             return 0.0
         redone = max(0, self.step_at_failure - self.resumed_step + 1)  # type: ignore[operator]
         return redone * self.mean_step_time  # type: ignore[operator]
+
+
+class DataPlaneHealth(Record):
+    """What the RLHF relay tells the controller (stalwart.rlhf.relay_server writes it every few
+    seconds): workers ("role-rank") whose lease expired while they held groups, and when. Rollout,
+    reward and reference workers do not step, so a hang among them shows here, not in progress."""
+
+    incarnation: str  # the relay process that wrote it
+    written_at: float
+    expired_at: dict[str, float] = {}
 
 
 class CheckpointTiming(BaseModel):

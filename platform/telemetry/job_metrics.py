@@ -175,12 +175,7 @@ def job_families(jobs: Sequence[JobRecords], memo: Memo, now: float) -> list[Met
         active.add_metric([name], 1.0 if _active(state) else 0.0)
         generation.add_metric([name], float(state.generation))
         controller.add_metric([name], 1.0 if rec.controller_up else 0.0)
-        workers = [
-            w
-            for node in state.slots
-            if (beat := rec.nodes.heartbeats.get(node)) is not None and beat.generation == state.generation
-            for w in beat.workers
-        ]
+        workers = state.current_workers(rec.nodes.heartbeats)
         steps = [w.step for w in workers if w.step is not None]
         newest_step = max(steps) if steps else state.last_step
         if newest_step is not None:

@@ -166,7 +166,7 @@ class FakeCluster(Cluster):
         self.failing: dict[str, list[str]] = {}  # node -> reasons its checks fail with
         self.on_start: Callable[[str], None] | None = None
 
-    def start_node(self, name: str) -> None:
+    def start_node(self, name: str, role: str | None = None) -> None:
         self.calls.append(("start", name))
         self.nodes[name] = NodeInfo(name=name, alive=True)
         if self.on_start is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from stalwart.controller.detectors.base import Detector
 from stalwart.controller.detectors.code_updates import CodeUpdates
 from stalwart.controller.detectors.crashes import Crashes
+from stalwart.controller.detectors.dataplane_hangs import DataPlaneHangs
 from stalwart.controller.detectors.hangs import Hangs
 from stalwart.controller.detectors.loss_spikes import LossSpikes
 from stalwart.controller.detectors.lost_nodes import LostNodes
@@ -23,6 +24,7 @@ DETECTORS: tuple[type[Detector], ...] = (
     Crashes,
     LossSpikes,
     Hangs,
+    DataPlaneHangs,
     Slowdowns,
     MetricOutliers,
 )

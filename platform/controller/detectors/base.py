@@ -126,12 +126,7 @@ class View:
     @cached_property
     def workers(self) -> list[WorkerStatus]:
         """The current generation's workers on the slot nodes, as their last heartbeats say."""
-        return [
-            w
-            for n in self.state.slots
-            if (b := self.obs.beats.get(n)) and b.generation == self.state.generation
-            for w in b.workers
-        ]
+        return self.state.current_workers(self.obs.beats)
 
     @cached_property
     def owners(self) -> dict[int, str]:

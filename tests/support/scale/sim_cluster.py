@@ -27,7 +27,7 @@ class SimCluster(Cluster):
     def _link(self, node: str) -> HostLink:
         return self.links[host_for(node, len(self.links))]
 
-    def start_node(self, name: str) -> None:
+    def start_node(self, name: str, role: str | None = None) -> None:
         self._link(name).call("start", node=name)
 
     def stop_node(self, name: str) -> None:

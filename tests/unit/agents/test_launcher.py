@@ -6,6 +6,7 @@ import time
 
 from stalwart import worker_contract as contract
 from stalwart.agents.launcher import NodeServices, worker_env
+from stalwart.agents.warm_pool import warm_size
 from stalwart.checkpoint.memory_auth import TOKEN_ENV
 from stalwart.spec import Parallelism, Role, TrainingJob
 from stalwart.store.records import Assignment, NodeAssignment
@@ -147,3 +148,9 @@ def test_a_replay_group_is_a_smaller_copy_of_the_job() -> None:
     ):
         assert absent not in env
     assert env[contract.DATA_CONFIG] == SERVICES.data_config  # it reads the job's data itself
+
+
+def test_no_fork_server_for_a_job_whose_commands_cannot_be_forked() -> None:
+    relay = Role(name="relay", command=["python", "-m", "stalwart.rlhf.relay_server"])
+    roles = [relay, Role(name="actor", processes_per_node=2, command=["python", "actor.py"])]
+    assert warm_size(roles) == 2 and warm_size([relay]) == 0

@@ -215,7 +215,7 @@ def replay_horizontal_due(monkeypatch: pytest.MonkeyPatch) -> Harness:
     """A plan with horizontal groups to run (what a pipeline layout gives)."""
     from stalwart.controller import checks
 
-    def two_by_one(spec: object, slots: list[str]) -> ReplayState:
+    def two_by_one(spec: object, slots: list[str], role: str | None = None) -> ReplayState:
         return ReplayState(
             horizontal=[ReplayGroupRun(id="h0", nodes=slots)],
             vertical=[ReplayGroupRun(id=f"v{i}", nodes=[n]) for i, n in enumerate(slots)],

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from support.paths import REPO
-from typer.testing import CliRunner
 
 from stalwart.rlhf.contract import ContractError, DataPlaneContext, dataplane_env
 from stalwart.rlhf.relay_server import main as relay_main
@@ -62,13 +61,3 @@ def test_bad_data_plane_settings_are_named(tmp_path: Path) -> None:
     path.write_text(text.replace("relayCapacity: 64", "relayCap: 64"))
     with pytest.raises(SpecError, match="spec.dataPlane.relayCap: unknown field"):
         load_job(path)
-
-
-def test_stalwart_run_says_it_cannot_run_an_rlhf_job_yet(tmp_path: Path) -> None:
-    from stalwart.cli.main import app
-
-    job = REPO / "examples" / "rlhf" / "grpo.yaml"
-    result = CliRunner().invoke(app, ["run", str(job), "--workdir", str(tmp_path / "run")])
-    assert result.exit_code == 2
-    assert "dataPlane" in result.output and "docs/rlhf.md" in result.output
-    assert not (tmp_path / "run").exists(), "nothing was started"

@@ -170,6 +170,16 @@ def test_nothing_before_the_watermark_is_demanded_or_taken_again() -> None:
     assert r.demand(Demand(incarnation="b", items=[prompt(7)])).accepted == 1
 
 
+def test_every_rank_of_one_incarnation_may_resume_without_moving_the_watermark_back() -> None:
+    r = relay()
+    r.advance(INC, 16)  # rank 0 is a step ahead of rank 1, which reaches a new relay's twin later
+    r.resume(Lineage().extend(INC, 0), watermark=8)
+    assert r.watermark == 16
+    r.finish()
+    r.resume(Lineage().extend(INC, 0), watermark=16)  # a late rank does not reopen a finished actor
+    assert r.done
+
+
 def test_a_superseded_actor_incarnation_can_no_longer_take_demand_advance_or_resume() -> None:
     r = relay()
     r.resume(Lineage().extend(INC, 0).extend("b", 0), watermark=0)  # b replaced a; a rank of a lingers

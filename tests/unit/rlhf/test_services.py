@@ -116,6 +116,30 @@ def test_clients_follow_a_restarted_relay_and_the_actor_tells_it_where_it_is(
         second.close()
 
 
+def test_any_actor_rank_tells_a_restarted_relay_who_the_actor_is(
+    ctx: DataPlaneContext, clients: Callable[[str], RelayClient]
+) -> None:
+    """Actor rank 0 may sit in a collective, waiting for rank 1's groups, when the relay dies: rank 1
+    alone reaches the new relay, and no rollout may work before the relay knows the actor's lineage."""
+    first = RelayService(ctx).start()
+    rank0, rank1, rollout = clients("actor-0"), clients("actor-1"), clients("rollout-0")
+    lineage = Lineage().extend("a", 0)
+    for rank in (rank0, rank1):
+        rank.resume(lineage, 0)
+        rank.advance(16)
+    first.close()
+    second = RelayService(ctx).start()
+    try:
+        item = PromptItem(sample_id=16, position=16, step=2, tokens=[1, 2])
+        assert rank1.demand([item]).accepted == 1  # rank 1 reconnects, saying who the actor is first
+        got = rollout.lease(Stage.ROLLOUT, 1, have_version=WeightVersion(incarnation="a", step=1), wait=0)
+        assert got.status == "ok" and [p.position for p in got.prompts] == [16]
+        assert second.relay.watermark == 16 and second.relay.lineage == lineage
+        assert rank0.conn.reconnects == 1  # rank 0 never spoke to the new relay
+    finally:
+        second.close()
+
+
 def test_after_the_actor_finished_late_workers_stop_instead_of_waiting(
     ctx: DataPlaneContext, clients: Callable[[str], RelayClient]
 ) -> None:
