@@ -17,7 +17,8 @@ from kubernetes import client as k8s
 from stalwart.cluster.agent_checks import checks_through_agents
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.controller.ranks import slot_roles
-from stalwart.controller.standby_pool import standbys_for
+from stalwart.controller.standby_pool import role_standbys
+from stalwart.controller.world import node_role
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.spec import CleanPodPolicy, Role, TrainingJob
@@ -86,27 +87,37 @@ class KubernetesCluster(Cluster):
         with self._lock:
             self._cache = None
 
-    def role_for(self, node: str) -> Role:
-        """A slot's role from the controller's state; a standby gets the standby template."""
-        state = self.store.get(keys.job_state(self.job_id), JobState)
+    def role_for(self, node: str, role: str | None = None) -> Role:
+        """The role whose pod template the node's pod is made from: the one the controller names
+        (`StartNode` carries it), else the node's slot or standby pool in the controller's state. A
+        standby is made from its own role's template and the controller gives it only that role's
+        slots, so a rollout standby never takes an actor's place."""
         roles = {r.name: r for r in self.job.spec.roles}
-        if state is not None and node in state.slots:
-            return roles[slot_roles(self.job.spec)[state.slots.index(node)]]
-        if state is None:  # before the controller wrote its state, the first nodes are the slots in order
+        if role in roles:
+            return roles[role]
+        state = self.store.get(keys.job_state(self.job_id), JobState)
+        per_slot = slot_roles(self.job.spec)
+        if state is not None:
+            named = node_role(state, node)
+            if named in roles:
+                return roles[named]
+            if node in state.slots and len(state.slots) == len(per_slot):  # a state written before roles
+                return roles[per_slot[state.slots.index(node)]]
+        else:  # before the controller wrote its state, the first nodes are the slots in order
             index = int(node.rsplit("-", 1)[-1]) if node.rsplit("-", 1)[-1].isdigit() else -1
-            per_slot = slot_roles(self.job.spec)
             if 0 <= index < len(per_slot):
                 return roles[per_slot[index]]
         return pods.standby_role(self.job)
 
-    def pod_manifest(self, node: str) -> dict[str, Any]:
-        total = self.job.spec.node_count + standbys_for(self.job.spec.standbys, self.job.spec.node_count)
+    def pod_manifest(self, node: str, role: str | None = None) -> dict[str, Any]:
+        spec = self.job.spec
+        total = spec.node_count + sum(role_standbys(spec).values())
         return pods.node_pod(
             self.job,
             namespace=self.namespace,
             job_id=self.job_id,
             node=node,
-            role=self.role_for(node),
+            role=self.role_for(node, role),
             owner_uid=self.owner_uid,
             config=self.config,
             total_pods=total,
@@ -114,7 +125,7 @@ class KubernetesCluster(Cluster):
 
     def start_node(self, name: str, role: str | None = None) -> None:
         try:
-            manifest = self.pod_manifest(name)  # a dict body: the client sends it as it is
+            manifest = self.pod_manifest(name, role)  # a dict body: the client sends it as it is
             self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)  # type: ignore[arg-type]
             self.log.info(
                 "pod created",

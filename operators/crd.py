@@ -359,6 +359,13 @@ PRINTER_COLUMNS = [
     },
     {"name": "Generation", "type": "integer", "jsonPath": ".status.currentGeneration", "priority": 1},
     {
+        "name": "Roles",
+        "type": "string",
+        "jsonPath": ".status.rolesReady",
+        "priority": 1,
+        "description": "Running slots / slots of each role.",
+    },
+    {
         "name": "Standbys",
         "type": "integer",
         "jsonPath": ".status.standbyCounts.ready",

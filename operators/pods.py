@@ -98,8 +98,9 @@ def owner_reference(name: str, uid: str) -> Manifest:
 
 
 def standby_role(job: TrainingJob) -> Role:
-    """The pod template a standby (or a replacement whose slot is not yet known) is started with:
-    the role with the most nodes, where a failure is likeliest; ties go to the first role."""
+    """The template for a node whose role nobody names: only a standby of a controller state written
+    before standbys had roles (each standby now waits for one role and is made from its template).
+    The role with the most nodes, where a failure is likeliest; ties go to the first role."""
     return max(job.spec.roles, key=lambda r: r.replicas)
 
 

@@ -18,7 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from stalwart.controller.ettr import compute_ettr
 from stalwart.runbooks import runbook_for_incident
-from stalwart.store.records import Incident, JobStage, JobState, OperatorRequest
+from stalwart.store.records import Incident, JobStage, JobState, OperatorRequest, RoleState
 
 
 class StatusModel(BaseModel):
@@ -113,8 +113,34 @@ class NodeStatus(StatusModel):
     ] = None
 
 
-class RoleNodeCounts(StatusModel):
-    """How many of a role's slots are in each state."""
+class StandbyCounts(StatusModel):
+    ready: Annotated[int, Field(ge=0, description="Standbys registered and waiting for a slot.")] = 0
+    starting: Annotated[int, Field(ge=0, description="Standbys whose pod or agent is starting.")] = 0
+    lost: Annotated[int, Field(ge=0, description="Standbys whose pod or agent is gone.")] = 0
+
+
+class RoleRestarts(StatusModel):
+    restarted: Annotated[
+        int,
+        Field(ge=0, description="How often the role's workers were restarted, by its own failures or the job's."),
+    ] = 0
+    infrastructure: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="Restarts the role's failures caused in the infrastructure (machine faults, lost "
+            "nodes, hangs): not counted against failurePolicy.maxRestarts.",
+        ),
+    ] = 0
+    counted: Annotated[
+        int,
+        Field(ge=0, description="Restarts the role's failures caused, counted against failurePolicy.maxRestarts."),
+    ] = 0
+
+
+class RoleStatus(StatusModel):
+    """One role of the job, its own world: its slots counted by state, its standbys (made from its
+    own template, taking only its slots), its generation, restarts and incidents."""
 
     role: Annotated[str, Field(max_length=63, description="The role.")]
     slots: Annotated[int, Field(ge=0, description="Slots (node ranks) of the role: its replicas.")] = 0
@@ -124,12 +150,21 @@ class RoleNodeCounts(StatusModel):
     finished: Annotated[
         int, Field(ge=0, description="Slots of a finished job, or of a suspended one whose pods stopped.")
     ] = 0
-
-
-class StandbyCounts(StatusModel):
-    ready: Annotated[int, Field(ge=0, description="Standbys registered and waiting for a slot.")] = 0
-    starting: Annotated[int, Field(ge=0, description="Standbys whose pod or agent is starting.")] = 0
-    lost: Annotated[int, Field(ge=0, description="Standbys whose pod or agent is gone.")] = 0
+    standbys: Annotated[
+        StandbyCounts, Field(description="The role's warm standbys (its own pool), counted by state.")
+    ] = StandbyCounts()
+    restart_scope: Annotated[
+        Literal["Role", "Job"] | None,
+        Field(description="Role: the role's failures restart it alone; Job: the whole job."),
+    ] = None
+    generation: Annotated[
+        int | None, Field(ge=0, description="The role's own generation: 1 at its first start, +1 at each restart.")
+    ] = None
+    restarts: Annotated[RoleRestarts, Field(description="The role's restarts, split by cause.")] = RoleRestarts()
+    incidents: Annotated[int, Field(ge=0, description="Incidents the role's failures opened.")] = 0
+    last_incident: Annotated[
+        str | None, Field(max_length=128, description="The newest of them: stalwart incidents JOB.")
+    ] = None
 
 
 class IncidentSummary(StatusModel):
@@ -207,11 +242,21 @@ class TrainingJobStatus(StatusModel):
         str | None,
         Field(max_length=32, description="Running slots / slots, e.g. 1022/1024 (the Nodes column)."),
     ] = None
-    node_counts: Annotated[
-        list[RoleNodeCounts],
-        Field(max_length=16, description="The slots of each role, counted by state."),
+    roles: Annotated[
+        list[RoleStatus],
+        Field(
+            max_length=16,
+            description="Each role: its slots counted by state, its standbys, generation, restarts and incidents.",
+        ),
     ] = []
-    standby_counts: Annotated[StandbyCounts, Field(description="The warm standbys, counted by state.")] = (
+    roles_ready: Annotated[
+        str | None,
+        Field(
+            max_length=512,
+            description="Running slots / slots of each role, e.g. actor 2/2, rollout 3/4 (the Roles column).",
+        ),
+    ] = None
+    standby_counts: Annotated[StandbyCounts, Field(description="Every role's warm standbys, counted by state.")] = (
         StandbyCounts()
     )
     unhealthy_nodes: Annotated[
@@ -422,6 +467,21 @@ def request_states(requests: list[OperatorRequest]) -> list[RequestState]:
     return out
 
 
+def _counted(counts: StandbyCounts, field: str) -> StandbyCounts:
+    return counts.model_copy(update={field: getattr(counts, field) + 1})
+
+
+def _role_books(role: RoleState) -> dict[str, object]:
+    """A role's own world from the controller's record: its scope, generation, restarts, incidents."""
+    return {
+        "restart_scope": role.restart_scope,
+        "generation": role.generation,
+        "restarts": RoleRestarts(restarted=role.restarted, infrastructure=role.infra_restarts, counted=role.restarts),
+        "incidents": len(role.incidents),
+        "last_incident": role.incidents[-1][:128] if role.incidents else None,
+    }
+
+
 def build_status(
     *,
     job_id: str,
@@ -457,7 +517,7 @@ def build_status(
     )
     if state is None:
         return status
-    counts = {role: RoleNodeCounts(role=role) for role in dict.fromkeys(slot_roles)}
+    counts = {role: RoleStatus(role=role) for role in dict.fromkeys(slot_roles)}
     standby_counts = StandbyCounts()
     unhealthy: list[NodeStatus] = []
     omitted = 0
@@ -473,7 +533,7 @@ def build_status(
 
     for rank, name in enumerate(state.slots):
         pod = pods.get(name)
-        role = slot_roles[rank] if rank < len(slot_roles) else None
+        role = state.role_of(name) or (slot_roles[rank] if rank < len(slot_roles) else None)
         node = NodeStatus(
             name=name,
             rank=rank,
@@ -482,15 +542,17 @@ def build_status(
             pod=pod.name if pod else None,
             machine=pod.machine if pod else None,
         )
-        if role is not None:
+        if role in counts:
             entry = counts[role]
             field = "running" if node.state is NodeState.STANDBY else node.state.value.lower()
             counts[role] = entry.model_copy(update={"slots": entry.slots + 1, field: getattr(entry, field) + 1})
         note(node)
     for name in state.standbys:
         pod = pods.get(name)
+        role = state.standby_roles.get(name)
         node = NodeStatus(
             name=name,
+            role=role,
             state=_node_state(name, pod, name in registered, state),
             pod=pod.name if pod else None,
             machine=pod.machine if pod else None,
@@ -498,8 +560,13 @@ def build_status(
         field = {NodeState.STANDBY: "ready", NodeState.RUNNING: "ready", NodeState.LOST: "lost"}.get(
             node.state, "starting"
         )
-        standby_counts = standby_counts.model_copy(update={field: getattr(standby_counts, field) + 1})
+        standby_counts = _counted(standby_counts, field)
+        if role in counts:
+            counts[role] = counts[role].model_copy(update={"standbys": _counted(counts[role].standbys, field)})
         note(node)
+    for name, books in state.roles.items():
+        if name in counts:
+            counts[name] = counts[name].model_copy(update=_role_books(books))
     running = sum(c.running for c in counts.values())
     ettr = compute_ettr(state, incidents, now).ettr
     return status.model_copy(
@@ -512,7 +579,8 @@ def build_status(
                 total=state.restarts + state.infra_restarts, infrastructure=state.infra_restarts, counted=state.restarts
             ),
             "nodes_ready": f"{running}/{len(state.slots)}",
-            "node_counts": list(counts.values()),
+            "roles": list(counts.values()),
+            "roles_ready": ", ".join(f"{c.role} {c.running}/{c.slots}" for c in counts.values())[:512],
             "standby_counts": standby_counts,
             "unhealthy_nodes": unhealthy,
             "unhealthy_nodes_omitted": omitted,

@@ -83,7 +83,7 @@ def test_running_job_nodes_and_restarts() -> None:
     )
     # Every node healthy: counted, none listed.
     assert st.unhealthy_nodes == [] and st.unhealthy_nodes_omitted == 0 and st.nodes_ready == "2/2"
-    assert [(c.role, c.slots, c.running, c.starting, c.lost) for c in st.node_counts] == [("trainer", 2, 2, 0, 0)]
+    assert [(c.role, c.slots, c.running, c.starting, c.lost) for c in st.roles] == [("trainer", 2, 2, 0, 0)]
     assert (st.standby_counts.ready, st.standby_counts.starting) == (1, 0) and st.standbys == ["node-2"]
     assert all(c.observed_generation == 1 for c in st.conditions)
     assert st.model_dump(by_alias=True)["restarts"] == {
@@ -144,7 +144,7 @@ def test_finished_and_suspended() -> None:
     )
     assert done.phase.value == "Succeeded" and done.completion_time == "2027-01-15T08:01:30Z"
     assert conditions(done)[ConditionType.SUCCEEDED] == ("True", "Completed")
-    assert done.unhealthy_nodes == [] and done.node_counts[0].finished == 2
+    assert done.unhealthy_nodes == [] and done.roles[0].finished == 2
     failed = status(state(phase=JobPhase.FAILED, reason="RestartBudgetExhausted", message="too many"))
     assert conditions(failed)[ConditionType.FAILED] == (
         "True",
@@ -158,7 +158,7 @@ def test_finished_and_suspended() -> None:
     assert conditions(suspending)[ConditionType.RUNNING] == ("False", "Suspending")
     suspended = status(state(stage=JobStage.SUSPENDED), previous=suspending, suspended=True, registered=set(), pods={})
     assert conditions(suspended)[ConditionType.SUSPENDED] == ("True", "Suspended")
-    assert suspended.unhealthy_nodes == [] and suspended.node_counts[0].finished == 2  # stopped, not lost
+    assert suspended.unhealthy_nodes == [] and suspended.roles[0].finished == 2  # stopped, not lost
     resumed = status(state(), previous=suspended)
     assert conditions(resumed)[ConditionType.SUSPENDED] == ("False", "Resumed")
 
@@ -180,7 +180,7 @@ def test_a_lost_pod_shows() -> None:
     )
     [lost] = st.unhealthy_nodes
     assert (lost.name, lost.rank, lost.role, lost.state) == ("node-1", 1, "trainer", NodeState.LOST)
-    assert st.nodes_ready == "1/2" and st.node_counts[0].lost == 1
+    assert st.nodes_ready == "1/2" and st.roles[0].lost == 1
 
 
 def test_the_status_stays_small_at_ten_thousand_nodes() -> None:
@@ -203,7 +203,7 @@ def test_the_status_stays_small_at_ten_thousand_nodes() -> None:
         observed_generation=1,
         now=T0 + 100,
     )
-    counts = {c.role: c for c in st.node_counts}
+    counts = {c.role: c for c in st.roles}
     assert (counts["trainer"].slots, counts["trainer"].lost, counts["trainer"].running) == (8_000, 30, 7_970)
     assert (counts["rollout"].slots, counts["rollout"].running) == (2_000, 2_000)
     assert st.nodes_ready == "9970/10000" and st.standby_counts.ready == 24
@@ -226,3 +226,63 @@ def test_the_status_stays_small_at_ten_thousand_nodes() -> None:
     assert len(gone.unhealthy_nodes) == 50 and gone.unhealthy_nodes_omitted == 10_024 - 50
     assert [n.rank for n in gone.unhealthy_nodes[:3]] == [0, 1, 2]
     assert len(json.dumps(gone.to_patch())) < 16_384
+
+
+def test_each_role_has_its_own_status() -> None:
+    """An RLHF job: each role's slots, its own standby pool, generation, restarts and incidents; the
+    Roles column's summary."""
+    from stalwart.store.records import RoleState
+
+    roles = {
+        "actor": RoleState(
+            name="actor", first_slot=0, nodes=1, first_rank=0, world_size=2, restart_scope="Role", generation=2
+        ),
+        "rollout": RoleState(
+            name="rollout",
+            first_slot=1,
+            nodes=2,
+            first_rank=2,
+            world_size=2,
+            restart_scope="Role",
+            generation=3,
+            restarted=2,
+            infra_restarts=2,
+            incidents=["inc-0001", "inc-0003"],
+        ),
+    }
+    s = state(
+        slots=["node-0", "node-1", "node-4"],
+        standbys=["node-3", "node-5"],
+        standby_roles={"node-3": "actor", "node-5": "rollout"},
+        roles=roles,
+    )
+    pods = {
+        **PODS,
+        "node-4": PodView(name="demo-node-4", phase="Running"),
+        "node-5": PodView(name="demo-node-5", phase="Pending"),
+    }
+    st = build_status(
+        job_id="ml.demo",
+        state=s,
+        incidents=[],
+        slot_roles=["actor", "rollout", "rollout"],
+        pods=pods,
+        registered={"node-0", "node-1", "node-3"},
+        previous=None,
+        suspended=False,
+        observed_generation=1,
+        now=T0 + 100,
+    )
+    by_role = {r.role: r for r in st.roles}
+    actor, rollout = by_role["actor"], by_role["rollout"]
+    assert (actor.slots, actor.running, actor.generation, actor.restart_scope) == (1, 1, 2, "Role")
+    assert (actor.standbys.ready, actor.standbys.starting, actor.incidents, actor.last_incident) == (1, 0, 0, None)
+    assert (rollout.slots, rollout.running, rollout.starting) == (2, 1, 1)  # node-4: its agent not registered yet
+    assert (rollout.standbys.ready, rollout.standbys.starting) == (0, 1)
+    assert (rollout.restarts.restarted, rollout.restarts.infrastructure, rollout.restarts.counted) == (2, 2, 0)
+    assert (rollout.incidents, rollout.last_incident, rollout.generation) == (2, "inc-0003", 3)
+    assert st.roles_ready == "actor 1/1, rollout 1/2" and st.nodes_ready == "2/3"
+    assert (st.standby_counts.ready, st.standby_counts.starting) == (1, 1)
+    assert [(n.name, n.role) for n in st.unhealthy_nodes] == [("node-4", "rollout"), ("node-5", "rollout")]
+    dumped = st.to_patch()["roles"]
+    assert isinstance(dumped, list) and dumped[1]["restartScope"] == "Role" and dumped[1]["lastIncident"] == "inc-0003"

@@ -261,3 +261,103 @@ def test_the_job_token_lives_in_etcd_and_in_a_secret_the_operator_never_reads(ap
     allowed = Runtime(OperatorConfig(etcd=store.endpoint, allowed_paths=["/etc"]), store, client)
     assert allowed.parse(escaping).spec.roles[0].working_dir == "../../etc"
     rt.close()
+
+
+RLHF_ROLES = [
+    {
+        "name": "actor",
+        "replicas": 1,
+        "image": "registry.example.com/actor:1",
+        "resources": {"gpus": 1, "memory": "32Gi"},
+        "command": ["python", "actor.py"],
+        "restartScope": "Role",
+        "standbys": 1,
+        "template": {"spec": {"containers": [{"name": "agent", "env": [{"name": "WHO", "value": "actor"}]}]}},
+    },
+    {
+        "name": "rollout",
+        "replicas": 2,
+        "image": "registry.example.com/rollout:1",
+        "resources": {"cpu": "6"},
+        "command": ["python", "rollout.py"],
+        "restartScope": "Role",
+        "standbys": 1,
+        "template": {"spec": {"containers": [{"name": "agent", "env": [{"name": "WHO", "value": "rollout"}]}]}},
+    },
+    # The largest role: before standbys had roles, every standby was made from its template.
+    {"name": "reward", "replicas": 3, "command": ["python", "reward.py"], "restartScope": "Role", "standbys": 0},
+]
+
+
+def test_standby_pods_are_made_from_their_own_roles_template(api: ApiServer, store: Store) -> None:
+    """Each standby's pod is its role's (image, resources, template), whether the controller names the
+    role (StartNode) or the pod is made again from the controller's state; the Kueue group counts
+    every role's standbys."""
+    from stalwart.controller.ranks import role_states
+
+    job = parse_job(
+        {
+            "apiVersion": "stalwart.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "rl"},
+            "spec": {"roles": RLHF_ROLES, "scheduling": {"queue": "team-a"}},
+        }
+    )
+    job_id = names.job_id("default", "rl")
+    store.delete_prefix(keys.job_prefix(job_id))
+    client = api.client()
+    cluster = KubernetesCluster(
+        job=job,
+        namespace="default",
+        job_id=job_id,
+        owner_uid="uid-rl",
+        config=OperatorConfig(etcd=store.endpoint),
+        api=client,
+        store=store,
+    )
+
+    def made(node: str, role: str | None = None) -> tuple[str, str, str | None, dict[str, str], str]:
+        pod = cluster.pod_manifest(node, role)
+        [container] = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        return (
+            pod["metadata"]["labels"][names.ROLE_LABEL],
+            container["image"],
+            env.get("WHO"),
+            container["resources"],
+            pod["metadata"]["annotations"][names.KUEUE_GROUP_COUNT_ANNOTATION],
+        )
+
+    actor = ("actor", "registry.example.com/actor:1", "actor", {"limits": {"nvidia.com/gpu": "1", "memory": "32Gi"}})
+    rollout = ("rollout", "registry.example.com/rollout:1", "rollout", {"requests": {"cpu": "6"}})
+    # Before the controller wrote its state: the first nodes are the slots in spec order.
+    assert made("node-1")[:3] == rollout[:3] and made("node-0")[:3] == actor[:3]
+    # The controller names the role of the node it starts (its slot's, or the pool it waits in).
+    assert made("node-6", "actor")[:3] == actor[:3] and made("node-7", "rollout")[:3] == rollout[:3]
+    assert made("node-7", "rollout")[4] == str(6 + 2)  # 6 slots, an actor and a rollout standby
+    now = time.time()
+    state = JobState(
+        job=job_id,
+        phase=JobPhase.RUNNING,
+        slots=[f"node-{i}" for i in range(6)],
+        roles=role_states(job.spec),
+        standbys=["node-6", "node-7"],
+        standby_roles={"node-6": "actor", "node-7": "rollout"},
+        created_at=now,
+        updated_at=now,
+    )
+    store.put(keys.job_state(job_id), state)
+    try:
+        # Made again from the state (no role named): each standby from its own pool's role.
+        for node, want in (("node-6", actor), ("node-7", rollout)):
+            role, image, who, resources, _ = made(node)
+            assert (role, image, who) == want[:3]
+            assert all(resources.get(k, {}).items() >= v.items() for k, v in want[3].items()), resources
+        assert made("node-5")[0] == "reward" and made("node-5")[2] is None
+        # A rollout standby that took a rollout slot keeps its role.
+        state.slots[2], state.standbys = "node-7", ["node-6"]
+        state.standby_roles = {"node-6": "actor"}
+        store.put(keys.job_state(job_id), state)
+        assert made("node-7")[:3] == rollout[:3]
+    finally:
+        store.delete_prefix(keys.job_prefix(job_id))
