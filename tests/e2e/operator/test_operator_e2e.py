@@ -30,6 +30,7 @@ from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.records import (
     Assignment,
+    Heartbeat,
     Incident,
     JobPhase,
     JobState,
@@ -203,7 +204,7 @@ class World:
 
         def ready() -> dict[str, Any] | None:
             status = self.status(name)
-            slots = sum(c["slots"] for c in status.get("nodeCounts") or [])
+            slots = sum(c["slots"] for c in status.get("roles") or [])
             if (
                 status.get("phase") == "Running"
                 and (status.get("currentStep") or 0) > 0
@@ -211,7 +212,7 @@ class World:
                 and slots
                 and status.get("nodesReady") == f"{slots}/{slots}"
                 and not status.get("unhealthyNodes")
-                and (not standby or (status.get("standbyCounts") or {}).get("ready", 0) >= 1)
+                and (not standby or all((r.get("standbys") or {}).get("ready", 0) >= 1 for r in status["roles"]))
             ):
                 return status
             return None
@@ -336,9 +337,16 @@ def test_a_job_gets_its_service_pods_and_status(world: World) -> None:
     assert "Failed" not in conditions and "Succeeded" not in conditions
     # Nodes counted per role and state; only unhealthy ones would be listed (none here).
     assert status["nodesReady"] == "2/2" and status["unhealthyNodes"] == []
-    assert status["nodeCounts"] == [
-        {"role": "trainer", "slots": 2, "running": 2, "starting": 0, "lost": 0, "finished": 0}
-    ]
+    [trainer] = status["roles"]
+    assert {k: trainer[k] for k in ("role", "slots", "running", "starting", "lost", "finished")} == {
+        "role": "trainer",
+        "slots": 2,
+        "running": 2,
+        "starting": 0,
+        "lost": 0,
+        "finished": 0,
+    }
+    assert trainer["standbys"]["ready"] == 1 and trainer["generation"] >= 1 and status["rolesReady"] == "trainer 2/2"
     assert status["standbyCounts"]["ready"] == 1
     assert {c.get("observedGeneration") for c in status["conditions"]} == {job["metadata"]["generation"]}, status
     # Restarts, split by cause (a loaded test machine may lose a lease: infrastructure, never counted).
@@ -505,6 +513,103 @@ def test_a_node_not_ready_evicts_its_pods(world: World) -> None:
 
     with world.training("gamma"):
         _hot_swap(world, "gamma", fail, "node-not-ready")
+
+
+def _role(name: str, replicas: int, who: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "replicas": replicas,
+        "processesPerNode": 1,
+        "command": ["python", "worker.py", "--step-seconds", "0.3"],
+        "restartScope": "Role",
+        "standbys": 1,
+        "resources": {"cpu": "1" if name == "actor" else "2"},
+        "template": {"spec": {"containers": [{"name": "agent", "env": [{"name": "WHO", "value": who}]}]}},
+    }
+
+
+def test_an_rlhf_job_gets_pods_and_standbys_per_role_and_a_rollout_standby_replaces_a_rollout(world: World) -> None:
+    """Two roles, each its own world with one standby made from its own template; the rollout's pod
+    fails: the rollout's standby (never the actor's) takes its slot, the rollout role alone restarts
+    (the actor's workers keep their pids), and the status shows it per role."""
+    name = "rho"
+
+    def fail(pod: dict[str, Any]) -> None:
+        world.core.patch_namespaced_pod_status(
+            pod["metadata"]["name"],
+            NS,
+            {"status": {"phase": "Failed", "reason": "Error", "message": "machine fault injected by the test"}},
+            _preload_content=False,
+        )
+
+    with world.training(name, roles=[_role("actor", 1, "actor"), _role("rollout", 1, "rollout")]):
+        before = world.running(name)
+        state = world.state(name)
+        assert state is not None and state.roles
+        [actor], [rollout] = state.role_slots("actor"), state.role_slots("rollout")
+        standby_of = {role: node for node, role in state.standby_roles.items()}
+        assert sorted(standby_of) == ["actor", "rollout"] and sorted(state.standbys) == sorted(standby_of.values())
+        pods = world.pods(name)
+        # Every pod, slot or standby, is made from its own role's template.
+        for node, role in ((actor, "actor"), (rollout, "rollout"), *((n, r) for r, n in standby_of.items())):
+            pod = pods[node]
+            assert pod["metadata"]["labels"][names.ROLE_LABEL] == role, node
+            assert world.kubelet.environment(pod["metadata"]["name"])["WHO"] == role, node
+            cpu = pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+            assert cpu == ("1" if role == "actor" else "2"), node
+        by_role = {r["role"]: r for r in before["roles"]}
+        assert before["rolesReady"] == "actor 1/1, rollout 1/1"
+        assert by_role["actor"]["standbys"]["ready"] == by_role["rollout"]["standbys"]["ready"] == 1
+        assert by_role["rollout"]["restartScope"] == "Role" and by_role["rollout"]["incidents"] == 0
+
+        def actor_pids() -> set[int]:
+            beat = world.store.get(keys.node_heartbeat(names.job_id(NS, name), actor), Heartbeat)
+            return {w.pid for w in beat.workers} if beat else set()
+
+        pids = actor_pids()
+        assert pids
+        actor_generation = state.roles["actor"].generation
+        fail(pods[rollout])
+        after = world.wait(
+            "the rollout's standby in the rollout's slot",
+            lambda: (
+                (s := world.state(name))
+                and s.phase is JobPhase.RUNNING
+                and s.role_slots("rollout") == [standby_of["rollout"]]
+                and s.roles["rollout"].generation > state.roles["rollout"].generation
+                and s
+            ),
+        )
+        assert after.role_slots("actor") == [actor] and standby_of["actor"] in after.standbys  # not the actor's
+        assert after.standby_roles[standby_of["actor"]] == "actor"
+        assert after.roles["actor"].generation == actor_generation and actor_pids() == pids  # the actor kept going
+        incident = world.store.get(
+            keys.incident(names.job_id(NS, name), after.roles["rollout"].incidents[-1]), Incident
+        )
+        assert incident is not None and incident.replacements == {rollout: standby_of["rollout"]}
+        # The status, per role: the rollout's incident and restart, its new standby on its way; the actor untouched.
+        status = world.wait(
+            "the status per role after the swap",
+            lambda: (
+                (st := world.status(name)).get("rolesReady") == "actor 1/1, rollout 1/1"
+                and {r["role"]: r for r in st["roles"]}["rollout"]["incidents"] == 1
+                and st
+            ),
+        )
+        roles = {r["role"]: r for r in status["roles"]}
+        assert roles["rollout"]["lastIncident"] == incident.id and roles["rollout"]["restarts"]["counted"] == 0
+        assert roles["rollout"]["restarts"]["infrastructure"] == 1
+        assert roles["rollout"]["generation"] == after.roles["rollout"].generation
+        assert roles["actor"]["incidents"] == 0 and roles["actor"]["generation"] == actor_generation
+        assert roles["actor"]["standbys"]["ready"] == 1
+        # The rollout's pool is refilled from the rollout's template.
+        new = world.wait(
+            "a new rollout standby",
+            lambda: next((n for n, r in (world.state(name) or after).standby_roles.items() if r == "rollout"), None),
+        )
+        pod = world.wait("its pod", lambda: world.pods(name).get(new))
+        assert pod["metadata"]["labels"][names.ROLE_LABEL] == "rollout"
+        assert {e.get("name"): e.get("value") for e in pod["spec"]["containers"][0]["env"]}["WHO"] == "rollout"
 
 
 def test_on_call_requests_through_the_kubernetes_api(world: World) -> None:
