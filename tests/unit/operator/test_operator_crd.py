@@ -256,6 +256,35 @@ def test_the_examples_validate(path: Path) -> None:
             kubernetes_validate.validate(document, K8S_VERSION, strict=True)
 
 
+def _entry(command: list[str], folder: Path) -> str:
+    """What a role's command runs: `-m module`, or the script's path relative to examples/."""
+    if "-m" in command:
+        return "-m " + command[command.index("-m") + 1]
+    script = next(c for c in command[1:] if c.endswith(".py"))
+    return str((folder / script).resolve().relative_to(REPO / "examples"))
+
+
+def test_the_kubernetes_rlhf_example_runs_the_grpo_examples_modules() -> None:
+    """examples/k8s/rlhf-volcano.yaml runs what `stalwart run examples/rlhf/grpo.yaml` runs: the same
+    roles, scripts and modules (the image copies examples/ to /workspace, the pods' job folder), each
+    role restarted alone; every script exists and every module imports. Its standbys are per role."""
+    import importlib.util
+
+    local = parse_job(load(REPO / "examples" / "rlhf" / "grpo.yaml"))
+    cluster = parse_job(load(REPO / "examples" / "k8s" / "rlhf-volcano.yaml"))
+    here = {r.name: _entry(r.command, REPO / "examples" / "rlhf") for r in local.spec.roles}
+    there = {r.name: _entry(r.command, REPO / "examples") for r in cluster.spec.roles}  # /workspace
+    assert there == here, (there, here)
+    for entry in here.values():
+        if entry.startswith("-m "):
+            assert importlib.util.find_spec(entry[3:]) is not None, entry
+        else:
+            assert (REPO / "examples" / entry).is_file(), entry
+    assert {r.restart_scope.value for r in cluster.spec.roles} == {"Role"} and cluster.spec.data_plane is not None
+    assert {r.name: r.standbys for r in cluster.spec.roles if r.standbys} == {"actor": 1, "rollout": 1}
+    assert cluster.spec.standbys.count == 0  # no role without its own pool gets one
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
