@@ -84,6 +84,11 @@ def incident_events(incident: Incident) -> list[JobEvent]:
         )
     for evicted, standby in incident.replacements.items():
         message = f"standby {standby} takes {evicted}'s slot and ranks ({incident.id}); the other nodes keep their pods"
+        if incident.role is not None and incident.scope == "Role":
+            message = (
+                f"{incident.role} standby {standby} takes {evicted}'s slot and ranks ({incident.id}); only the "
+                f"{incident.role} role restarts, the other roles keep their pods and processes"
+            )
         out.append(_follow_up(incident, f"swap/{evicted}", "Normal", "HotSwap", message, "HotSwap"))
     if incident.policy_action is FailureAction.ROLLBACK:
         message = f"rolling back to an earlier checkpoint after {cls} ({incident.id}): {incident.action}"

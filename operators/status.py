@@ -104,7 +104,9 @@ HEALTHY = frozenset({NodeState.RUNNING, NodeState.STANDBY, NodeState.FINISHED})
 class NodeStatus(StatusModel):
     name: Annotated[str, Field(max_length=63, description="Stalwart node name, e.g. node-3.")]
     rank: Annotated[int | None, Field(description="Node rank (slot) it holds; none for a standby.")] = None
-    role: Annotated[str | None, Field(max_length=63, description="Role of its slot.")] = None
+    role: Annotated[
+        str | None, Field(max_length=63, description="Role of its slot, or of the pool a standby waits in.")
+    ] = None
     state: Annotated[NodeState, Field(description="Starting, Running, Standby, Lost or Finished.")]
     pod: Annotated[str | None, Field(max_length=253, description="The pod that runs its agent.")] = None
     machine: Annotated[

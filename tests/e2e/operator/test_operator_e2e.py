@@ -602,6 +602,14 @@ def test_an_rlhf_job_gets_pods_and_standbys_per_role_and_a_rollout_standby_repla
         assert roles["rollout"]["generation"] == after.roles["rollout"].generation
         assert roles["actor"]["incidents"] == 0 and roles["actor"]["generation"] == actor_generation
         assert roles["actor"]["standbys"]["ready"] == 1
+        swap = world.wait(
+            "the HotSwap Event",
+            lambda: [e["message"] for e in world.events(name) if e["reason"] == "HotSwap"],
+        )
+        assert swap == [
+            f"rollout standby {standby_of['rollout']} takes {rollout}'s slot and ranks ({incident.id}); only the "
+            "rollout role restarts, the other roles keep their pods and processes"
+        ]
         # The rollout's pool is refilled from the rollout's template.
         new = world.wait(
             "a new rollout standby",

@@ -51,6 +51,9 @@ def test_an_incident_tells_its_class_action_runbook_eviction_and_hot_swap() -> N
     assert "inc-0001-abc: LostNode on node-1 (generation 1)" in events[0].message
     assert "runbook: stalwart runbook show lost_node" in events[0].message
     assert "standby node-2 takes node-1's slot and ranks" in events[2].message
+    scoped = recorder.incident_events(incident(1, role="rollout", scope="Role"))[2].message
+    assert "rollout standby node-2 takes node-1's slot and ranks" in scoped
+    assert "only the rollout role restarts, the other roles keep their pods and processes" in scoped
     rollback = recorder.incident_events(
         incident(
             2, failure_class=FailureClass.NAN_LOSS, policy_action=FailureAction.ROLLBACK, evicted=[], replacements={}
