@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -29,6 +30,11 @@ def test_a_node_is_alive_while_its_process_runs_with_its_name(tmp_path: Path) ->
     try:
         c = cluster(tmp_path)
         assert c._alive(proc.pid, "node-0")
+        # Past execve (until then the command line reads empty and any name passes).
+        for _ in range(6000):
+            if psutil.Process(proc.pid).cmdline():
+                break
+            time.sleep(0.01)
         assert not c._alive(proc.pid, "node-1")  # a reused pid is some other process
     finally:
         assert proc.stdin is not None
