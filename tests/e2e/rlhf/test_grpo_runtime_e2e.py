@@ -15,9 +15,9 @@ after another, each at a step the job reached:
   etcd, the actor tells it where it is, and the other roles keep their processes.
 Each fault after the first waits until the job recovered from the one before (`after=recovery`).
 The actor's ledger then shows every prompt trained on exactly once across all of it, and the policy
-learns (30 steps).
+learns (60 steps).
 
-The `restartScope: Job` run is short (6 steps, one rollout node killed at step 3, one rollout
+The `restartScope: Job` run is short (16 steps, one rollout node killed at step 2, one rollout
 replica): every role's pids change and the actor restarts from its checkpoint.
 """
 
@@ -38,7 +38,7 @@ from support.stalwart_run import run_job
 from stalwart.rlhf.ledger import FinishRecord, StartRecord, StepRecord, history, problems, read
 
 GRPO = REPO / "examples" / "rlhf" / "grpo.yaml"
-STEPS = 30
+STEPS = 60  # four recoveries one after another: a shorter run ended before the last faults' turn
 INTERVAL = 3
 LEASE_SECONDS = 20  # long enough that no healthy worker under load loses its lease
 # Steps go faster than a failure is detected: each fault after the first waits for the job to have
@@ -49,7 +49,7 @@ FAULTS = (
     "hang-worker:rank=5,step=4,after=recovery",  # the reward worker
     "kill-node:node=0,step=4,after=recovery",  # the relay
 )
-JOB_STEPS = 6
+JOB_STEPS = 16  # a fault lands some steps after its step: a shorter run could end first
 pytestmark = pytest.mark.timeout(1200)  # a run of the example starts 7 torch processes on a shared machine
 STALWART = [sys.executable, "-m", "stalwart.cli.main"]  # (the conftest's stalwart_cmd is per test)
 WINDOW = 5
@@ -67,8 +67,6 @@ def grpo_variant(tmp_path: Path, *, steps: int, scope: str, interval: int, rollo
         if role["name"] == "rollout":
             role["replicas"] = rollouts
     spec["dataPlane"]["leaseSeconds"] = LEASE_SECONDS
-    # Warm workers would import torch again on every node (7 here) for restarts a test barely has.
-    spec["faultTolerance"]["warmWorkers"] = False
     # The actor stalls while the reward worker hangs: the relay's word must come first.
     spec["faultTolerance"]["hangTimeoutFloorSeconds"] = 180
     path = tmp_path / "grpo.yaml"
@@ -116,7 +114,7 @@ def role_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 def job_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("grpo-job")
     job = grpo_variant(tmp, steps=JOB_STEPS, scope="Job", interval=2, rollouts=1)
-    yield launch(tmp, STALWART, job, "kill-node:node=2,step=3")  # the rollout node
+    yield launch(tmp, STALWART, job, "kill-node:node=2,step=2")  # the rollout node
 
 
 def incident(run: Run, failure_class: str, role: str) -> dict[str, Any]:
