@@ -41,6 +41,7 @@ from stalwart.spec import ALLOWED_PATHS_ENV
 REPO = Path(__file__).resolve().parents[1]
 GRPO = REPO / "examples" / "rlhf" / "grpo.yaml"
 STEPS = 30
+ETTR_STEPS = 80  # five recoveries one after another: the job must outlast the last fault's turn
 FAIL_AT = 12
 INTERVAL = 5
 # Each after the job recovered from the one before: steps outrun detection, so faults placed by step
@@ -54,13 +55,13 @@ EACH_ROLE = (
 )
 
 
-def variant(folder: Path, scope: str, lease_seconds: float = 60) -> Path:
+def variant(folder: Path, scope: str, lease_seconds: float = 60, steps: int = STEPS) -> Path:
     doc = yaml.safe_load(GRPO.read_text())
     for role in doc["spec"]["roles"]:
         role["workingDir"] = str(GRPO.parent)
         role["restartScope"] = scope
         if role["name"] == "actor":
-            role["command"] = ["python", "actor.py", "--steps", str(STEPS), "--checkpoint-interval", str(INTERVAL)]
+            role["command"] = ["python", "actor.py", "--steps", str(steps), "--checkpoint-interval", str(INTERVAL)]
     doc["spec"]["dataPlane"]["leaseSeconds"] = lease_seconds
     doc["spec"]["faultTolerance"]["hangTimeoutFloorSeconds"] = 180
     path = folder / f"grpo-{scope.lower()}.yaml"
@@ -110,7 +111,7 @@ def arm(folder: Path, scope: str) -> dict[str, Any]:
 
 
 def ettr_run(folder: Path) -> dict[str, Any]:
-    result, _, _ = run(folder, variant(folder, "Role", lease_seconds=20), *EACH_ROLE)
+    result, _, _ = run(folder, variant(folder, "Role", lease_seconds=20, steps=ETTR_STEPS), *EACH_ROLE)
     snap = result["snapshot"]
     return {"ettr": snap["ettr"], "mttr_by_role": snap["mttr_by_role"], "incidents": len(snap["incidents"])}
 

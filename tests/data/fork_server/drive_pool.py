@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from stalwart.agents.warm_pool import WarmPool
+from stalwart.processes import wait_for
 
 out = Path(sys.argv[1])
 script = Path(__file__).with_name("report_worker.py")
@@ -21,8 +22,8 @@ try:
         proc = pool.launch(["python", str(script)], env, out, out / f"w{i}.log")
         assert proc is not None, "the fork server gave no worker"
         if code == "kill":
-            while not (out / f"w{i}.json").exists():
-                pass  # bounded by the test's timeout: the worker writes it first thing
+            report = out / f"w{i}.json"
+            assert wait_for(report.exists, 120, interval=0.01), "the worker never started"
             proc.send_signal(signal.SIGKILL)
         results.append({"pid": proc.pid, "returncode": proc.wait(timeout=60)})
 finally:

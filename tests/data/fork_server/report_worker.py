@@ -6,7 +6,8 @@ import random
 import sys
 import time
 
-with open(os.environ["WORKER_OUT"], "w") as f:
+out = os.environ["WORKER_OUT"]
+with open(out + ".tmp", "w") as f:  # renamed when whole: the driver kills this worker once it sees it
     json.dump(
         {
             "pid": os.getpid(),
@@ -21,6 +22,7 @@ with open(os.environ["WORKER_OUT"], "w") as f:
         },
         f,
     )
+os.replace(out + ".tmp", out)
 print(f"rank {os.environ['RANK']} says hello")
 if os.environ["WORKER_EXIT"] == "kill":
     time.sleep(120)
