@@ -3,6 +3,7 @@ set of values per test session: rendering is cheap, loading the library is not f
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from typing import Any
@@ -44,20 +45,29 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 
+# libyaml's loader: the pure-Python one spent most of the chart tests' CPU parsing the same text again.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @functools.cache
-def _render(values_json: str) -> tuple[str, ...]:
+def _crds() -> tuple[dict[str, Any], ...]:
+    return tuple(d for p in sorted((CHART / "crds").glob("*.yaml")) for d in yaml.load_all(p.read_text(), _LOADER) if d)
+
+
+@functools.cache
+def _render(values_json: str) -> tuple[dict[str, Any], ...]:
     from helm_python import Chart
 
     with Chart.load(CHART) as chart:
         rendered = chart.render(values=json.loads(values_json), name=RELEASE, namespace=NAMESPACE, is_install=True)
-    return tuple(text for path, text in sorted(rendered.items()) if path.endswith((".yaml", ".yml")))
+    texts = [text for path, text in sorted(rendered.items()) if path.endswith((".yaml", ".yml"))]
+    return tuple(d for text in texts for d in yaml.load_all(text, _LOADER) if d)
 
 
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every manifest of an install with these values: the CRDs (crds/) and the templates."""
-    crds = [d for p in sorted((CHART / "crds").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
-    docs = [d for text in _render(json.dumps(values or {}, sort_keys=True)) for d in yaml.safe_load_all(text) if d]
-    return crds + docs
+    """Every manifest of an install with these values: the CRDs (crds/) and the templates. Rendered
+    and parsed once per value set per session; each caller gets its own copy to change."""
+    return copy.deepcopy([*_crds(), *_render(json.dumps(values or {}, sort_keys=True))])
 
 
 def notes(values: dict[str, Any] | None = None) -> str:
