@@ -5,13 +5,13 @@ rank reports); tests/e2e/operator runs the real ones in the agents' pods."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-import torch
 
 from stalwart.agents import check_duty
 from stalwart.agents.check_duty import CheckDuty
@@ -23,13 +23,26 @@ from stalwart.logs import get_logger
 from stalwart.store import Store, keys
 from stalwart.store.records import NodeRegistration
 
-GOOD = compute_digest(torch.device("cpu"), env={})
-BAD = compute_digest(torch.device("cpu"), env={"STALWART_FAULT_CORRUPT_COMPUTE": "1"})
+
+@functools.cache
+def digest_of(corrupt: bool) -> str:
+    """A healthy and a corrupt rank's compute digest, computed when a test first asks: the SGD step
+    imports torch._dynamo (seconds of CPU), which every xdist worker would pay while collecting."""
+    import torch
+
+    return compute_digest(torch.device("cpu"), env={"STALWART_FAULT_CORRUPT_COMPUTE": "1"} if corrupt else {})
 
 
-def done(rank: int, node: int, digest: str = GOOD) -> RankReport:
+def done(rank: int, node: int, digest: str | None = None) -> RankReport:
     return RankReport(
-        rank=rank, node=node, local_rank=0, device="cpu", phase="done", progress=8, finished=True, compute_digest=digest
+        rank=rank,
+        node=node,
+        local_rank=0,
+        device="cpu",
+        phase="done",
+        progress=8,
+        finished=True,
+        compute_digest=digest_of(corrupt=False) if digest is None else digest,
     )
 
 
@@ -76,7 +89,7 @@ def test_agents_answer_and_the_requester_judges(store: Store, tmp_path: Path, mo
         rendezvous.append(where(time.monotonic() + 30))  # node-0 publishes, node-1 reads it
         index = req.nodes.index(node)
         return NodeCheckReport(
-            request_id=req.id, node=node, ranks=[done(index, index, BAD if node == "node-1" else GOOD)]
+            request_id=req.id, node=node, ranks=[done(index, index, digest_of(corrupt=node == "node-1"))]
         )
 
     monkeypatch.setattr(check_duty, "run_share", share)
