@@ -8,8 +8,9 @@ rollouts, reward, reference, one rollout standby; real etcd, agents, controller)
 rollout node SIGKILLed once the job reached step K. Figures come from the actor's ledger (one line
 per step, with its time) and from the incidents the controller recorded:
 
-- actor idle time: the gap between the actor's last step before the failure and its first step after
-  it, less one mean step time (what a step would have cost anyway);
+- actor idle time: the longest gap between two of the actor's steps (every generation's, in time
+  order) from the failure to its first step after the recovery, less one mean step time (what a step
+  would have cost anyway);
 - work lost: that idle time plus the steps trained again (ledger steps - history) x the mean step time;
 - recovery: the incident's failure -> first step after it, as the controller measured it.
 
@@ -91,14 +92,17 @@ def arm(folder: Path, scope: str) -> dict[str, Any]:
     result, steps, records = run(folder, variant(folder, scope), f"kill-node:node=3,step={FAIL_AT}")
     fired = result["faults"][0]["fired_at"]
     times = [r.time for r in steps]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    before = max(t for t in times if t <= fired)
-    after = min(t for t in times if t > fired)
-    usual = statistics.median(gaps)
-    idle = max(0.0, after - before - usual)
-    redone = sum(1 for r in records if isinstance(r, StepRecord)) - len(steps)
+    usual = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
     (incident,) = result["snapshot"]["incidents"]
-    recovery = (incident["first_step_at"] or 0) - incident["failed_at"]
+    recovered = incident["first_step_at"] or fired
+    # Every step the actor took, in time order, generations included: a restarted actor's steps
+    # replace the old generation's in the history, so the history alone hides the stall (the old
+    # actor may step on briefly after the fault, and those steps are redone after the restart).
+    taken = sorted(r.time for r in records if isinstance(r, StepRecord))
+    stalls = [b - a for a, b in zip(taken, taken[1:], strict=False) if b > fired and a <= recovered + usual]
+    idle = max(0.0, max(stalls, default=0.0) - usual)
+    redone = sum(1 for r in records if isinstance(r, StepRecord)) - len(steps)
+    recovery = recovered - incident["failed_at"]
     return {
         "scope": scope,
         "actor_idle_s": round(idle, 2),
