@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from stalwart.controller.ettr import compute_ettr
-from stalwart.controller.standby_pool import standbys_for
+from stalwart.controller.standby_pool import role_standbys
 from stalwart.logs import get_logger
 from stalwart.spec import SpecError, TrainingJob
 from stalwart.store import keys
@@ -145,7 +145,9 @@ def job_families(jobs: Sequence[JobRecords], memo: Memo, now: float) -> list[Met
     )
     standbys = GaugeMetricFamily("stalwart_job_standbys", "Warm standbys ready now.", labels=(JOB,))
     standbys_wanted = GaugeMetricFamily(
-        "stalwart_job_standbys_wanted", "Warm standbys the job's spec asks for.", labels=(JOB,)
+        "stalwart_job_standbys_wanted",
+        "Warm standbys the job's spec asks for (every role's pool together).",
+        labels=(JOB,),
     )
     restarts = CounterMetricFamily(
         "stalwart_job_restarts",
@@ -204,7 +206,7 @@ def job_families(jobs: Sequence[JobRecords], memo: Memo, now: float) -> list[Met
             nodes_up.add_metric([name, node], 1.0 if node in registered else 0.0)
         if rec.job is not None:
             spec = rec.job.spec
-            standbys_wanted.add_metric([name], float(standbys_for(spec.standbys, spec.node_count)))
+            standbys_wanted.add_metric([name], float(sum(role_standbys(spec).values())))  # each role its own pool
             interval.add_metric([name], float(spec.checkpoint.interval_steps))
     return [
         phase,

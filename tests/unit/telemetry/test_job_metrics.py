@@ -35,7 +35,17 @@ def spec() -> dict[str, object]:
         "kind": "TrainingJob",
         "metadata": {"name": JOB},
         "spec": {
-            "roles": [{"name": "trainer", "replicas": 2, "processesPerNode": 1, "command": ["python", "t.py"]}],
+            "roles": [
+                {"name": "trainer", "replicas": 2, "processesPerNode": 1, "command": ["python", "t.py"]},
+                # A role with a standby pool of its own: the job wants both pools.
+                {
+                    "name": "evaluator",
+                    "replicas": 1,
+                    "processesPerNode": 1,
+                    "command": ["python", "e.py"],
+                    "standbys": 1,
+                },
+            ],
             "standbys": {"count": 2},
             "checkpoint": {"intervalSteps": 10},
         },
@@ -139,7 +149,7 @@ def test_job_metrics_come_from_the_records_and_match_the_docs(job_in_etcd: Store
     assert value("stalwart_job_evictions_total", node="node-1") == 1 and value("stalwart_job_hot_swaps_total") == 1
     assert value("stalwart_job_restarts_total", cause="counted") == 1
     assert value("stalwart_job_restarts_total", cause="infrastructure") == 2
-    assert value("stalwart_job_standbys") == 1 and value("stalwart_job_standbys_wanted") == 2
+    assert value("stalwart_job_standbys") == 1 and value("stalwart_job_standbys_wanted") == 2 + 1
     assert value("stalwart_job_node_up", node="node-0") == 1 and value("stalwart_job_node_up", node="node-3") == 0
     assert value("stalwart_job_last_checkpoint_step") == 40 and value("stalwart_job_checkpoint_interval_steps") == 10
     assert value("stalwart_job_controller_up") == 0  # no controller holds the job's leader key
