@@ -18,6 +18,7 @@ from typing import IO, Protocol
 
 import psutil
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 # A child must die with the thread that started it. PR_SET_PDEATHSIG does that, but setting it from
@@ -71,6 +72,12 @@ class ChildProcess(Protocol):
     def send_signal(self, sig: int) -> None: ...
     def terminate(self) -> None: ...
     def kill(self) -> None: ...
+
+
+def die_with_parent() -> None:
+    """From now on the kernel SIGKILLs this process when its parent (thread) dies. Check the parent
+    afterwards: one that died before this call has left us with a new parent, and no signal comes."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def become_subreaper() -> bool:

@@ -59,8 +59,7 @@ class WarmPool:
         if not self.enabled:
             return
         if self.server is not None and self.server.poll() is not None:
-            self.server, self.ready, self._buffer = None, False, b""
-            self._start_after = time.monotonic() + RESTART_DELAY_SECONDS
+            self._discard()  # it died: a new one after the pause
         if self.server is None and time.monotonic() >= self._start_after:
             stderr: IO[bytes] | int = subprocess.DEVNULL
             if self.log is not None:

@@ -18,14 +18,12 @@ The worker dies with the agent (PR_SET_PDEATHSIG, set once the agent is its pare
 from __future__ import annotations
 
 import atexit
-import ctypes
 import datetime
 import gc
 import importlib
 import os
 import random
 import runpy
-import signal
 import socket
 import sys
 import time
@@ -34,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from stalwart.net import bound_tcp_store
+from stalwart.processes import die_with_parent
 
 # Modules that read no configuration at import (the worker SDK does, so it is not here).
 PRELOAD = (
@@ -134,7 +133,6 @@ def become_worker(request: LaunchRequest) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-PR_SET_PDEATHSIG = 1
 ADOPTION_WAIT_SECONDS = 5.0
 
 
@@ -152,7 +150,7 @@ def _adopted_by(agent: int) -> None:
     deadline = time.monotonic() + ADOPTION_WAIT_SECONDS
     while os.getppid() != agent and time.monotonic() < deadline:
         time.sleep(0.001)
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
     if os.getppid() != agent:  # the agent is gone (or never adopted us): no worker without it
         os._exit(137)
 

@@ -9,7 +9,6 @@ and a bundle that needs more memory than the worker may use fails alone.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import resource
@@ -17,14 +16,13 @@ import signal
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
 
 from pydantic import ValidationError
 
 from stalwart.diagnosis.problems import validation_problem
+from stalwart.processes import die_with_parent
 
 INPUT_CHUNK = 1024 * 1024  # compressed bytes fed to the inflater at a time
-PR_SET_PDEATHSIG = 1
 WORKER_NICENESS = 10
 
 
@@ -109,8 +107,7 @@ def init_worker(memory_limit_bytes: int) -> None:
     """In each worker: die with the service (nothing else would stop a worker whose service was
     SIGKILLed), yield the CPU to it, cap its address space, and import the engine before the first
     bundle arrives."""
-    libc: Any = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
     if os.getppid() == 1:
         os._exit(0)  # the service is already gone
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the service, which stops us
