@@ -134,8 +134,13 @@ class View:
         return {w.rank: n for n in self.state.slots if (b := self.obs.beats.get(n)) for w in b.workers}
 
     def crashed(self) -> list[WorkerStatus]:
-        """Workers that exited non-zero, in exit order (the first is usually the root)."""
-        return sorted((w for w in self.workers if w.exit_code not in (None, 0)), key=lambda w: w.exited_at or 0)
+        """Workers that exited non-zero, the likely root first: those that died of a symptom of
+        another rank's failure (a peer's closed socket, a collective timeout) after the rest, each
+        group in exit order. Exit order alone misleads: gloo peers die within milliseconds of the
+        killed rank, and their agents may see them first (an earlier poll, or the same poll in
+        local-rank order)."""
+        failed = (w for w in self.workers if w.exit_code not in (None, 0))
+        return sorted(failed, key=lambda w: (w.failure_class in SYMPTOMS, w.exited_at or 0))
 
     def lost(self) -> list[str]:
         """Slot nodes whose lease lapsed (no registration)."""

@@ -44,7 +44,7 @@ def test_a_killed_worker_restarts_in_place_then_nan_rolls_back(tmp_path: Path, s
     assert snap["step"] == STEPS and snap["restarts"] == 2 and snap["infra_restarts"] == 0
     crash, nan = snap["incidents"]
     assert crash["failure_class"] == "WorkerCrash"
-    assert crash["rank"] == 1 and crash["exit_code"] == -9
+    assert crash["rank"] == 1 and crash["exit_code"] == -9, crash["evidence"]
     assert crash["evidence"] and crash["evidence"][0].startswith("rank 1 on node-0")
     # No machine was named, so nothing was evicted: the stop-time checks ran, passed, and the same
     # nodes restarted their workers.

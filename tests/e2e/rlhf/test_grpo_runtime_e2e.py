@@ -146,7 +146,7 @@ def test_a_dead_rollout_node_is_hot_swapped_in_its_role_alone(role_run: Run) -> 
 
 def test_a_killed_actor_rank_restarts_the_actor_alone_from_its_checkpoint(role_run: Run) -> None:
     crash = incident(role_run, "WorkerCrash", "actor")
-    assert crash["scope"] == "Role" and crash["rank"] == 2 and crash["exit_code"] == -9
+    assert crash["scope"] == "Role" and crash["rank"] == 2 and crash["exit_code"] == -9, crash["evidence"]
     records = role_run.records()
     first, second = [r for r in records if isinstance(r, StartRecord)]
     trained = [r.step for r in records if isinstance(r, StepRecord) and r.incarnation == first.incarnation]

@@ -104,6 +104,42 @@ def test_diagnosis_naming_a_machine_upgrades_a_plain_crash_to_an_eviction() -> N
     assert "Xid 79: GPU fell off the bus" in incident.evidence
 
 
+def test_the_killed_rank_is_the_root_even_when_its_peers_exit_first() -> None:
+    """Gloo peers die of the killed rank's closed socket within milliseconds, and an agent may see
+    them first: rank 0 is polled before rank 1, and node-1's agent polls earlier. The root is the
+    rank that did not die of a peer's failure."""
+    h = Harness()
+    h.running()
+    now = h.clock.now
+    victim = {"failure_class": "peer_closed", "failure_reason": "peer_closed: Connection closed by peer"}
+    h.beat(
+        "node-1",
+        1,
+        [worker(2, exit_code=1, exited_at=now - 0.2, **victim), worker(3, exit_code=1, exited_at=now - 0.2, **victim)],
+    )
+    h.beat(
+        "node-0",
+        1,
+        [worker(0, exit_code=1, exited_at=now - 0.1, **victim), worker(1, exit_code=-9, exited_at=now - 0.1)],
+    )
+    h.tick()
+    h.clock.advance(CRASH_DIAGNOSIS_WAIT + 0.5)
+    h.beat(
+        "node-0",
+        1,
+        [worker(0, exit_code=1, exited_at=now - 0.1, **victim), worker(1, exit_code=-9, exited_at=now - 0.1)],
+    )
+    h.beat(
+        "node-1",
+        1,
+        [worker(2, exit_code=1, exited_at=now - 0.2, **victim), worker(3, exit_code=1, exited_at=now - 0.2, **victim)],
+    )
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "WorkerCrash" and incident.rank == 1 and incident.exit_code == -9
+    assert incident.evidence[0].startswith("rank 1 on node-0")
+
+
 def test_a_verdict_that_comes_after_the_wait_is_attached_to_its_incident() -> None:
     """The crash is handled without its verdict after CRASH_DIAGNOSIS_WAIT; the verdict that comes
     later (the job already in its stop-time checks) joins the incident in etcd with its time."""
