@@ -142,6 +142,10 @@ class View:
         failed = (w for w in self.workers if w.exit_code not in (None, 0))
         return sorted(failed, key=lambda w: (w.failure_class in SYMPTOMS, w.exited_at or 0))
 
+    def first_exit(self) -> float | None:
+        """When the first of the crashed workers exited (a victim may have gone before its root)."""
+        return min((w.exited_at or self.now for w in self.crashed()), default=None)
+
     def lost(self) -> list[str]:
         """Slot nodes whose lease lapsed (no registration)."""
         return [n for n in self.state.slots if n not in self.obs.registrations]

@@ -72,7 +72,7 @@ class Crashes(Detector):
         crashed = view.crashed()
         if not crashed or view.lost():
             return Report()
-        first_exit = crashed[0].exited_at or view.now
+        first_exit = view.first_exit() or view.now
         if view.silent_since(first_exit):
             return Report()  # a node not heard from since: lost-nodes decides first
         pairs = [(view.owners[w.rank], w) for w in crashed if w.rank in view.owners]

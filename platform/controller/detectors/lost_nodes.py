@@ -36,9 +36,8 @@ class LostNodes(Detector):
         lapsed = f"node lease lapsed (no heartbeat for {ft.lease_ttl_seconds}s)"
         why: dict[str, str] = dict.fromkeys(view.lost() if not self._etcd_may_explain(view) else [], lapsed)
         fence: dict[str, tuple[int, str]] = {}
-        crashed = view.crashed()
-        first_exit = (crashed[0].exited_at or view.now) if crashed else view.now
-        silent = view.silent_since(first_exit) if crashed and not why else []
+        first_exit = view.first_exit()
+        silent = view.silent_since(first_exit) if first_exit is not None and not why else []
         needs = Needs(cluster=bool(silent) or view.peer_trouble())
         if needs.cluster and view.cluster is None:
             return Report(needs=needs)
