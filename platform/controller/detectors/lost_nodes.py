@@ -49,7 +49,7 @@ class LostNodes(Detector):
                     why[node] = f"{GONE_PER_CLUSTER}; lease revoked"
                     fence[node] = (registered[node].lease_id, GONE_PER_CLUSTER)
         patience = max(MISSED_BEATS_AFTER_CRASH * ft.heartbeat_interval_seconds, ft.lease_ttl_seconds / 2)
-        if silent and not fence and view.now - first_exit > patience:
+        if silent and first_exit is not None and not fence and view.now - first_exit > patience:
             # Its peers just lost their connections to it, so a few missed heartbeats are evidence
             # enough: fence it rather than wait out the TTL.
             reason = f"silent for {patience:g}s since its peers crashed"
