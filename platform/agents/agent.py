@@ -1,7 +1,8 @@
 """The node agent: the only thing that touches workers. A supervisor with named states
 (stalwart.agents.agent_state) over parts that each do one job:
 
-- the lease keeper (lease_keeper): holds the node's lease, renews it with every heartbeat;
+- the lease keeper (lease_keeper): holds the node's lease (a keep-alive every heartbeat interval) and
+  writes the heartbeat record when it changed, or its progress at most every progress interval;
 - the worker launcher (launcher): a generation's workers, from the pure `worker_env()`;
 - on-demand reports (reports): the workers' stacks (with the node's metric window) and logs;
 - the check duty (check_duty): its share of the collective and compute checks, when asked;
@@ -45,6 +46,7 @@ from stalwart.spec.topology import Topology
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
 from stalwart.store.credentials import agent_job_token
+from stalwart.store.heartbeat_budget import job_progress_interval
 from stalwart.store.jobs import read_spec
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
@@ -90,7 +92,6 @@ class NodeAgent:
         self._last_group: WorkerGroup | None = None  # for log requests between generations
         self._stop_signal: int | None = None
         self.commands: queue.Queue[AgentCommand] = queue.Queue()
-        self._job_states: queue.Queue[JobState] = queue.Queue()
         self._listed_standby = False
         # The heartbeat thread reads the workers' snapshot the loop publishes (a list, replaced whole).
         self._beat_workers: list[WorkerStatus] = []
@@ -122,6 +123,7 @@ class NodeAgent:
             self._heartbeat,
             self.log,
             outage_limit=self.ft.etcd_outage_seconds,
+            progress_interval=job_progress_interval(self.job.spec),
         )
         self._retry: AgentCommand | None = None  # a command etcd's absence interrupted, carried out when it is back
         self.reports = OnDemandReports(
@@ -179,7 +181,6 @@ class NodeAgent:
             )
         )
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
-        self.store.watch_prefix(keys.job_state(self.job_name), self._on_job_state)
         self.reports.watch()
         self.checks.watch()
         self.log.info("registered", fields={"lease": f"{lease.id:x}"})
@@ -187,21 +188,21 @@ class NodeAgent:
         memory = self.data_plane.memory_port
         self.standby.start(f"{self.address}:{memory}" if memory is not None else None)
         self.probes.start()
-        # A command or state written before our watches started is not replayed by them: read once.
+        # A command written before our watch started is not replayed by it: read once.
         current = self.store.get(keys.node_command(self.job_name, self.node), AgentCommand)
         if current is not None:
             self.commands.put(current)
+        # Whether this node is a standby: read once, not watched. The controller lists a standby
+        # before it starts the node and never lists a slot node as one later; a standby leaves the
+        # pool by a RUN command (promoted) or is stopped (dropped). The state holds every slot and is
+        # rewritten every few seconds: a watch on it from every agent would be O(nodes^2) traffic.
         state = self.store.get(keys.job_state(self.job_name), JobState)
         if state is not None:
-            self._job_states.put(state)
+            self._follow_job_state(state)
 
     def _on_command(self, _key: str, value: bytes | None) -> None:
         if value is not None:
             self.commands.put(AgentCommand.loads(value))
-
-    def _on_job_state(self, key: str, value: bytes | None) -> None:
-        if value is not None and key == keys.job_state(self.job_name):
-            self._job_states.put(JobState.loads(value))
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -243,7 +244,6 @@ class NodeAgent:
         """One pass over the job state, commands, requests and workers; True if a heartbeat should go out now."""
         dirty = False
         self.warm.maintain()
-        self._follow_job_state()
         dirty |= self._apply_commands()
         self.reports.serve()
         self.checks.serve()
@@ -292,21 +292,16 @@ class NodeAgent:
                 self.log.warning("command waits for etcd", fields={"generation": cmd.generation, "error": str(exc)})
                 return dirty
 
-    def _follow_job_state(self) -> None:
+    def _follow_job_state(self, state: JobState) -> None:
         """Standby or idle, as the job's state lists this node (running states are the commands')."""
-        latest: JobState | None = None
-        while True:
-            try:
-                latest = self._job_states.get_nowait()
-            except queue.Empty:
-                break
-        if latest is None:
-            return
-        self._listed_standby = self.node in latest.standbys
+        self._set_standby(self.node in state.standbys)
         if self._listed_standby and self.state is AgentState.IDLE:
             self._enter(AgentState.STANDBY, "the job lists this node as a standby")
-        elif not self._listed_standby and self.state is AgentState.STANDBY:
-            self._enter(AgentState.IDLE, "the job no longer lists this node as a standby")
+
+    def _set_standby(self, listed: bool) -> None:
+        if listed != self._listed_standby:
+            self._listed_standby = listed
+            self.standby.listing_changed()
 
     def _apply(self, cmd: AgentCommand) -> bool:
         self.log.debug(
@@ -368,6 +363,7 @@ class NodeAgent:
             self.group = self.launcher.launch(assignment, mine, services)
         except ConfinementError as exc:
             raise AgentExit(2, f"refusing the job's spec: {exc}") from None
+        self._set_standby(False)  # promoted: its duty as a standby ends with its first generation
         self._enter(AgentState.RUNNING, f"generation {cmd.generation}")
         self.log.info(
             "workers started",

@@ -1,9 +1,9 @@
 """The node agent's named states, and the only transitions between them.
 
-                 job state lists the node as a standby
+             job state lists the node as a standby (read once, at registration)
         IDLE  ─────────────────────────────────────────►  STANDBY
-         ▲ ◄─────────────────────────────────────────────  │
-         │      no longer listed (promoted, or dropped)     │
+         ▲                                                 │ (a dropped standby is
+         │                                                 │  stopped by the controller)
          │                                                 │ RUN (promoted: it takes a slot's ranks)
          │ workers stopped                                 ▼
       STOPPING ◄──────── STOP, or RUN of a newer ──────  RUNNING ◄── RUN (IDLE: a slot's first generation)

@@ -1,4 +1,11 @@
-"""The agent's lease keeper: holds the node's lease and renews it with every heartbeat.
+"""The agent's lease keeper: holds the node's lease and writes its heartbeat record.
+
+Liveness is the lease alone: every heartbeat interval the keeper sends one keep-alive message on the
+lease's long-lived stream (stalwart.store.keepalive), which costs etcd no write. The heartbeat record
+is built every interval too (the agent's metrics and metric window follow it) but put into etcd only
+when the write rule says so (stalwart.store.heartbeat_budget): at once when something the controller
+acts on changed, otherwise at most once per progress interval (the heartbeat interval for any job of
+up to a few hundred nodes, longer for bigger ones).
 
 It runs on its own thread: starting or stopping workers can take seconds on a loaded machine, and a
 lease must never lapse because of that.
@@ -21,6 +28,7 @@ from collections.abc import Callable
 from stalwart.logs import ContextLogger
 from stalwart.store import keys
 from stalwart.store.client import Lease, LeaseLost, Store, StoreUnavailable
+from stalwart.store.heartbeat_budget import HeartbeatGate
 from stalwart.store.records import Heartbeat, JobState, NodeRegistration
 
 FENCED_EXIT = 3  # the node was replaced: its lease was revoked, or the job no longer lists it
@@ -47,11 +55,16 @@ class LeaseKeeper:
         log: ContextLogger,
         *,
         outage_limit: float,
+        progress_interval: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`build(now)` makes the heartbeat to send; it must not block for long."""
+        """`build(now)` makes the heartbeat; it must not block for long. `progress_interval`: the
+        longest an unchanged heartbeat waits to be written (heartbeat_budget.job_progress_interval;
+        None: the heartbeat interval, a write every beat)."""
         self.store, self.job, self.node = store, job, node
         self.ttl, self.interval, self.outage_limit = ttl, interval, outage_limit
+        self.gate = HeartbeatGate(interval, interval if progress_interval is None else progress_interval)
+        self.written = 0  # heartbeat records put into etcd
         self.build = build
         self.log = log
         self.clock = clock
@@ -85,7 +98,8 @@ class LeaseKeeper:
         self._thread.start()
 
     def beat_now(self) -> None:
-        """Send a heartbeat now instead of at the next interval (the workers' state changed)."""
+        """Beat now instead of at the next interval (the workers' state changed): the heartbeat is
+        written at once if what changed is something the controller acts on."""
         self._now.set()
 
     def _loop(self) -> None:
@@ -97,8 +111,8 @@ class LeaseKeeper:
             self.beat()
 
     def beat(self) -> None:
-        """One heartbeat: renew the lease (or take a new one) and put the heartbeat under it. Never
-        raises: the outcome is in `fenced`, `etcd_away` and the log."""
+        """One heartbeat: renew the lease (or take a new one), then put the heartbeat under it if the
+        write rule says it is due. Never raises: the outcome is in `fenced`, `etcd_away` and the log."""
         now = self.clock()
         try:
             lease = self.lease or self._rejoin(now)
@@ -116,8 +130,12 @@ class LeaseKeeper:
                 lease = self._rejoin(now)
                 if lease is None:
                     return
-            self.store.put(keys.node_heartbeat(self.job, self.node), self.build(now), lease=lease)
             self._renewed_at = now
+            beat = self.build(now)
+            if self.gate.due(beat, now):
+                self.store.put(keys.node_heartbeat(self.job, self.node), beat, lease=lease)
+                self.gate.wrote(beat, now)
+                self.written += 1
         except StoreUnavailable as exc:
             self._unreachable(now, exc)
             return
@@ -136,6 +154,7 @@ class LeaseKeeper:
         lease = self.store.lease(self.ttl)
         self.store.put(keys.node_registration(self.job, self.node), self._registration(lease.id), lease=lease)
         self.lease = lease
+        self.gate.forget()  # the heartbeat went with the old lease: write the next one at once
         self.rejoined += 1
         self.log.warning(
             "node lease lapsed while heartbeats could not reach etcd; registered again under a new lease",

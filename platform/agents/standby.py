@@ -6,6 +6,12 @@
 - Remembers the data loader's state at each checkpoint the job's workers report (the SDK's
   `report_checkpoint(step, data_state=loader.state_delta())`): when it is promoted, its shadow
   loader starts on the first batches at once, while its workers are still starting.
+
+It works only while the node is a standby, and only when there is something new: once when it
+becomes one, then at each new entry of the job's checkpoint catalog (a watch on the catalog, held
+while it is a standby), and again a second later after a round etcd or a memory store cut short.
+No periodic reads: the job's state and the nodes' records are O(nodes), and a standby reading
+them every second is O(nodes) per standby per second.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from stalwart.spec import TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
 from stalwart.store.nodes import read_nodes
+from stalwart.store.prefix_watch import PrefixWatch
 from stalwart.store.records import JobState
 
-MIRROR_INTERVAL = 1.0  # a standby looks for a newer checkpoint this often
+RETRY_SECONDS = 1.0  # after a round that etcd or a memory store cut short
 KEPT_LOADER_STATES = 8
 
 
@@ -56,6 +63,9 @@ class StandbyDuty:
         self._stop = threading.Event()
         self._held: int | None = None
         self._said: str | None = None
+        self._wake = threading.Event()  # something new: the node became a standby, a checkpoint was committed
+        self._catalog: PrefixWatch | None = None
+        self.rounds = 0
 
     def start(self, memory_address: str | None) -> None:
         self.memory_address = memory_address
@@ -64,6 +74,15 @@ class StandbyDuty:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+
+    def listing_changed(self) -> None:
+        """The node became a standby, or stopped being one (the agent's loop calls this)."""
+        self._wake.set()
+
+    def _on_catalog(self, _key: str, value: bytes | None) -> None:
+        if value is not None:
+            self._wake.set()
 
     def loader_state(self, max_step: int | None) -> tuple[int, dict[str, Any]] | None:
         """The newest checkpoint's loader state (no newer than `max_step`, a rollback's bound)."""
@@ -72,15 +91,35 @@ class StandbyDuty:
             return (max(steps), self._loader_states[max(steps)]) if steps else None
 
     def _loop(self) -> None:
-        while not self._stop.wait(MIRROR_INTERVAL):
-            if not self.listed():
-                continue
+        retry: float | None = None
+        while True:
+            self._wake.wait(retry)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            retry = None
             try:
-                self._round()
+                if self._follow_catalog():
+                    self._round()
             except (StoreUnavailable, StorageError) as exc:
                 self.log.debug("standby round skipped", fields={"error": str(exc)})
+                retry = RETRY_SECONDS
+        if self._catalog is not None:
+            self._catalog.cancel()
+
+    def _follow_catalog(self) -> bool:
+        """Watch the catalog while the node is a standby, and only then; True: a round is due."""
+        if not self.listed():
+            if self._catalog is not None:
+                self._catalog.cancel()
+                self._catalog = None
+            return False
+        if self._catalog is None:
+            self._catalog = self.store.watch_prefix(keys.checkpoints_prefix(self.job.name), self._on_catalog)
+        return True
 
     def _round(self) -> None:
+        self.rounds += 1
         state = self.store.get(keys.job_state(self.job.name), JobState)
         if state is None:
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ import grpc
 import pyetcd
 
 from stalwart.store.etcd_auth import PLAIN, EtcdAuth
+from stalwart.store.keepalive import KeepAliveFailed, KeepAliveStream
 from stalwart.store.prefix_watch import PrefixWatch, Watches
 from stalwart.store.records import Record
 
@@ -93,22 +95,42 @@ class _Token(grpc.AuthMetadataPlugin):
 
 
 class Lease:
+    """A lease, renewed over one long-lived keep-alive stream (store/keepalive.py)."""
+
     def __init__(self, store: Store, inner: pyetcd.Lease) -> None:
         self._store = store
         self._inner = inner
+        self._keepalive = KeepAliveStream(store._client, int(inner.id), store.timeout)
+        store._leases.add(self)
 
     @property
     def id(self) -> int:
         return int(self._inner.id)
 
+    @property
+    def streams_opened(self) -> int:
+        """Keep-alive streams opened for this lease: 1 while none broke."""
+        return self._keepalive.opened
+
     def refresh(self) -> None:
-        """Renew the lease; raises LeaseLost if it already expired (etcd answers TTL 0)."""
-        responses = self._store._call(self._inner.refresh)
-        if not responses or responses[0].TTL <= 0:
+        """Renew the lease; raises LeaseLost if it already expired (etcd answers TTL 0), and
+        StoreUnavailable if etcd did not answer."""
+        try:
+            ttl = self._store._call(self._keepalive.keep_alive)
+        except KeepAliveFailed as exc:
+            raise StoreUnavailable(f"etcd at {self._store.endpoint} did not renew lease {self.id:x}: {exc}") from None
+        if ttl <= 0:
+            self.close()
             raise LeaseLost(f"lease {self.id:x} has expired")
 
     def revoke(self) -> None:
+        self.close()
         self._store._call(self._inner.revoke)
+
+    def close(self) -> None:
+        """Close its keep-alive stream (the lease is lost, revoked, or given up)."""
+        self._keepalive.close()
+        self._store._leases.discard(self)
 
 
 class Store:
@@ -122,6 +144,7 @@ class Store:
         if not host or not port.isdigit():
             raise ValueError(f"etcd endpoint must be HOST:PORT, got {endpoint!r}")
         self.endpoint = endpoint
+        self.timeout = timeout
         self.auth = EtcdAuth.from_env() if auth is None else auth
         if self.auth.tls:
             files = self.auth.channel_files()
@@ -141,6 +164,7 @@ class Store:
         if self.auth.user:
             self._client.call_credentials = grpc.metadata_call_credentials(self._token)
         self._watches = Watches(self)
+        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()  # their keep-alive streams close with the store
 
     def _login(self, stale: str | None) -> None:
         with self._login_lock:
@@ -270,4 +294,6 @@ class Store:
 
     def close(self) -> None:
         self._watches.close()
+        for lease in list(self._leases):
+            lease.close()
         self._client.close()

@@ -6,22 +6,35 @@ the clock (a first step `first_step_after` seconds into the generation, then one
 every node in lock-step, as synchronous training is). The calls go straight to etcd's gRPC API
 (grpc.aio over pyetcd's generated stubs) so that one process holds thousands of nodes, with the
 limits the real agent's client has (replies of at most 4 MiB, 5 s deadlines). What the real agent
-does on main, and so what `SimNode` does:
+does, and so what `SimNode` does:
 
     register      LeaseGrant(ttl); Range(spec); Put(registration, lease); Watch x3 (its command key,
-                  the stack-request key, the log-request key); Range(its command)
-    every beat    LeaseKeepAlive on a new stream (pyetcd's Lease.refresh), then Put(heartbeat, lease);
-                  a beat also goes out at once after a command is applied
+                  the stack-request key, the log-request key); Range(its command); Range(job state),
+                  once, to learn whether it is a standby
+    every beat    a LeaseKeepAlive message on a long-lived stream (the agent: one stream of its own;
+                  here: one stream per channel, shared by its nodes, every node's message on it);
+                  no write just to be alive
+    heartbeat     Put(heartbeat, lease) by stalwart.store.heartbeat_budget's rule: at once when
+                  something the controller acts on changed (a command applied, the first step of a
+                  generation, a checkpoint), otherwise at most once per progress interval
+                  (max(heartbeat interval, nodes / 500))
     RUN command   Range(the generation's assignment); Range(the whole nodes prefix) to build the
                   memory-store URI: an error there (a reply over 4 MiB) kills the agent
     STOP command  the workers stop; the heartbeats then carry none
     SHUTDOWN      LeaseRevoke; the agent exits
     stack request Put(stack report: one py-spy dump per worker)
     log request   Put(log report)
-    mirror loop   every second when checkpoint.memory and standbys.preloadCheckpoint are on, on every
-                  node (not only standbys): Range(job state); a standby then Range(nodes prefix)
+    standby       only a node the job state lists as a standby, and only while it is one (promoted
+                  by RUN): Watch(the job's checkpoint catalog); a round (Range(job state), Range(the
+                  whole nodes prefix)) once at registration and at each new catalog entry
     lease lost    (a keep-alive answers TTL 0) the agent exits
     SIGTERM       LeaseRevoke; the agent exits
+
+The nodes of one process beat from one timer wheel (a slot every 1/20 of the interval, each node in
+a random slot), not one task per node: the etcd traffic is the agent's, the simulator's CPU per node
+is as low as it goes. A heartbeat record is built only when it may be due (the rule's progress
+clock ran out, or the clock-driven workers reached a step the rule writes at once); the rule itself
+(`HeartbeatGate.due`) then decides, as in the agent.
 
 Edit this list and `SimNode` together when the agent changes; records come from
 stalwart.store.records, so a changed record changes the simulation with it.
@@ -58,6 +71,7 @@ from stalwart.diagnosis.corpus import PID_MARK
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
+from stalwart.store.heartbeat_budget import HeartbeatGate, job_progress_interval
 from stalwart.store.records import (
     AgentAction,
     AgentCommand,
@@ -68,6 +82,7 @@ from stalwart.store.records import (
     LogRequest,
     NodeAssignment,
     NodeRegistration,
+    SavedCheckpoint,
     StackReport,
     StackRequest,
     WorkerLog,
@@ -76,7 +91,7 @@ from stalwart.store.records import (
 )
 
 DEADLINE = 5.0  # the agent's Store(timeout=5.0)
-MIRROR_INTERVAL = 1.0  # stalwart.agents.agent.MIRROR_INTERVAL
+WHEEL_SLOTS = 20  # the beat wheel turns a slot every 1/20 of the heartbeat interval
 TOKENS_PER_STEP = 4 * 1024 * 1024  # per rank: a 4M-token global batch's share, for a realistic figure
 STACK_CASE = Path(__file__).resolve().parents[2] / "data" / "diagnosis" / "corpus"
 
@@ -148,10 +163,15 @@ def advance_workers(
         w.last_checkpoint_step = done // checkpoint_interval * checkpoint_interval or None
 
 
-def heartbeat_record(node: str, generation: int, workers: list[WorkerStatus], now: float) -> Heartbeat:
-    """The agent's heartbeat: its workers' statuses and the node metric vector (host probes filled in)."""
+def heartbeat_record(
+    node: str, generation: int, workers: list[WorkerStatus], now: float, agent_state: str | None = None
+) -> Heartbeat:
+    """The agent's heartbeat: its workers' statuses, the node metric vector (host probes filled in),
+    its state and its ranks' newest committed checkpoint (which feeds the job's catalog)."""
     vector = node_metric_vector(node, workers, now=now)
     vector.cpu_percent, vector.memory_percent, vector.nic_error_delta = 41.5, 37.25, 0
+    step = workers[0].last_checkpoint_step if workers else None
+    saves = [SavedCheckpoint(step=step, generation=generation, committed_at=now, tiers=["memory"])] if step else []
     return Heartbeat(
         node=node,
         generation=generation,
@@ -159,6 +179,8 @@ def heartbeat_record(node: str, generation: int, workers: list[WorkerStatus], no
         workers=workers,
         vector=vector.model_dump(mode="json"),
         machine_faults=[],
+        agent_state=agent_state,
+        checkpoints=saves,
     )
 
 
@@ -244,6 +266,12 @@ class Conn:
         self._handlers: dict[int, Callable[[Any], None]] = {}
         self._lock = asyncio.Lock()
         self.users = 0
+        # The keep-alive stream: every node of this channel sends its renewals on it; replies come
+        # back by lease ID. Only the host's wheel writes on it (one writer: no lock per message).
+        self._keepalive: Any = None
+        self._keepalive_reader: asyncio.Task[None] | None = None
+        self.by_lease: dict[int, SimNode] = {}
+        self.streams_opened = 0
 
     async def watch(self, key: bytes, handler: Callable[[Any], None]) -> int:
         """A prefix watch on `key` (pyetcd's add_watch_prefix_callback); handler(event) per event."""
@@ -283,9 +311,29 @@ class Conn:
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             return
 
+    async def keep_alive(self, lease_id: int) -> None:
+        """Send one renewal on the channel's stream (opened now if it is not, or broke)."""
+        if self._keepalive is None:
+            self._keepalive = self.leases.LeaseKeepAlive()  # no deadline: it lives as long as the channel
+            self._keepalive_reader = asyncio.create_task(self._read_keepalives(self._keepalive))
+            self.streams_opened += 1
+        await self._keepalive.write(pb.LeaseKeepAliveRequest(ID=lease_id))
+
+    async def _read_keepalives(self, stream: Any) -> None:
+        try:
+            async for reply in stream:
+                node = self.by_lease.get(reply.ID)
+                if node is not None:
+                    node.renewed(reply.TTL)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        if self._keepalive is stream:
+            self._keepalive = None  # broke: the next renewal opens another
+
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._reader, self._keepalive_reader):
+            if task is not None:
+                task.cancel()
         await self.channel.close()
 
 
@@ -306,13 +354,16 @@ class SimNode:
         self.mine: NodeAssignment | None = None
         self.gen_started_at = 0.0
         self.frozen_at: float | None = None
-        self.beat_now = asyncio.Event()
         self.lock = asyncio.Lock()  # one command at a time: the agent applies them on one thread
         self.tasks: list[asyncio.Task[Any]] = []
         self.watch_ids: list[int] = []
         self.last_landed: float | None = None
         self.last_keepalive_sent: float | None = None  # the renewal etcd last granted was sent then
-        self.etcd_lost_since: float | None = None
+        self.keepalive_sent_at = 0.0  # the newest renewal sent
+        self.gate = HeartbeatGate(host.interval, host.progress_interval)
+        self.written_hint: tuple[Any, ...] | None = None  # what the last written heartbeat's workers were at
+        self.standby = False  # the job state lists it as a standby (read at registration)
+        self.catalog_watch: int | None = None
         self.exit_reason: str | None = None
 
     # -- etcd calls, counted -----------------------------------------------------------------
@@ -354,9 +405,15 @@ class SimNode:
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
             await self.exit(f"could not register: {type(exc).__name__}", revoke=True)
             return
-        self.tasks.append(asyncio.create_task(self._beat_loop()))
-        if self.host.mirror:
-            self.tasks.append(asyncio.create_task(self._mirror_loop()))
+        self.host.wheel_add(self)
+        if self.standby and self.host.mirror and self.alive:
+            try:
+                self.host.stats.calls["watch create"] += 1
+                catalog = keys.checkpoints_prefix(self.host.job).encode()
+                self.catalog_watch = await self.conn.watch(catalog, self._on_catalog)
+            except (grpc.aio.AioRpcError, TimeoutError):
+                return  # the agent logs "standby round skipped" and tries again
+            self._spawn(self._standby_round())
 
     async def _register(self) -> None:
         host, job = self.host, self.host.job
@@ -367,7 +424,8 @@ class SimNode:
             "lease grant", self.conn.leases.LeaseGrant(pb.LeaseGrantRequest(TTL=host.ttl), timeout=DEADLINE)
         )
         self.lease_id = grant.ID
-        self.last_keepalive_sent = time.time()
+        self.last_keepalive_sent = self.last_landed = time.time()
+        self.conn.by_lease[self.lease_id] = self
         registration = registration_record(self.name, job, self.lease_id, len(host.nodes), host.memory)
         await self._put("put registration", keys.node_registration(job, self.name), registration.dumps(), self.lease_id)
         for key, handler in (
@@ -381,6 +439,8 @@ class SimNode:
         reply = await self._range("range command", keys.node_command(job, self.name))
         if reply.kvs:
             self._spawn(self._apply(AgentCommand.loads(reply.kvs[0].value)))
+        reply = await self._range("range job state (register)", keys.job_state(job))
+        self.standby = bool(reply.kvs) and self.name in host.standbys(reply.kvs[0])
 
     def _spawn(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
@@ -397,12 +457,14 @@ class SimNode:
         for task in list(self.tasks):
             if task is not current:
                 task.cancel()
-        for watch_id in self.watch_ids:
+        self.conn.by_lease.pop(self.lease_id, None)
+        for watch_id in [*self.watch_ids, *([self.catalog_watch] if self.catalog_watch is not None else [])]:
             try:
                 await self.conn.cancel(watch_id)
             except (grpc.aio.AioRpcError, RuntimeError):
                 pass
         self.watch_ids.clear()
+        self.catalog_watch = None
         if revoke and self.lease_id and not self.silent:
             try:
                 await self._call(
@@ -438,7 +500,7 @@ class SimNode:
             if cmd.action is AgentAction.STOP:
                 if self.running:
                     self.running, self.workers, self.generation = False, [], cmd.generation
-                    self.beat_now.set()
+                    self.host.urgent.append(self)
                 return
             if cmd.generation == self.generation and self.running:
                 return
@@ -458,7 +520,12 @@ class SimNode:
             self.generation, self.mine, self.running = cmd.generation, mine, True
             self.gen_started_at, self.frozen_at = now, None
             self.workers = running_workers(mine.first_rank, mine.local_world_size, now, self.name)
-            self.beat_now.set()
+            if self.standby:  # promoted: its standby duty ends
+                self.standby = False
+                if self.catalog_watch is not None:
+                    watch, self.catalog_watch = self.catalog_watch, None
+                    await self.conn.cancel(watch)
+            self.host.urgent.append(self)
 
     def _on_stack_request(self, event: Any) -> None:
         if event.type == kv_pb2.Event.PUT and self.alive and not self.silent:
@@ -518,68 +585,84 @@ class SimNode:
 
     def heartbeat(self, now: float) -> Heartbeat:
         self._advance_workers(now)
-        return heartbeat_record(self.name, self.generation, self.workers if self.running else [], now)
+        state = "running" if self.running else "standby" if self.standby else "idle"
+        return heartbeat_record(self.name, self.generation, self.workers if self.running else [], now, state)
 
-    async def _beat_loop(self) -> None:
-        interval = self.host.interval
-        # Agents that registered together do not beat in step for long: spread the first beat.
-        await asyncio.sleep(random.uniform(0, interval))
-        while self.alive and not self.silent:
-            try:
-                await asyncio.wait_for(self.beat_now.wait(), timeout=interval)
-            except TimeoutError:
-                pass
-            self.beat_now.clear()
-            if not self.alive or self.silent:
-                return
-            await self._beat()
+    def progress_hint(self, now: float) -> tuple[Any, ...]:
+        """Cheap, from the clock alone: what the workers' statuses hold that the write rule writes at
+        once (a generation, its first step, a checkpoint). A heartbeat is built only when this
+        changed or the rule's progress clock ran out: most beats of most nodes build nothing."""
+        if not self.running:
+            return (self.generation, False)
+        at = now if self.frozen_at is None else min(now, self.frozen_at)
+        first = self.gen_started_at + self.host.first_step_after
+        done = int((at - first) // self.host.step_time) + 1 if at >= first else 0
+        ci = self.host.checkpoint_interval
+        return (self.generation, True, done > 0, done // ci if ci else 0)
 
-    async def _beat(self) -> None:
-        stats, now = self.host.stats, time.time()
-        data = self.heartbeat(now).dumps()
+    async def beat(self, now: float) -> None:
+        """One beat: a keep-alive message on the channel's stream, then the heartbeat if the rule says
+        it is due. From the host's wheel only."""
+        stats = self.host.stats
+        if now - (self.last_landed or now) > 3 * self.host.ttl:
+            self._spawn(self.exit("etcd unreachable for too long", revoke=False))
+            return
+        self.keepalive_sent_at = now
+        try:
+            await self.conn.keep_alive(self.lease_id)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
+            stats.beat_errors[code] += 1
+            self.conn._keepalive = None  # a broken stream: the next renewal opens another
+            return
+        stats.calls["lease keepalive (stream)"] += 1
+        hint = self.progress_hint(now)
+        if hint == self.written_hint and not self.gate.progress_due(now):
+            return
+        beat = self.heartbeat(now)
+        if self.gate.due(beat, now):
+            self.gate.wrote(beat, now)  # at once: a put in flight is not sent twice
+            self.written_hint = hint
+            self._spawn(self._put_heartbeat(beat))
+
+    async def _put_heartbeat(self, beat: Heartbeat) -> None:
         t0 = time.perf_counter()
         try:
-            call = self.conn.leases.LeaseKeepAlive(timeout=DEADLINE)
-            await call.write(pb.LeaseKeepAliveRequest(ID=self.lease_id))
-            await call.done_writing()
-            replies = [r async for r in call]  # pyetcd reads the stream to its end
-            stats.calls["lease keepalive (new stream)"] += 1
-            if not replies or replies[0].TTL <= 0:
-                stats.lease_lost.append(self.name)
-                await self.exit("lease expired", revoke=True)
-                return
-            self.last_keepalive_sent = now
-            t1 = time.perf_counter()
-            await self._put("put heartbeat", keys.node_heartbeat(self.host.job, self.name), data, self.lease_id)
-        except (grpc.aio.AioRpcError, TimeoutError) as exc:
-            code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "TIMEOUT"
-            stats.beat_errors[code] += 1
-            self.etcd_lost_since = self.etcd_lost_since or now
-            if now - self.etcd_lost_since > 3 * self.host.ttl:
-                await self.exit("etcd unreachable for too long", revoke=False)
+            await self._put("put heartbeat", keys.node_heartbeat(self.host.job, self.name), beat.dumps(), self.lease_id)
+        except grpc.aio.AioRpcError:
+            self.gate.forget()  # not written: the next beat writes it
+            self.written_hint = None
             return
-        self.etcd_lost_since = None
-        landed = time.time()
+        self.host.stats.put_s.append(time.perf_counter() - t0)
+
+    def renewed(self, ttl: int) -> None:
+        """etcd answered a keep-alive (from the channel's stream reader)."""
+        stats, landed = self.host.stats, time.time()
+        if not self.alive or self.silent:
+            return
+        if ttl <= 0:
+            stats.lease_lost.append(self.name)
+            self._spawn(self.exit("lease expired", revoke=True))
+            return
+        self.last_keepalive_sent = self.keepalive_sent_at
         stats.beats += 1
-        stats.keepalive_s.append(t1 - t0)
-        stats.put_s.append(time.perf_counter() - t1)
+        stats.keepalive_s.append(landed - self.keepalive_sent_at)
         if self.last_landed is not None:
             stats.gaps.append(landed - self.last_landed)
         self.last_landed = landed
 
-    async def _mirror_loop(self) -> None:
+    def _on_catalog(self, event: Any) -> None:
+        if event.type == kv_pb2.Event.PUT and self.alive and not self.silent and self.standby:
+            self._spawn(self._standby_round())
+
+    async def _standby_round(self) -> None:
+        """The standby duty's round (stalwart.agents.standby): the job state and every node's records."""
         job = self.host.job
-        while self.alive and not self.silent:
-            await asyncio.sleep(MIRROR_INTERVAL)
-            if not self.alive or self.silent:
-                return
-            try:
-                reply = await self._range("range job state (mirror)", keys.job_state(job))
-                if not reply.kvs or self.name not in self.host.standbys(reply.kvs[0]):
-                    continue
-                await self._range("range nodes prefix (mirror)", keys.nodes_prefix(job), prefix=True)
-            except grpc.aio.AioRpcError:
-                continue  # the agent logs "checkpoint mirror skipped a round"
+        try:
+            await self._range("range job state (standby)", keys.job_state(job))
+            await self._range("range nodes prefix (standby)", keys.nodes_prefix(job), prefix=True)
+        except grpc.aio.AioRpcError:
+            pass  # the agent logs "standby round skipped" and tries again a second later
 
 
 class NodeHost:
@@ -594,8 +677,11 @@ class NodeHost:
         self.stack_seconds: float = args.stack_seconds
         ft = spec.spec.fault_tolerance
         self.interval, self.ttl = ft.heartbeat_interval_seconds, ft.lease_ttl_seconds
+        self.progress_interval = job_progress_interval(spec.spec)
         self.memory = spec.spec.checkpoint.memory
         self.mirror = self.memory and spec.spec.standbys.preload_checkpoint
+        self.wheel: list[list[SimNode]] = [[] for _ in range(WHEEL_SLOTS)]
+        self.urgent: list[SimNode] = []  # nodes to beat at the next slot (a command changed them)
         self.checkpoint_interval = spec.spec.checkpoint.interval_steps
         self.nodes: dict[str, SimNode] = {}
         self.conns: list[Conn] = []
@@ -627,6 +713,32 @@ class NodeHost:
 
     def standbys(self, kv: Any) -> set[str]:
         return self._cached(kv, lambda raw: set(JobState.loads(raw).standbys))
+
+    def wheel_add(self, node: SimNode) -> None:
+        """Agents that registered together do not beat in step for long: a random slot each."""
+        self.wheel[random.randrange(WHEEL_SLOTS)].append(node)
+
+    async def _turn_wheel(self) -> None:
+        """Every node beats once a turn, from its slot; a node a command changed, at the next slot."""
+        period = self.interval / WHEEL_SLOTS
+        slot, due = 0, time.perf_counter()
+        while True:
+            due += period
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -self.interval:
+                due = time.perf_counter()  # a whole turn behind: beat on from now, do not race to catch up
+            now = time.time()
+            urgent, self.urgent = self.urgent, []
+            live = [n for n in self.wheel[slot] if n.alive and not n.silent]
+            self.wheel[slot] = live
+            slot = (slot + 1) % WHEEL_SLOTS
+            for node in live:
+                await node.beat(now)
+            for node in urgent:
+                if node.alive and not node.silent:
+                    await node.beat(now)
 
     def _conn(self) -> Conn:
         if not self.conns or self.conns[-1].users >= self.nodes_per_channel:
@@ -699,6 +811,10 @@ class NodeHost:
     async def op_stats(self, reset: bool = False) -> dict[str, Any]:
         out = self.stats.snapshot(self.interval)
         out["nodes"] = len(self.nodes)
+        out["progress_interval_s"] = self.progress_interval
+        out["keepalive_streams_opened"] = sum(c.streams_opened for c in self.conns)
+        live = sum(n.alive and not n.silent and n.registered_at is not None for n in self.nodes.values())
+        out["cpu_ms_per_node_second"] = 1000 * out["cpu_seconds"] / (live * out["seconds"]) if live else None
         if reset:
             self.stats.reset()
         return out
@@ -737,7 +853,11 @@ class NodeHost:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         server = await asyncio.start_unix_server(self._serve_client, socket_path)
-        helpers = [asyncio.create_task(self._watch_loop_lag()), asyncio.create_task(self._start_nodes())]
+        helpers = [
+            asyncio.create_task(self._watch_loop_lag()),
+            asyncio.create_task(self._start_nodes()),
+            asyncio.create_task(self._turn_wheel()),
+        ]
         await self._stop.wait()
         for task in helpers:
             task.cancel()

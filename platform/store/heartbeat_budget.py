@@ -1,0 +1,90 @@
+"""When an agent writes its heartbeat record into etcd: at once on a change the controller acts on,
+otherwise at most once per progress interval, so that a whole job stays under a fixed write budget.
+
+Liveness is the lease alone (a keep-alive message every heartbeat interval, no write). The heartbeat
+record carries two kinds of content:
+
+- what the controller acts on: the generation, the agent's state, machine faults, committed
+  checkpoints, and per worker its process, exit and verdict, its first step of a generation, its
+  newest checkpoint and its log-signature matches. A change in any of these is written at once.
+- progress: step, loss, step time, tokens/s, phases, the node metric vector. It changes every step
+  and is written at most every `progress_interval`: the heartbeat interval for a job of at most
+  HEARTBEAT_PUTS_PER_SECOND x interval nodes (every job on one machine: exactly as before), longer
+  for bigger ones (20 s at 10,000 nodes and a 500/s budget), so that etcd sees at most
+  HEARTBEAT_PUTS_PER_SECOND progress writes a second whatever the job's size.
+
+The agent (stalwart.agents.lease_keeper) and the simulated agents of the scale harness write by this
+rule; the controller allows for it (its hang timeout and its patience with a silent node are at
+least a few progress intervals). Both sides compute the interval from the spec alone
+(`job_progress_interval`), so they agree without talking.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stalwart.spec.model import TrainingJobSpec
+from stalwart.store.records import Heartbeat
+
+HEARTBEAT_PUTS_PER_SECOND = 500  # the whole job's progress writes into etcd, at most
+
+
+def progress_interval(heartbeat_interval: float, nodes: int) -> float:
+    """How often a node of a job of `nodes` nodes writes unchanged-but-for-progress heartbeats."""
+    return max(heartbeat_interval, nodes / HEARTBEAT_PUTS_PER_SECOND)
+
+
+def job_progress_interval(spec: TrainingJobSpec) -> float:
+    """`progress_interval` for a job: its heartbeat interval and its nodes (the roles' replicas; the
+    standbys, a few percent more and mostly idle, fit in the budget's slack)."""
+    return progress_interval(spec.fault_tolerance.heartbeat_interval_seconds, spec.node_count)
+
+
+def significant(beat: Heartbeat) -> tuple[Any, ...]:
+    """What in a heartbeat the controller acts on at once: a change here is written at once."""
+    workers = tuple(
+        (
+            w.local_rank,
+            w.rank,
+            w.pid,
+            w.state.value,
+            w.exit_code,
+            w.failure_class,
+            w.blame_scope,
+            w.first_step,
+            w.last_checkpoint_step,
+            len(w.matches),
+            w.matches[-1].matched_at if w.matches else None,
+        )
+        for w in beat.workers
+    )
+    saves = tuple((s.step, s.generation, tuple(s.tiers), s.total_bytes) for s in beat.checkpoints)
+    return (beat.generation, beat.agent_state, tuple(beat.machine_faults), saves, workers)
+
+
+class HeartbeatGate:
+    """Decides, beat by beat, whether this heartbeat goes into etcd (`due`), and remembers what
+    went (`wrote`). One per agent; not thread-safe (the lease keeper's thread uses it)."""
+
+    def __init__(self, heartbeat_interval: float, progress_interval: float) -> None:
+        self.heartbeat_interval = heartbeat_interval
+        self.progress_interval = progress_interval
+        self._written: tuple[Any, ...] | None = None
+        self._written_at = 0.0
+
+    def due(self, beat: Heartbeat, now: float) -> bool:
+        """A change the controller acts on, or progress older than the interval. Half a heartbeat
+        interval of slack: a timed beat that wakes a hair early still writes, so a job whose progress
+        interval is its heartbeat interval writes every beat, as it always did."""
+        return self._written is None or significant(beat) != self._written or self.progress_due(now)
+
+    def progress_due(self, now: float) -> bool:
+        """The last write is a progress interval old: whatever the heartbeat holds, it goes."""
+        return now - self._written_at + self.heartbeat_interval / 2 >= self.progress_interval
+
+    def wrote(self, beat: Heartbeat, now: float) -> None:
+        self._written, self._written_at = significant(beat), now
+
+    def forget(self) -> None:
+        """The written record is gone (its lease lapsed): the next beat is written whatever it holds."""
+        self._written = None

@@ -1,0 +1,143 @@
+"""The heartbeat write rule (issue 23): a change the controller acts on is written at once; unchanged
+progress waits for the progress interval, which is the heartbeat interval for small jobs and grows
+with the job so that the whole job stays under the write budget."""
+
+from __future__ import annotations
+
+import pytest
+from support.fakes import FakeClock, MemoryStore
+
+from stalwart.agents.lease_keeper import LeaseKeeper
+from stalwart.logs import get_logger
+from stalwart.spec import parse_job
+from stalwart.store import keys
+from stalwart.store.heartbeat_budget import (
+    HEARTBEAT_PUTS_PER_SECOND,
+    HeartbeatGate,
+    job_progress_interval,
+    progress_interval,
+)
+from stalwart.store.records import Heartbeat, LogMatch, NodeRegistration, SavedCheckpoint, WorkerState, WorkerStatus
+
+T0 = 1_000_000.0
+
+
+def beat(now: float, step: int | None = 10, **worker: object) -> Heartbeat:
+    status = WorkerStatus(local_rank=0, rank=0, pid=4242, state=WorkerState.RUNNING, started_at=T0, first_step=1)
+    status = status.model_copy(update={"step": step, "loss": 2.0, "last_progress_at": now, **worker})
+    return Heartbeat(node="node-0", generation=1, sent_at=now, workers=[status], vector={"at": now})
+
+
+def test_the_interval_is_the_heartbeats_for_small_jobs_and_grows_with_big_ones() -> None:
+    assert progress_interval(1.0, 10) == 1.0
+    assert progress_interval(1.0, 500) == 1.0
+    assert progress_interval(1.0, 10_000) == 10_000 / HEARTBEAT_PUTS_PER_SECOND == 20.0
+    assert progress_interval(30.0, 10_000) == 30.0  # a slow heartbeat is already under the budget
+    # Whatever the size, the job's progress writes stay within the budget.
+    for nodes in (10, 1_000, 3_000, 10_000, 100_000):
+        assert nodes / progress_interval(1.0, nodes) <= HEARTBEAT_PUTS_PER_SECOND
+
+
+def job(replicas: int) -> dict[str, object]:
+    role = {"name": "trainer", "replicas": replicas, "processesPerNode": 8, "command": ["python", "t.py"]}
+    return {
+        "apiVersion": "stalwart.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "j"},
+        "spec": {"roles": [role]},
+    }
+
+
+def test_both_sides_compute_it_from_the_spec() -> None:
+    assert job_progress_interval(parse_job(job(10), "test").spec) == 1.0
+    assert job_progress_interval(parse_job(job(10_000), "test").spec) == 20.0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"state": WorkerState.EXITED, "exit_code": 1, "failure_class": "segfault"},
+        {"pid": 4343},
+        {"first_step": 11},
+        {"last_checkpoint_step": 10},
+        {
+            "matches": [
+                LogMatch(
+                    failure_class="nccl_timeout", scope="job", severity="error", line="x", line_number=1, matched_at=T0
+                )
+            ]
+        },
+    ],
+    ids=["exit", "restart", "first-step", "checkpoint", "log-match"],
+)
+def test_a_change_the_controller_acts_on_is_written_at_once(change: dict[str, object]) -> None:
+    gate = HeartbeatGate(1.0, 20.0)
+    gate.wrote(beat(T0), T0)
+    assert not gate.due(beat(T0 + 1, step=11), T0 + 1)  # progress alone waits
+    assert gate.due(beat(T0 + 1, step=11, **change), T0 + 1)
+
+
+def test_node_level_changes_are_written_at_once() -> None:
+    gate = HeartbeatGate(1.0, 20.0)
+    gate.wrote(beat(T0), T0)
+    for changed in (
+        beat(T0 + 1).model_copy(update={"generation": 2}),
+        beat(T0 + 1).model_copy(update={"agent_state": "stopping"}),
+        beat(T0 + 1).model_copy(update={"machine_faults": ["xid 79"]}),
+        beat(T0 + 1).model_copy(update={"checkpoints": [SavedCheckpoint(step=10, committed_at=T0)]}),
+    ):
+        assert gate.due(changed, T0 + 1)
+
+
+def test_unchanged_progress_waits_for_the_progress_interval() -> None:
+    gate = HeartbeatGate(1.0, 20.0)
+    gate.wrote(beat(T0), T0)
+    assert not any(gate.due(beat(T0 + s, step=10 + s), T0 + s) for s in range(1, 19))
+    assert gate.due(beat(T0 + 20, step=30), T0 + 20)
+    assert gate.due(beat(T0 + 19.6, step=30), T0 + 19.6)  # a timed beat a hair early still writes
+
+
+def test_a_small_job_writes_every_beat_as_before() -> None:
+    gate = HeartbeatGate(1.0, 1.0)
+    gate.wrote(beat(T0), T0)
+    assert gate.due(beat(T0 + 1), T0 + 1)  # the same record, a heartbeat interval later
+    assert gate.due(beat(T0 + 0.98), T0 + 0.98)  # a timer that fired early
+    assert not gate.due(beat(T0 + 0.05), T0 + 0.05)  # an early beat with nothing new
+
+
+def test_the_lease_keeper_puts_by_the_rule_and_renews_every_beat() -> None:
+    store, clock = MemoryStore(), FakeClock()
+    records = {"step": 0, "exited": False}
+
+    def build(now: float) -> Heartbeat:
+        change = {"state": WorkerState.EXITED, "exit_code": 1} if records["exited"] else {}
+        return beat(now, step=records["step"], **change)
+
+    keeper = LeaseKeeper(
+        store,  # type: ignore[arg-type]
+        "j",
+        "node-0",
+        5,
+        1.0,
+        build,
+        get_logger("test", job="j", node="node-0"),
+        outage_limit=60.0,
+        progress_interval=5.0,
+        clock=clock.time,
+    )
+    keeper.join(
+        lambda lease_id: NodeRegistration(
+            node="node-0", job="j", host="h", agent_pid=1, registered_at=0, lease_id=lease_id
+        )
+    )
+    for _ in range(10):
+        clock.advance(1)
+        records["step"] += 1
+        keeper.beat()
+    assert keeper.written == 2  # the first beat, then one progress interval later
+    records["exited"] = True
+    clock.advance(0.1)
+    keeper.beat()
+    assert keeper.written == 3  # at once
+    written = store.get(keys.node_heartbeat("j", "node-0"), Heartbeat)
+    assert written is not None and written.workers[0].state is WorkerState.EXITED
