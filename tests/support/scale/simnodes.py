@@ -89,6 +89,7 @@ from stalwart.store.records import (
     WorkerState,
     WorkerStatus,
 )
+from support.scale.keepalive_wire import KeepAliveWire
 
 DEADLINE = 5.0  # the agent's Store(timeout=5.0)
 WHEEL_SLOTS = 20  # the beat wheel turns a slot every 1/20 of the heartbeat interval
@@ -266,10 +267,10 @@ class Conn:
         self._handlers: dict[int, Callable[[Any], None]] = {}
         self._lock = asyncio.Lock()
         self.users = 0
-        # The keep-alive stream: every node of this channel sends its renewals on it; replies come
-        # back by lease ID. Only the host's wheel writes on it (one writer: no lock per message).
-        self._keepalive: Any = None
-        self._keepalive_reader: asyncio.Task[None] | None = None
+        # The keep-alive stream: every node of this channel sends its renewals on it, replies come
+        # back by lease ID (support.scale.keepalive_wire: the same messages, at a fraction of the CPU).
+        self.endpoint = endpoint
+        self._wire: KeepAliveWire | None = None
         self.by_lease: dict[int, SimNode] = {}
         self.streams_opened = 0
 
@@ -311,29 +312,26 @@ class Conn:
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             return
 
-    async def keep_alive(self, lease_id: int) -> None:
-        """Send one renewal on the channel's stream (opened now if it is not, or broke)."""
-        if self._keepalive is None:
-            self._keepalive = self.leases.LeaseKeepAlive()  # no deadline: it lives as long as the channel
-            self._keepalive_reader = asyncio.create_task(self._read_keepalives(self._keepalive))
+    async def keep_alive(self, lease_ids: list[int]) -> None:
+        """Send these leases' renewals on the channel's stream (opened now if it is not, or broke)."""
+        if self._wire is None or self._wire.broken:
+            host, _, port = self.endpoint.rpartition(":")
+            wire = KeepAliveWire(host, int(port), self._renewed)
+            await wire.open()
+            self._wire = wire
             self.streams_opened += 1
-        await self._keepalive.write(pb.LeaseKeepAliveRequest(ID=lease_id))
+        self._wire.send(lease_ids)
 
-    async def _read_keepalives(self, stream: Any) -> None:
-        try:
-            async for reply in stream:
-                node = self.by_lease.get(reply.ID)
-                if node is not None:
-                    node.renewed(reply.TTL)
-        except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            pass
-        if self._keepalive is stream:
-            self._keepalive = None  # broke: the next renewal opens another
+    def _renewed(self, lease_id: int, ttl: int) -> None:
+        node = self.by_lease.get(lease_id)
+        if node is not None:
+            node.renewed(ttl)
 
     async def close(self) -> None:
-        for task in (self._reader, self._keepalive_reader):
-            if task is not None:
-                task.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._wire is not None:
+            self._wire.close()
         await self.channel.close()
 
 
@@ -600,30 +598,21 @@ class SimNode:
         ci = self.host.checkpoint_interval
         return (self.generation, True, done > 0, done // ci if ci else 0)
 
-    async def beat(self, now: float) -> None:
-        """One beat: a keep-alive message on the channel's stream, then the heartbeat if the rule says
-        it is due. From the host's wheel only."""
-        stats = self.host.stats
+    def beat(self, now: float) -> bool:
+        """One beat, from the host's wheel: True if a keep-alive is to go out for this node (the wheel
+        sends its slot's renewals together, per channel); then the heartbeat, if the rule says it is due."""
         if now - (self.last_landed or now) > 3 * self.host.ttl:
             self._spawn(self.exit("etcd unreachable for too long", revoke=False))
-            return
+            return False
         self.keepalive_sent_at = now
-        try:
-            await self.conn.keep_alive(self.lease_id)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
-            code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
-            stats.beat_errors[code] += 1
-            self.conn._keepalive = None  # a broken stream: the next renewal opens another
-            return
-        stats.calls["lease keepalive (stream)"] += 1
         hint = self.progress_hint(now)
-        if hint == self.written_hint and not self.gate.progress_due(now):
-            return
-        beat = self.heartbeat(now)
-        if self.gate.due(beat, now):
-            self.gate.wrote(beat, now)  # at once: a put in flight is not sent twice
-            self.written_hint = hint
-            self._spawn(self._put_heartbeat(beat))
+        if hint != self.written_hint or self.gate.progress_due(now):
+            beat = self.heartbeat(now)
+            if self.gate.due(beat, now):
+                self.gate.wrote(beat, now)  # at once: a put in flight is not sent twice
+                self.written_hint = hint
+                self._spawn(self._put_heartbeat(beat))
+        return True
 
     async def _put_heartbeat(self, beat: Heartbeat) -> None:
         t0 = time.perf_counter()
@@ -734,11 +723,17 @@ class NodeHost:
             live = [n for n in self.wheel[slot] if n.alive and not n.silent]
             self.wheel[slot] = live
             slot = (slot + 1) % WHEEL_SLOTS
-            for node in live:
-                await node.beat(now)
-            for node in urgent:
-                if node.alive and not node.silent:
-                    await node.beat(now)
+            renewals: dict[Conn, list[int]] = {}
+            for node in [*live, *(n for n in urgent if n.alive and not n.silent)]:
+                if node.beat(now):
+                    renewals.setdefault(node.conn, []).append(node.lease_id)
+            for conn, lease_ids in renewals.items():
+                try:
+                    await conn.keep_alive(lease_ids)
+                except OSError as exc:  # etcd refused the connection: the nodes try again next turn
+                    self.stats.beat_errors[type(exc).__name__] += len(lease_ids)
+                    continue
+                self.stats.calls["lease keepalive (stream)"] += len(lease_ids)
 
     def _conn(self) -> Conn:
         if not self.conns or self.conns[-1].users >= self.nodes_per_channel:
