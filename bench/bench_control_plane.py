@@ -175,6 +175,8 @@ class SizeRun:
         self.store.put(keys.job_spec(JOB), json.dumps(self.spec.model_dump(mode="json", by_alias=True)))
         if not self.args.skip_probe:
             self.read_probe()
+        if self.args.probe_only:
+            return
         sockets = [str(self.dir / f"sim-{i}.sock") for i in range(self.args.sim_procs)]
         for i, sock in enumerate(sockets):
             argv = [
@@ -316,8 +318,17 @@ class SizeRun:
         phase = probe(self.store, self.spec, self.n)
         phase["load"] = load()
         self.result["phases"]["read_probe"] = phase
-        for what in ("read_nodes", "cli_jobs_listing", "generation_commit", "hang_diagnosis_topology"):
-            if not phase[what]["ok"]:
+        for what in (
+            "read_nodes",
+            "cli_jobs_listing",
+            "generation_commit",
+            "hang_diagnosis_topology",
+            "controller_view_start",
+            "tick_observe_decide",
+            "eviction_commit",
+            "stack_collection",
+        ):
+            if what in phase and not phase[what]["ok"]:
                 self.result["saturation"].append(f"{what} fails at this size: {phase[what]['error'][:160]}")
         unbounded = phase["read_nodes_without_reply_limit"]
         commands = phase["command_check_per_slot"]
@@ -328,7 +339,19 @@ class SizeRun:
             f"per-slot command checks {commands.get('wall_s')}s; "
             f"`stalwart jobs` {'ok' if phase['cli_jobs_listing']['ok'] else 'FAILS'}; "
             f"generation commit {'ok' if phase['generation_commit']['ok'] else 'FAILS'}; "
-            f"stack collection {phase['stack_collection_reply_bytes'] / 1e6:.1f} MB; load {load()[0]}"
+            f"stack collection {phase['stack_collection_reply_bytes'] / 1e6:.1f} MB; "
+            + (
+                f"controller view start {phase['controller_view_start'].get('wall_s')}s, "
+                f"tick (observe + decide) {phase['tick_observe_decide'].get('wall_s')}s "
+                f"in {phase['tick_observe_decide'].get('etcd_calls')} etcd calls; "
+                f"eviction of {phase['eviction_commit'].get('evicted')} nodes "
+                f"{'ok' if phase['eviction_commit']['ok'] else 'FAILS'}; "
+                f"stack collection {'ok' if phase['stack_collection']['ok'] else 'FAILS'} "
+                f"({phase['stack_collection'].get('wall_s')}s); "
+                if "tick_observe_decide" in phase
+                else ""
+            )
+            + f"load {load()[0]}"
         )
 
     def startup(self) -> bool:
@@ -637,9 +660,10 @@ class SizeRun:
         t0 = time.monotonic()
         try:
             self.start()
-            started = self.startup()
-            self.steady()
-            if not self.args.skip_cli:
+            started = False if self.args.probe_only else self.startup()
+            if not self.args.probe_only:
+                self.steady()
+            if not self.args.skip_cli and not self.args.probe_only:
                 self.cli()
             if started:
                 incident = self.kill()
@@ -733,8 +757,9 @@ def render(doc: dict[str, Any]) -> str:
     ]
     probe_rows = [
         "| label | nodes | nodes prefix MB | read_nodes (each tick) | per-slot command checks s (each tick) "
-        "| keys-only listing s | `stalwart jobs` | generation commit | stack collection MB | hang topology |",
-        "|---|---:|---:|---|---:|---:|---|---|---:|---|",
+        "| keys-only listing s | `stalwart jobs` | generation commit | stack collection MB | hang topology "
+        "| controller view start | tick: observe + decide (etcd calls) | eviction of 300 | stack collection |",
+        "|---|---:|---:|---|---:|---:|---|---|---:|---|---|---|---|---|",
     ]
     for label, run in doc["runs"].items():
         for size in run["sizes"]:
@@ -766,7 +791,15 @@ def render(doc: dict[str, Any]) -> str:
                     f"| {ok(rp['read_nodes'])} | {_f(rp['command_check_per_slot'].get('wall_s'), 2)} "
                     f"| {_f(rp['nodes_prefix_keys_only'].get('wall_s'), 3)} | {ok(rp['cli_jobs_listing'])} "
                     f"| {ok(rp['generation_commit'])} | {_f(rp['stack_collection_reply_bytes'], 1, 1e-6)} "
-                    f"| {ok(rp['hang_diagnosis_topology'])} |"
+                    f"| {ok(rp['hang_diagnosis_topology'])} "
+                    f"| {ok(rp['controller_view_start']) if 'controller_view_start' in rp else '-'} "
+                    + (
+                        f"| {ok(rp['tick_observe_decide'])} ({rp['tick_observe_decide'].get('etcd_calls', '-')}) "
+                        if "tick_observe_decide" in rp
+                        else "| - "
+                    )
+                    + f"| {ok(rp['eviction_commit']) if 'eviction_commit' in rp else '-'} "
+                    f"| {ok(rp['stack_collection']) if 'stack_collection' in rp else '-'} |"
                 )
     return "\n".join(probe_rows) + "\n\n" + "\n".join(rows) + "\n"
 
@@ -803,6 +836,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--cli-timeout", type=float, default=60.0)
     parser.add_argument("--skip-probe", action="store_true", help="do not time the reads on seeded records")
+    parser.add_argument(
+        "--probe-only", action="store_true", help="only the read probe (no simulators, no controller) at each size"
+    )
     parser.add_argument(
         "--wait-load",
         type=float,

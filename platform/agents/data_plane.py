@@ -24,7 +24,7 @@ from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process
 from stalwart.spec import DataSettings, TrainingJob
 from stalwart.spec.topology import Topology
-from stalwart.store.records import Assignment, NodeAssignment, NodeRegistration
+from stalwart.store.records import Assignment, NodeAssignment
 
 if TYPE_CHECKING:
     from stalwart.dataloader import DataConfig, ShadowLoaderSupervisor
@@ -73,15 +73,12 @@ def memory_peer(node: str, topology: Topology) -> str | None:
 
 
 def memory_uri(
-    node: str, job: str, assignment: Assignment, topology: Topology, registrations: Mapping[str, NodeRegistration]
+    node: str, job: str, assignment: Assignment, topology: Topology, memory: Mapping[str, str]
 ) -> str | None:
     """This node's memory store, its peer (outside every parallel group of its ranks) for the second
-    copy, and every node of the generation to read from after a node was replaced."""
-    stores = {
-        n.node: f"{r.address}:{r.memory_port}"
-        for n in assignment.nodes
-        if (r := registrations.get(n.node)) is not None and r.memory_port
-    }
+    copy, and every node of the generation to read from after a node was replaced. `memory`: node
+    -> its store ("address:port"), as the assignment carries them."""
+    stores = {n.node: store for n in assignment.nodes if (store := memory.get(n.node))}
     if node not in stores:
         return None
     peer = memory_peer(node, topology)

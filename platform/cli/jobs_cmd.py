@@ -20,7 +20,8 @@ from stalwart.cli.output import (
     percent,
     print_json,
 )
-from stalwart.store.records import JobPhase
+from stalwart.store import keys
+from stalwart.store.records import Incident, JobPhase
 from stalwart.styles import phase_text
 
 
@@ -42,31 +43,33 @@ class JobRow(BaseModel):
 
 
 def read_jobs(store) -> list[JobRow]:  # type: ignore[no-untyped-def]
-    from stalwart.runner.summary import snapshot
+    """One row per job, from its state, its incidents and a keys-only listing of its registered
+    nodes: a few small reads per job whatever its size (no heartbeat, no stack report)."""
+    from stalwart.controller.ettr import compute_ettr
+    from stalwart.store.jobs import registered_nodes
 
     now = time.time()
     rows = []
     for state in job_states(store):
         name = state.job
-        snap = snapshot(store, name, now)
-        if snap is None:  # deleted between the two reads
-            continue
+        incidents = store.get_prefix(keys.incidents_prefix(name), Incident)
+        registered = registered_nodes(store, name)
         rows.append(
             JobRow(
                 job=name,
                 namespace=job_namespace(spec_document(store, name)),
-                phase=snap.phase,
-                generation=snap.generation,
-                step=snap.step,
-                restarts=snap.restarts,
-                infra_restarts=snap.infra_restarts,
-                tokens_per_second=snap.tokens_per_second,
-                ettr=snap.ettr.ettr,
-                nodes_up=snap.nodes_up,
-                nodes_total=snap.nodes_total,
-                incidents=len(snap.incidents),
+                phase=state.phase,
+                generation=state.generation,
+                step=state.last_step,
+                restarts=state.restarts,
+                infra_restarts=state.infra_restarts,
+                tokens_per_second=state.last_tokens_per_second if state.phase is JobPhase.RUNNING else None,
+                ettr=compute_ettr(state, incidents, now).ettr,
+                nodes_up=sum(1 for s in state.slots if s in registered),
+                nodes_total=len(state.slots),
+                incidents=len(incidents),
                 age_seconds=now - state.created_at,
-                reason=snap.reason,
+                reason=state.reason,
             )
         )
     # Jobs that need attention first: unfinished ones, then the rest; newest first within each.

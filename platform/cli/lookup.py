@@ -16,25 +16,23 @@ from stalwart.spec import SpecError, parse_job
 from stalwart.spec.topology import Topology
 from stalwart.store import keys
 from stalwart.store.client import Store
+from stalwart.store.jobs import list_jobs
 from stalwart.store.records import Assignment, Incident, JobState
 
 
 def job_names(store: Store) -> list[str]:
     """Every job that has a state (a job whose controller never started has only a spec)."""
-    names = set()
-    for key, _ in store.get_prefix_raw(keys.jobs_prefix()):
-        name = keys.job_name_from_key(key)
-        if name is not None and key == keys.job_state(name):
-            names.add(name)
-    return sorted(names)
+    return [state.job for state in job_states(store)]
 
 
 def job_states(store: Store) -> list[JobState]:
+    """Every job's state: a Range per job, never a read of everything under /jobs/ (a big job's
+    heartbeats and stack reports are tens of MB)."""
     out = []
-    for key, raw in store.get_prefix_raw(keys.jobs_prefix()):
-        name = keys.job_name_from_key(key)
-        if name is not None and key == keys.job_state(name):
-            out.append(JobState.loads(raw))
+    for name in list_jobs(store):
+        state = store.get(keys.job_state(name), JobState)
+        if state is not None:
+            out.append(state)
     return sorted(out, key=lambda s: s.job)
 
 

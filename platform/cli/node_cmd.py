@@ -223,7 +223,7 @@ def list_nodes(
 
         stalwart node list --job pretrain-tiny -o json
     """
-    from stalwart.cli.status_cmd import NODE_STYLE, node_rows
+    from stalwart.cli.status_cmd import NODE_STYLE, node_records, node_rows
 
     now = time.time()
     with open_store(etcd) as store:
@@ -237,7 +237,7 @@ def list_nodes(
             assignment = (
                 store.get(keys.generation(state.job, state.generation), Assignment) if state.generation else None
             )
-            for n in node_rows(store, state, assignment, now):
+            for n in node_rows(store, state, assignment, now, node_records(store, state)):
                 rows.append(
                     MachineRow(
                         node=n.node,

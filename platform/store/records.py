@@ -6,6 +6,7 @@ NTP keeps them close across hosts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Literal
@@ -194,6 +195,8 @@ class JobState(Record):
     first_step_at: float | None = None
     last_step: int | None = None
     last_loss: float | None = None
+    # The running workers' tokens/s together, noted with the step (for listings that read no heartbeat).
+    last_tokens_per_second: float | None = None
     finished_at: float | None = None
     updated_at: float
     # Multi-role jobs (RLHF): each role its own world. Empty for a state written before roles had one.
@@ -370,10 +373,79 @@ class NodeAssignment(Record):
     role_first_rank: int | None = None
     role_node_rank: int | None = None
     role_generation: int | None = None
+    # The node's host-memory checkpoint store ("address:port", from its registration), so that an
+    # agent finds its peers' stores in the assignment it reads anyway, not in every registration.
+    memory: str | None = None
+
+
+# In etcd an assignment is stored as runs of consecutive nodes: within a run, node i's node rank
+# and role node rank are the run's plus i, its first ranks the run's plus i x local_world_size, and
+# every other field is the run's. A job's slots are in order, so a job of N nodes is one run per
+# role (per replay group): 10,000 nodes x 8 ranks are ~0.3 MB (names and memory stores), where a
+# record per node was 1.7 MB, over etcd's 1.5 MiB request limit.
+_STEP_BY_ONE = ("node_rank", "role_node_rank")
+_STEP_BY_WORLD = ("first_rank", "role_first_rank")
+_PER_NODE = ("node", "memory")
+
+
+def _run_fields(n: NodeAssignment) -> dict[str, Any]:
+    """The fields a run shares (or steps), those set: a plain read, not a model_dump (10,000 nodes)."""
+    names = [f for f in NodeAssignment.model_fields if f not in _PER_NODE]
+    return {f: v for f in names if (v := getattr(n, f)) is not None}
+
+
+def _assignment_runs(nodes: list[NodeAssignment]) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
+    last: NodeAssignment | None = None
+    for n in nodes:
+        fields = _run_fields(n)
+        if last is not None and fields == _next_fields(last):
+            runs[-1]["nodes"].append(n.node)
+            runs[-1]["memory"].append(n.memory)
+        else:
+            runs.append({**fields, "nodes": [n.node], "memory": [n.memory]})
+        last = n
+    for run in runs:
+        if not any(run["memory"]):
+            del run["memory"]
+    return runs
+
+
+def _next_fields(n: NodeAssignment) -> dict[str, Any]:
+    """The fields of the node after `n` in the same run."""
+    fields = _run_fields(n)
+    for name in _STEP_BY_ONE:
+        if name in fields:
+            fields[name] += 1
+    for name in _STEP_BY_WORLD:
+        if name in fields:
+            fields[name] += n.local_world_size
+    return fields
+
+
+def _expand_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = []
+    for run in runs:
+        names, memory = run["nodes"], run.get("memory") or [None] * len(run["nodes"])
+        if len(memory) != len(names):
+            raise ValueError("an assignment run's memory list is not as long as its nodes")
+        base = {k: v for k, v in run.items() if k not in ("nodes", "memory")}
+        width = int(base["local_world_size"])
+        for i, (name, store) in enumerate(zip(names, memory, strict=True)):
+            entry = dict(base, node=name, memory=store)
+            for key in _STEP_BY_ONE:
+                if key in base:
+                    entry[key] = base[key] + i
+            for key in _STEP_BY_WORLD:
+                if key in base:
+                    entry[key] = base[key] + i * width
+            nodes.append(entry)
+    return nodes
 
 
 class Assignment(Record):
-    """Ranks and rendezvous of one generation: every worker of the generation agrees on these."""
+    """Ranks and rendezvous of one generation: every worker of the generation agrees on these.
+    Stored compactly (`dumps`: runs of consecutive nodes); `loads` reads both forms."""
 
     job: str
     generation: int
@@ -386,12 +458,28 @@ class Assignment(Record):
     code_version: str | None = None
     replay_steps: int | None = None  # a replay generation: each worker stops after this many steps
 
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "runs" in data and "nodes" not in data:
+            data = {k: v for k, v in data.items() if k != "runs"} | {"nodes": _expand_runs(data["runs"])}
+        return data
+
+    def dumps(self) -> str:
+        document = self.model_dump(mode="json", exclude={"nodes"})
+        document["runs"] = _assignment_runs(self.nodes)
+        return json.dumps(document, separators=(",", ":"))
+
     def for_node(self, node: str) -> NodeAssignment | None:
         return next((n for n in self.nodes if n.node == node), None)
 
     def rank_nodes(self) -> dict[int, str]:
         """Global rank -> the node that runs it."""
         return {n.first_rank + i: n.node for n in self.nodes for i in range(n.local_world_size)}
+
+    def memory_stores(self) -> dict[str, str]:
+        """Node -> its host-memory checkpoint store ("address:port"), for the nodes that have one."""
+        return {n.node: n.memory for n in self.nodes if n.memory}
 
 
 class AgentAction(str, Enum):

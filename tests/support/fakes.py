@@ -17,7 +17,7 @@ from typing import TypeVar
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.controller.diagnosis_link import Finding
 from stalwart.controller.work import Work, WorkKey, WorkResult
-from stalwart.store.client import LeaseLost, StoreUnavailable
+from stalwart.store.client import MAX_TXN_OPS, LeaseLost, StoreUnavailable
 from stalwart.store.records import Record
 
 R = TypeVar("R", bound=Record)
@@ -55,6 +55,15 @@ class MemoryStore:
         self._lease_ids = itertools.count(0x1000)
         self._lock = threading.RLock()
         self.commits = 0  # transactions that held
+        self._watches: list[_MemoryWatch] = []
+        self.prefix_reads: list[str] = []  # every prefix read whole (a watch's start included)
+
+    def _changed(self, key: str, value: bytes | None) -> None:
+        """Watches hear of a change at once, in the writer's thread: a test that writes, then
+        ticks, finds the controller's view up to date (a real etcd's watch is milliseconds late)."""
+        for watch in list(self._watches):
+            if key.startswith(watch.prefix):
+                watch.callback(key, value, self._revision)
 
     # -- plain values ----------------------------------------------------------------------------
     def get_raw(self, key: str) -> bytes | None:
@@ -74,15 +83,41 @@ class MemoryStore:
             return cls.loads(entry.value), entry.mod_revision
 
     def get_prefix_raw(self, prefix: str) -> list[tuple[str, bytes]]:
+        return self.read_prefix(prefix)[0]
+
+    def read_prefix(self, prefix: str, *, keys_only: bool = False) -> tuple[list[tuple[str, bytes]], int]:
         with self._lock:
-            return [(k, e.value) for k, e in sorted(self._data.items()) if k.startswith(prefix)]
+            self.prefix_reads.append(prefix)
+            items = [(k, b"" if keys_only else e.value) for k, e in sorted(self._data.items()) if k.startswith(prefix)]
+            return items, self._revision
+
+    def list_keys(self, prefix: str) -> list[str]:
+        return [k for k, _ in self.read_prefix(prefix, keys_only=True)[0]]
+
+    def first_key(self, start: str, end: str) -> str | None:
+        with self._lock:
+            return min((k for k in self._data if start <= k < end), default=None)
+
+    def watch_prefix_from(
+        self, prefix: str, callback: Callable[[str, bytes | None, int], None], resync: Callable[[], int]
+    ) -> _MemoryWatch:
+        with self._lock:
+            resync()
+            watch = _MemoryWatch(self, prefix, callback)
+            self._watches.append(watch)
+            return watch
 
     def get_prefix(self, prefix: str, cls: type[R]) -> list[R]:
         return [cls.loads(v) for _, v in self.get_prefix_raw(prefix)]
 
-    def put(self, key: str, value: Record | str, lease: MemoryLease | None = None) -> None:
+    def put(self, key: str, value: Record | str, lease: MemoryLease | None = None) -> int:
         with self._lock:
             self._put(key, value, lease.id if lease else None)
+            return self._revision
+
+    def put_batch(self, puts: dict[str, Record | str]) -> int:
+        self.commit(puts)
+        return self._revision
 
     def _put(self, key: str, value: Record | str, lease: int | None) -> None:
         if lease is not None and lease not in self._leases:
@@ -90,11 +125,13 @@ class MemoryStore:
         self._revision += 1
         data = value if isinstance(value, str) else value.dumps()
         self._data[key] = _Entry(data.encode(), self._revision, lease)
+        self._changed(key, data.encode())
 
     def delete(self, key: str) -> None:
         with self._lock:
             if self._data.pop(key, None) is not None:
                 self._revision += 1
+                self._changed(key, None)
 
     def delete_prefix(self, prefix: str) -> None:
         with self._lock:
@@ -131,6 +168,8 @@ class MemoryStore:
         expect_revision: dict[str, int] | None = None,
         deletes: list[str] | None = None,
     ) -> bool:
+        if len(puts) + len(deletes or []) > MAX_TXN_OPS:  # as etcd refuses it
+            raise StoreUnavailable(f"etcd failed: too many operations in txn request ({len(puts)} puts)")
         with self._lock:
             for key, want in (expect_value or {}).items():
                 entry = self._data.get(key)
@@ -144,8 +183,10 @@ class MemoryStore:
             for key, value in puts.items():
                 data = value if isinstance(value, str) else value.dumps()
                 self._data[key] = _Entry(data.encode(), self._revision, None)
+                self._changed(key, data.encode())
             for key in deletes or []:
-                self._data.pop(key, None)
+                if self._data.pop(key, None) is not None:
+                    self._changed(key, None)
             self.commits += 1
             return True
 
@@ -154,6 +195,16 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
+
+
+class _MemoryWatch:
+    def __init__(self, store: MemoryStore, prefix: str, callback: Callable[[str, bytes | None, int], None]) -> None:
+        self.store, self.prefix, self.callback = store, prefix, callback
+
+    def cancel(self) -> None:
+        with self.store._lock:
+            if self in self.store._watches:
+                self.store._watches.remove(self)
 
 
 class FakeCluster(Cluster):

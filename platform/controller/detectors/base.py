@@ -31,6 +31,7 @@ from stalwart.controller.policy import Classified
 from stalwart.controller.work import Work, WorkKey, WorkResult
 from stalwart.diagnosis.log_classify import SYMPTOMS
 from stalwart.spec import TrainingJobSpec
+from stalwart.store.heartbeat_budget import job_progress_interval
 from stalwart.store.records import (
     Heartbeat,
     JobStage,
@@ -110,6 +111,19 @@ class View:
     @property
     def registrations(self) -> Mapping[str, NodeRegistration]:
         return self.obs.registrations
+
+    @cached_property
+    def progress_interval(self) -> float:
+        """How often a node's heartbeat brings new progress and metrics (its heartbeat interval,
+        longer for a big job: stalwart.store.heartbeat_budget). Changes the controller acts on
+        (exits, failures, log matches, a first step) come at once whatever the job's size."""
+        return job_progress_interval(self.spec)
+
+    @property
+    def progress_lag(self) -> float:
+        """How much later than a heartbeat interval a node's progress may be seen (0 for a job
+        small enough to write every beat)."""
+        return self.progress_interval - self.spec.fault_tolerance.heartbeat_interval_seconds
 
     @property
     def beats(self) -> Mapping[str, Heartbeat]:

@@ -38,7 +38,9 @@ class Hangs(Detector):
         progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
         if progress:
             steps = [w.step_time for w in running if w.step_time]
-            timeout = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds)
+            # A big job's progress is seen up to a progress interval late (not a heartbeat interval):
+            # the timeout waits that much longer, so the margin is what it is for a small job.
+            timeout = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds) + view.progress_lag
             since = max(progress)
         else:
             timeout = ft.first_step_timeout_seconds

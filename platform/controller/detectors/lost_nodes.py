@@ -48,7 +48,13 @@ class LostNodes(Detector):
                 if node in registered and info is not None and not info.alive:
                     why[node] = f"{GONE_PER_CLUSTER}; lease revoked"
                     fence[node] = (registered[node].lease_id, GONE_PER_CLUSTER)
-        patience = max(MISSED_BEATS_AFTER_CRASH * ft.heartbeat_interval_seconds, ft.lease_ttl_seconds / 2)
+        # A live node whose workers did not exit writes again within its progress interval (a big
+        # job's is longer than the heartbeat interval): never fence it sooner.
+        patience = max(
+            MISSED_BEATS_AFTER_CRASH * ft.heartbeat_interval_seconds,
+            ft.lease_ttl_seconds / 2,
+            view.progress_interval + ft.heartbeat_interval_seconds,
+        )
         if silent and first_exit is not None and not fence and view.now - first_exit > patience:
             # Its peers just lost their connections to it, so a few missed heartbeats are evidence
             # enough: fence it rather than wait out the TTL.

@@ -44,8 +44,8 @@ class MetricOutliers(Detector):
         self._handled: set[str] = set()
 
     def observe(self, view: View) -> Report:
-        """Evaluated once per heartbeat interval (the samples come no faster)."""
-        if view.now - self._evaluated_at < view.spec.fault_tolerance.heartbeat_interval_seconds:
+        """Evaluated once per progress interval (the samples come no faster)."""
+        if view.now - self._evaluated_at < view.progress_interval:
             return self._found
         self._evaluated_at = view.now
         self._found = self._evaluate(view)
@@ -82,9 +82,7 @@ def stalled_ranks(view: View) -> list[int]:
     times = sorted(w.step_time for w in running if w.step_time)
     if not times:
         return []
-    limit = max(
-        STALL_STEPS * times[len(times) // 2], STALL_BEATS * view.spec.fault_tolerance.heartbeat_interval_seconds
-    )
+    limit = max(STALL_STEPS * times[len(times) // 2], STALL_BEATS * view.progress_interval)
     return sorted(w.rank for w in running if w.last_progress_at is not None and view.now - w.last_progress_at > limit)
 
 

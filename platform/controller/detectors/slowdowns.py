@@ -82,7 +82,7 @@ class Slowdowns(Detector):
             view.state.generation,
             self._rounds,
             rounds=ft.slowdown_rounds,
-            interval=rounds_interval(self._asked, ft.slowdown_rounds, ft.heartbeat_interval_seconds),
+            interval=rounds_interval(self._asked, ft.slowdown_rounds, view.progress_interval),
         )
 
     def _follow(self, view: View) -> Report:
@@ -119,7 +119,7 @@ class Slowdowns(Detector):
 
 
 def metrics_ready_at(onset: float, view: View) -> float:
-    return onset + METRIC_SAMPLES * view.spec.fault_tolerance.heartbeat_interval_seconds
+    return onset + METRIC_SAMPLES * view.progress_interval  # the metric samples come this often
 
 
 def rounds_interval(asked: tuple[float, float, float], rounds: int, heartbeat: float) -> float:

@@ -3,12 +3,14 @@
 etcd is seeded with N nodes' records as the agents write them (registration, a heartbeat with every
 worker stepping, the RUN command) and a job state holding N slots; then each read or write is run
 as the product runs it (the same functions: stalwart.store.nodes.read_nodes, the controller's
-command check, `stalwart jobs`' read_jobs, the generation commit) and timed, wall and CPU, with no
-simulator load beside it. On a shared machine this is the steadiest figure the harness has: one
-thread, a few seconds, repeated.
+observation and decision, `stalwart jobs`' read_jobs, the generation commit, an eviction's commit,
+the stack collection) and timed, wall and CPU, with no simulator load beside it. On a shared
+machine this is the steadiest figure the harness has: one thread, a few seconds, repeated.
 
-Limits found on the way (the client's 4 MiB reply, etcd's 1.5 MiB request, the diagnosis
-topology's rank bound) are reported as the error the product would meet, not worked around.
+Limits found on the way (the client's 4 MiB reply, etcd's 1.5 MiB request and 128 operations per
+transaction, the diagnosis topology's rank bound) are reported as the error the product would meet,
+not worked around. A design older than the watch-fed controller (issue 23) checked every slot's
+command with a Range each tick: `command_check_per_slot` times that, for comparison.
 """
 
 from __future__ import annotations
@@ -20,13 +22,23 @@ from typing import Any
 
 import pyetcd
 
+from stalwart.cluster import Cluster, NodeInfo
+from stalwart.controller.clock import SystemClock
+from stalwart.controller.controller import commit_chunks
+from stalwart.controller.core import ReconcileCore
+from stalwart.controller.decision import Needs
+from stalwart.controller.detectors import default_detectors
+from stalwart.controller.observation import Observer
 from stalwart.controller.ranks import assign
+from stalwart.controller.stack_collection import collect_stacks
+from stalwart.logs import get_logger
 from stalwart.spec import TrainingJob
 from stalwart.store import Store, keys
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentAction,
     AgentCommand,
+    Cordon,
     Heartbeat,
     JobPhase,
     JobState,
@@ -43,6 +55,44 @@ from support.scale.simnodes import (
 
 GRPC_REPLY_LIMIT = 4 * 1024 * 1024  # grpc's default max_receive_message_length: the product's clients
 SEED_BATCH = 120  # puts per transaction (etcd refuses more than 128 operations in one)
+EVICTED_AT_ONCE = 300  # an eviction this big needs more than one transaction (a rack, a mass lease loss)
+
+
+class _Listed(Cluster):
+    """The cluster as the controller lists it: every node alive (nothing else is asked here)."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+
+    def start_node(self, name: str, role: str | None = None) -> None:
+        raise NotImplementedError
+
+    def stop_node(self, name: str) -> None:
+        raise NotImplementedError
+
+    def list_nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(name=n, alive=True) for n in self.nodes]
+
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        return "127.0.0.1", 29500
+
+
+class _Calls:
+    """Counts the etcd calls a store makes (every call goes through Store._call)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.count, self._inner = store, 0, store._call
+
+    def __enter__(self) -> _Calls:
+        def counted(fn: Callable[[], Any]) -> Any:
+            self.count += 1
+            return self._inner(fn)
+
+        self.store._call = counted  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store._call = self._inner  # type: ignore[method-assign]
 
 
 def _timed(fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
@@ -104,6 +154,7 @@ def seed(store: Store, job: TrainingJob, nodes: int, generation: int = 1) -> Job
         updated_at=now,
     )
     store.put(keys.job_state(name), state)
+    store.put(keys.generation(name, generation), assign(name, job.spec, state.slots, generation, ("127.0.0.1", 29500)))
     return state
 
 
@@ -149,6 +200,32 @@ def probe(store: Store, job: TrainingJob, nodes: int, repeats: int = 3) -> dict[
                 store.get(keys.node_command(name, node), AgentCommand)
 
         out["command_check_per_slot"] = _timed(command_checks, 1)
+        observer = Observer(store, _Listed(state.slots), name, SystemClock(), get_logger("probe", job=name))
+        core = ReconcileCore(name, default_detectors())
+
+        def view_start() -> dict[str, Any]:
+            observer.view.start()
+            return {"nodes": len(observer.observe({}, frozenset()).registrations)}
+
+        try:
+            out["controller_view_start"] = _timed(view_start, 1)
+
+            def tick() -> dict[str, Any]:
+                # One tick's observation and decision (no commit, no effects), nothing changed since
+                # the last: what a tick costs in steady state, and the etcd calls it makes.
+                with _Calls(store) as calls:
+                    obs = observer.observe({}, frozenset())
+                    decision = core.decide(obs)
+                    for _ in range(3):
+                        if not isinstance(decision, Needs):
+                            break
+                        obs = observer.complete(obs, decision)
+                        decision = core.decide(obs)
+                return {"etcd_calls": calls.count}
+
+            out["tick_observe_decide"] = _timed(tick, repeats)
+        finally:
+            observer.close()
         out["job_state_bytes"] = len(state.dumps())
 
         def cli_jobs() -> dict[str, Any]:
@@ -179,6 +256,47 @@ def probe(store: Store, job: TrainingJob, nodes: int, repeats: int = 3) -> dict[
         stack_bytes = nodes * (len(report.dumps()) + len(keys.stack_report(name, "stk-probe", "node-0")))
         out["stack_collection_reply_bytes"] = stack_bytes
         out["stack_collection_over_reply_limit"] = stack_bytes > GRPC_REPLY_LIMIT
+
+        def eviction_commit() -> dict[str, Any]:
+            # An eviction of many nodes at once: a cordon each, the incident, the state last.
+            evicted = state.slots[: min(EVICTED_AT_ONCE, nodes)]
+            puts: dict[str, Any] = {
+                keys.cordon(n): Cordon(node=n, reason="probe", cordoned_at=time.time()) for n in evicted
+            }
+            puts[keys.job_state(name)] = state
+            chunks = commit_chunks(puts, [])
+            for chunk in chunks:
+                assert store.commit(chunk)
+                for key in chunk:
+                    puts.pop(key)
+            ok = store.commit(puts)
+            return {"evicted": len(evicted), "transactions": len(chunks) + 1, "committed": ok}
+
+        try:
+            out["eviction_commit"] = _timed(eviction_commit, 1)
+        finally:
+            store.delete_prefix(keys.cordons_prefix())
+
+        def stack_collection() -> dict[str, Any]:
+            # Every node's report in etcd, then the collection as the controller runs it.
+            request = "stk-probe"
+            raw = report.dumps()
+            batch: dict[str, str] = {}
+            for node in state.slots:
+                batch[keys.stack_report(name, request, node)] = raw.replace('"node-0"', f'"{node}"', 1)
+                if len(batch) >= SEED_BATCH:
+                    store.commit(batch)  # type: ignore[arg-type]
+                    batch = {}
+            if batch:
+                store.commit(batch)  # type: ignore[arg-type]
+            w0 = time.perf_counter()
+            got = collect_stacks(store, name, request, state.slots, timeout=120.0)
+            return {"reports": len(got), "collect_s": round(time.perf_counter() - w0, 3)}
+
+        try:
+            out["stack_collection"] = _timed(stack_collection, 1)
+        finally:
+            store.delete_prefix(keys.job_prefix(name) + "stacks/")
 
         def topology() -> None:
             from stalwart.diagnosis.models import Topology

@@ -18,8 +18,8 @@ does, and so what `SimNode` does:
                   something the controller acts on changed (a command applied, the first step of a
                   generation, a checkpoint), otherwise at most once per progress interval
                   (max(heartbeat interval, nodes / 500))
-    RUN command   Range(the generation's assignment); Range(the whole nodes prefix) to build the
-                  memory-store URI: an error there (a reply over 4 MiB) kills the agent
+    RUN command   Range(the generation's assignment), which also names every node's memory store;
+                  an error there kills the agent
     STOP command  the workers stop; the heartbeats then carry none
     SHUTDOWN      LeaseRevoke; the agent exits
     stack request Put(stack report: one py-spy dump per worker)
@@ -508,8 +508,7 @@ class SimNode:
                 mine = self.host.assignment_for(reply.kvs[0], self.name) if reply.kvs else None
                 if mine is None:
                     return  # the agent logs "command for a generation without my assignment"
-                # _memory_uri: every registration, to find the memory stores (read whatever the spec).
-                await self._range("range nodes prefix (run)", keys.nodes_prefix(job), prefix=True)
+                # _memory_uri: the memory stores come with the assignment (no other read).
             except grpc.aio.AioRpcError as exc:
                 # StoreUnavailable escapes the agent's loop: the agent dies (its shutdown revokes the lease).
                 await self.exit(f"crashed applying RUN: {exc.code().name}", revoke=True)

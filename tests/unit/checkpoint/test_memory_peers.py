@@ -7,7 +7,7 @@ from stalwart.agents.data_plane import memory_uri
 from stalwart.checkpoint.peers import choose_peers
 from stalwart.spec import Parallelism, Role, TrainingJobSpec
 from stalwart.spec.topology import Topology
-from stalwart.store.records import Assignment, NodeAssignment, NodeRegistration
+from stalwart.store.records import Assignment, NodeAssignment
 
 
 def topology(replicas: int, procs: int, **parallelism: int) -> Topology:
@@ -44,11 +44,8 @@ def test_the_agents_memory_uri_names_the_peer_outside_its_groups() -> None:
     assignment = Assignment(
         job="j", generation=1, world_size=8, master_addr="h", master_port=1, nodes=nodes, created_at=0.0
     )
-    regs = {
-        f"node-{i}": NodeRegistration(
-            node=f"node-{i}", job="j", host="h", agent_pid=1, registered_at=0.0, lease_id=1, memory_port=7000 + i
-        )
-        for i in range(4)
-    }
-    uri = memory_uri("node-1", "j", assignment, t, regs)
+    for i, entry in enumerate(assignment.nodes):
+        entry.memory = f"127.0.0.1:{7000 + i}"
+    assignment = Assignment.loads(assignment.dumps())  # as the agent reads it from etcd
+    uri = memory_uri("node-1", "j", assignment, t, assignment.memory_stores())
     assert uri == "mem://127.0.0.1:7001/j?peer=127.0.0.1:7002&nodes=127.0.0.1:7000,127.0.0.1:7002,127.0.0.1:7003"

@@ -427,3 +427,38 @@ def test_the_diagnosis_service_is_found_by_flag_env_config_then_etcd(
             store.delete(key)
         else:
             store.put(key, before.decode())
+
+
+def test_listings_read_no_heartbeat_and_no_stack_report(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stalwart jobs` and `incidents` find jobs by skipping from one job's keys to the next, count
+    nodes from a keys-only listing, and read no node record's value (issue 23: at 10,000 nodes
+    those are tens of MB)."""
+    from stalwart.cli import status_cmd
+
+    report_key = keys.stack_report(JOB, "stk-1", "node-a")
+    store.put(report_key, "x" * 1000)
+    reads: list[tuple[str, bool]] = []
+    read_prefix = Store.read_prefix
+
+    def recording(self: Store, prefix: str, *, keys_only: bool = False):  # type: ignore[no-untyped-def]
+        reads.append((prefix, keys_only))
+        return read_prefix(self, prefix, keys_only=keys_only)
+
+    monkeypatch.setattr(Store, "read_prefix", recording)
+    try:
+        row = next(r for r in json.loads(stalwart(store, "jobs", "-o", "json").stdout) if r["job"] == JOB)
+        assert (row["nodes_up"], row["nodes_total"], row["incidents"]) == (1, 2, 2)
+        assert len(json.loads(stalwart(store, "incidents", "-o", "json").stdout)) >= 2
+        valued = [prefix for prefix, keys_only in reads if not keys_only]
+        assert not [p for p in valued if "/nodes/" in p or "/stacks/" in p or p == keys.jobs_prefix()], valued
+        # A job bigger than DETAIL_NODES: its status reads no heartbeat either, and lists no rank.
+        reads.clear()
+        monkeypatch.setattr(status_cmd, "DETAIL_NODES", 1)
+        report = json.loads(stalwart(store, "status", JOB, "-o", "json").stdout)
+        states = {n["node"]: n["state"] for n in report["nodes"]}
+        assert states["node-a"] == "up" and states["node-b"] == "lost" and states["node-c"] == "standby"
+        assert report["detail"] is False and report["ranks"] == []
+        assert not [p for p, keys_only in reads if not keys_only and "/nodes/" in p]
+        assert "no heartbeat was read" in stalwart(store, "status", JOB).stdout
+    finally:
+        store.delete(report_key)
