@@ -388,39 +388,28 @@ _STEP_BY_WORLD = ("first_rank", "role_first_rank")
 _PER_NODE = ("node", "memory")
 
 
-def _run_fields(n: NodeAssignment) -> dict[str, Any]:
-    """The fields a run shares (or steps), those set: a plain read, not a model_dump (10,000 nodes)."""
-    names = [f for f in NodeAssignment.model_fields if f not in _PER_NODE]
-    return {f: v for f in names if (v := getattr(n, f)) is not None}
-
-
 def _assignment_runs(nodes: list[NodeAssignment]) -> list[dict[str, Any]]:
+    shared = [f for f in NodeAssignment.model_fields if f not in _PER_NODE]
     runs: list[dict[str, Any]] = []
-    last: NodeAssignment | None = None
+    expected: dict[str, Any] | None = None  # the fields the next node has if it continues the run
     for n in nodes:
-        fields = _run_fields(n)
-        if last is not None and fields == _next_fields(last):
+        fields = {f: v for f in shared if (v := getattr(n, f)) is not None}  # a plain read: 10,000 nodes
+        if fields == expected:
             runs[-1]["nodes"].append(n.node)
             runs[-1]["memory"].append(n.memory)
         else:
             runs.append({**fields, "nodes": [n.node], "memory": [n.memory]})
-        last = n
+        expected = dict(fields)
+        for name in _STEP_BY_ONE:
+            if name in expected:
+                expected[name] += 1
+        for name in _STEP_BY_WORLD:
+            if name in expected:
+                expected[name] += n.local_world_size
     for run in runs:
         if not any(run["memory"]):
             del run["memory"]
     return runs
-
-
-def _next_fields(n: NodeAssignment) -> dict[str, Any]:
-    """The fields of the node after `n` in the same run."""
-    fields = _run_fields(n)
-    for name in _STEP_BY_ONE:
-        if name in fields:
-            fields[name] += 1
-    for name in _STEP_BY_WORLD:
-        if name in fields:
-            fields[name] += n.local_world_size
-    return fields
 
 
 def _expand_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

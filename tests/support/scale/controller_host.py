@@ -4,7 +4,8 @@ and memory are its own), with every tick timed.
     python -m support.scale.controller_host --etcd HOST:PORT --job NAME --hosts A.sock,B.sock --stats S.json
 
 It runs `JobController.run` unchanged; only `tick` is wrapped to record when it started and how
-long it took. The figures go to `--stats` (rewritten whole, atomically, every second). A controller
+long it took, and what its watch-fed view of the nodes received (events, whole reads again). The
+figures go to `--stats` (rewritten whole, atomically, every second). A controller
 that raises is recorded and started again after a second, as a supervisor would: the bench reports
 the crashes, since a crash is a finding.
 """
@@ -38,6 +39,7 @@ class TickLog:
         self.ticks: deque[tuple[float, float]] = deque(maxlen=MAX_TICKS_KEPT)  # (wall start, seconds)
         self.crashes: list[dict[str, Any]] = []
         self.finished: str | None = None
+        self.view: dict[str, int] = {}  # the controller's nodes view: watch events, resyncs
 
 
 class TimedController(JobController):
@@ -51,6 +53,8 @@ class TimedController(JobController):
             return super().tick()
         finally:
             self._tick_log.ticks.append((wall, time.perf_counter() - start))
+            nodes = self.observer.view.nodes
+            self._tick_log.view = {"events": nodes.events, "resyncs": nodes.resyncs}
 
 
 def _write_stats(path: Path, ticks: TickLog, cluster: SimCluster) -> None:
@@ -63,6 +67,7 @@ def _write_stats(path: Path, ticks: TickLog, cluster: SimCluster) -> None:
         "cpu_seconds": cpu.user + cpu.system,
         "ticks": list(ticks.ticks),
         "crashes": ticks.crashes,
+        "view": ticks.view,
         "finished": ticks.finished,
         "listings": cluster.listings,
         "listing_seconds": cluster.listing_seconds,

@@ -49,6 +49,7 @@ def test_ten_thousand_nodes_by_eight_commit_under_etcds_request_limit() -> None:
         standbys=[f"node-{nodes + i}" for i in range(21)],
         next_node_index=nodes + 21,
         created_at=time.time(),
+        updated_at=time.time(),
     )
     size = len(assignment.dumps()) + len(state.dumps())
     assert size < ETCD_REQUEST_LIMIT, size
@@ -56,7 +57,12 @@ def test_ten_thousand_nodes_by_eight_commit_under_etcds_request_limit() -> None:
     back = stored(assignment)
     assert back == assignment and back.world_size == 80_000
     assert back.for_node("node-9999") == NodeAssignment(
-        node="node-9999", node_rank=9999, role="trainer", first_rank=79_992, local_world_size=8, memory=memory["node-9999"]
+        node="node-9999",
+        node_rank=9999,
+        role="trainer",
+        first_rank=79_992,
+        local_world_size=8,
+        memory=memory["node-9999"],
     )
     assert back.memory_stores() == memory
 
