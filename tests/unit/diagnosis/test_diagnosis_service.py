@@ -59,7 +59,7 @@ def test_openapi_is_published(service: Service) -> None:
     } <= set(doc["paths"])
     schemas = doc["components"]["schemas"]
     assert {"EvidenceBundle", "Verdict", "Topology", "RankStack"} <= set(schemas)
-    assert schemas["EvidenceBundle"]["properties"]["stacks"]["maxItems"] == 65536  # limits are in the contract
+    assert schemas["EvidenceBundle"]["properties"]["stacks"]["maxItems"] == 131_072  # limits are in the contract
     body = doc["paths"]["/v1/diagnose"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/EvidenceBundle"}
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
