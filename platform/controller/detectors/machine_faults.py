@@ -18,8 +18,12 @@ class MachineFaults(Detector):
 
     def observe(self, view: View) -> Report:
         ft = view.spec.fault_tolerance
+        # The slot nodes that report a fault now (a node with none and no NIC history has nothing to
+        # judge: at 10,000 nodes, looking at each one every tick would be most of the tick).
         faults = {
-            n: b.machine_faults for n, b in view.beats.items() if n in view.state.slots and n in view.registrations
+            n: b.machine_faults
+            for n in view.state.slots
+            if (b := view.beats.get(n)) is not None and b.machine_faults and n in view.registrations
         }
         condemned = machine_fault_suspects(
             faults, self._nics, view.now, nic_count=ft.nic_flap_count, nic_window=ft.nic_flap_window_seconds
