@@ -25,12 +25,12 @@ from stalwart.logs import ContextLogger
 from stalwart.spec import TrainingJob
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
-from stalwart.store.nodes import read_nodes
 from stalwart.store.prefix_watch import PrefixWatch
-from stalwart.store.records import JobState
+from stalwart.store.records import Assignment, Heartbeat, JobState
 
 RETRY_SECONDS = 1.0  # after a round that etcd or a memory store cut short
 KEPT_LOADER_STATES = 8
+LOADER_STATE_READS = 8  # slot heartbeats a round reads at most, for the newest checkpoint's loader state
 
 
 def prewarm_imports() -> None:
@@ -119,17 +119,27 @@ class StandbyDuty:
         return True
 
     def _round(self) -> None:
+        """O(1) reads: the job's state, a few slot nodes' heartbeats (every rank reports the same
+        save, so the first that has the newest checkpoint's loader state is enough) and the running
+        generation's assignment, which names every node's memory store."""
         self.rounds += 1
         state = self.store.get(keys.job_state(self.job.name), JobState)
         if state is None:
             return
-        nodes = read_nodes(self.store, self.job.name)
         with self._lock:
-            for name in state.slots:
-                beat = nodes.heartbeats.get(name)
-                for w in beat.workers if beat else []:
-                    if w.last_checkpoint_step is not None and w.last_checkpoint_data:
-                        self._loader_states[w.last_checkpoint_step] = w.last_checkpoint_data
+            newest = max(self._loader_states, default=None)
+            for name in state.slots[:LOADER_STATE_READS]:
+                beat = self.store.get(keys.node_heartbeat(self.job.name, name), Heartbeat)
+                found = (
+                    [w for w in beat.workers if w.last_checkpoint_step is not None and w.last_checkpoint_data]
+                    if beat
+                    else []
+                )
+                for w in found:
+                    assert w.last_checkpoint_step is not None and w.last_checkpoint_data is not None
+                    self._loader_states[w.last_checkpoint_step] = w.last_checkpoint_data
+                if found and max(self._loader_states) != newest:
+                    break  # this node had a newer checkpoint's loader state: enough
             for old in sorted(self._loader_states)[:-KEPT_LOADER_STATES]:
                 del self._loader_states[old]
         if self.memory_address is None or not self.job.spec.standbys.preload_checkpoint:
@@ -137,9 +147,9 @@ class StandbyDuty:
         from stalwart.checkpoint.memory_mirror import sync_newest
 
         budget = int(self.job.spec.checkpoint.memory_capacity_gib * (1 << 30) / 2)
-        sources = [
-            f"{r.address}:{r.memory_port}" for n, r in nodes.registrations.items() if n in state.slots and r.memory_port
-        ]
+        assignment = self.store.get(keys.generation(self.job.name, state.generation), Assignment)
+        stores = assignment.memory_stores() if assignment is not None else {}
+        sources = [address for node, address in stores.items() if node in state.slots]
         result = sync_newest(self.memory_address, sources, self.job.name, budget, self.token()) if sources else None
         if result is not None and result.step != self._held:
             self._held = result.step

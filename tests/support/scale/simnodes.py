@@ -25,8 +25,9 @@ does, and so what `SimNode` does:
     stack request Put(stack report: one py-spy dump per worker)
     log request   Put(log report)
     standby       only a node the job state lists as a standby, and only while it is one (promoted
-                  by RUN): Watch(the job's checkpoint catalog); a round (Range(job state), Range(the
-                  whole nodes prefix)) once at registration and at each new catalog entry
+                  by RUN): Watch(the job's checkpoint catalog); a round (Range(job state), Range(a slot
+                  node's heartbeat), Range(the generation's assignment)) once at registration and at
+                  each new catalog entry
     lease lost    (a keep-alive answers TTL 0) the agent exits
     SIGTERM       LeaseRevoke; the agent exits
 
@@ -644,11 +645,18 @@ class SimNode:
             self._spawn(self._standby_round())
 
     async def _standby_round(self) -> None:
-        """The standby duty's round (stalwart.agents.standby): the job state and every node's records."""
+        """The standby duty's round (stalwart.agents.standby): the job state, a slot node's heartbeat
+        (the loader state) and the running generation's assignment (the memory stores)."""
         job = self.host.job
         try:
-            await self._range("range job state (standby)", keys.job_state(job))
-            await self._range("range nodes prefix (standby)", keys.nodes_prefix(job), prefix=True)
+            reply = await self._range("range job state (standby)", keys.job_state(job))
+            if not reply.kvs:
+                return
+            generation, first_slot = self.host.generation_and_first_slot(reply.kvs[0])
+            if first_slot is not None:
+                await self._range("range heartbeat (standby)", keys.node_heartbeat(job, first_slot))
+            if generation:
+                await self._range("range assignment (standby)", keys.generation(job, generation))
         except grpc.aio.AioRpcError:
             pass  # the agent logs "standby round skipped" and tries again a second later
 
@@ -677,15 +685,15 @@ class NodeHost:
         self.stack_texts = _stack_texts()
         self.culprit: str | None = None
         # Parsed once per (key, revision) for the whole process: every node reads the same bytes.
-        self._parsed: dict[tuple[bytes, int], Any] = {}
+        self._parsed: dict[tuple[str, bytes, int], Any] = {}
         self._stop = asyncio.Event()
         self.bulk_reads = asyncio.Semaphore(args.bulk_reads)
         self.start_rate: float = args.start_rate
         self._starting: asyncio.Queue[SimNode] = asyncio.Queue()
         self.recent_lag: deque[float] = deque(maxlen=50)  # the last 5 s
 
-    def _cached(self, kv: Any, build: Callable[[bytes], Any]) -> Any:
-        ident = (kv.key, kv.mod_revision)
+    def _cached(self, kv: Any, build: Callable[[bytes], Any], what: str = "") -> Any:
+        ident = (what, kv.key, kv.mod_revision)
         if ident not in self._parsed:
             if len(self._parsed) > 64:
                 self._parsed.clear()
@@ -701,6 +709,13 @@ class NodeHost:
 
     def standbys(self, kv: Any) -> set[str]:
         return self._cached(kv, lambda raw: set(JobState.loads(raw).standbys))
+
+    def generation_and_first_slot(self, kv: Any) -> tuple[int, str | None]:
+        def parse(raw: bytes) -> tuple[int, str | None]:
+            state = JobState.loads(raw)
+            return state.generation, state.slots[0] if state.slots else None
+
+        return self._cached(kv, parse, "generation")
 
     def wheel_add(self, node: SimNode) -> None:
         """Agents that registered together do not beat in step for long: a random slot each."""
