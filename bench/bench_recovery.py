@@ -170,7 +170,9 @@ def breakdown(run_dir: Path, inc: dict[str, Any], failed: float) -> dict[str, fl
 def median_phases(rows: list[dict[str, Any]], name: str) -> dict[str, float]:
     out = {}
     for phase in PHASES:
-        values = [r["phases"][phase] for r in rows if r["scenario"] == name and (r.get("phases") or {}).get(phase) is not None]
+        values = [
+            r["phases"][phase] for r in rows if r["scenario"] == name and (r.get("phases") or {}).get(phase) is not None
+        ]
         if values:
             out[phase] = statistics.median(values)
     return out
