@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_recovery.py              # about 10 minutes on 2 cores
     .venv/bin/python bench/bench_recovery.py --repeats 1  # a quicker single pass
     .venv/bin/python bench/bench_recovery.py --only lost-node --keep /tmp/runs  # the pairs, logs kept
+    .venv/bin/python bench/bench_recovery.py --only hot-swap --repeats 1 --output /tmp/h.json  # phases
 
 Each scenario is a real `stalwart run` of the example job (2 nodes x 2 gloo workers, real etcd,
 agents, controller and diagnosis service) with one injected fault, and every figure comes from the
@@ -198,12 +199,15 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=OUT)
     parser.add_argument(
         "--only",
-        choices=["lost-node"],
+        choices=["lost-node", "hot-swap"],
         default=None,
-        help="only the hot-swap/requeue pairs, not the detection scenarios (the JSON then has no detection figures)",
+        help="lost-node: only the hot-swap/requeue pairs, not the detection scenarios; hot-swap: only the "
+        "hot-swaps (no anchor, no ratio: for looking into their phases)",
     )
     parser.add_argument("--keep", type=Path, default=None, help="keep each run's folder (every log) under this folder")
     args = parser.parse_args()
+    if args.only and args.output == OUT:
+        parser.error(f"--only runs part of the benchmark: write it elsewhere than {OUT} (--output)")
     # The job files are written to a temporary folder; their code stays in examples/ (docs/security.md).
     os.environ[ALLOWED_PATHS_ENV] = str(EXAMPLE.parent)
     subprocess.run(
@@ -231,7 +235,8 @@ def main() -> None:
         print("recovery from a lost node, time after the failure (s):")
         for _ in range(args.repeats):
             scenario("lost-node/hot-swap", "kill-node:node=1,step=60")
-            scenario("lost-node/requeue", "kill-node:node=1,step=60", requeue=True)
+            if args.only != "hot-swap":
+                scenario("lost-node/requeue", "kill-node:node=1,step=60", requeue=True)
         if args.only is None:
             print("detection latency per class:")
             scenario("silent-node", "freeze-node:node=1,step=60")
@@ -256,8 +261,8 @@ def main() -> None:
         "requeue_seconds": req,
         "hot_swap_after_detection_seconds": hot_after,
         "requeue_after_detection_seconds": req_after,
-        "ratio": req / hot,
-        "ratio_after_detection": req_after / hot_after,
+        "ratio": req / hot if req and hot else None,
+        "ratio_after_detection": req_after / hot_after if req_after and hot_after else None,
         "detect_seconds": {
             "WorkerCrash": med("worker-crash", "detect"),
             # The simulator reads LostNode: the silent machine (lease TTL), the slower of the two.
@@ -277,17 +282,28 @@ def main() -> None:
     print()
     print("| | hot-swap | requeue | ratio |")
     print("|---|---|---|---|")
-    print(f"| failure -> first step (s) | {hot:.2f} | {req:.2f} | {req / hot:.1f}x |")
-    print(f"| detection -> first step (s) | {hot_after:.2f} | {req_after:.2f} | {req_after / hot_after:.1f}x |")
+    print(f"| failure -> first step (s) | {_s(hot)} | {_s(req)} | {_x(measured['ratio'])} |")
+    print(
+        f"| detection -> first step (s) | {_s(hot_after)} | {_s(req_after)} | {_x(measured['ratio_after_detection'])} |"
+    )
     print(f"\nhot-swap, median per phase (s): {_phases_line(measured['hot_swap_phases_median'])}")
-    print()
-    print("| class | detect (s) |")
-    print("|---|---|")
-    for cls, value in measured["detect_seconds"].items():
-        print(f"| {cls} | {value:.2f} |")
-    for cls in measured["not_measured"]:
-        print(f"| {cls} | not measured (the scenario recorded no incident) |")
+    if args.only is None:
+        print()
+        print("| class | detect (s) |")
+        print("|---|---|")
+        for cls, value in measured["detect_seconds"].items():
+            print(f"| {cls} | {value:.2f} |")
+        for cls in measured["not_measured"]:
+            print(f"| {cls} | not measured (the scenario recorded no incident) |")
     print(f"\nwrote {args.output}")
+
+
+def _s(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.2f}"
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.1f}x"
 
 
 if __name__ == "__main__":
