@@ -299,7 +299,7 @@ def serve(agent: int, spares_wanted: int = 0) -> LaunchRequest | None:
                 if not select.select([stdin], [], [], idle)[0]:
                     try:
                         spares.append(fork_spare(agent, [s.requests for s in spares]))
-                    except OSError as exc:
+                    except (OSError, ValueError) as exc:  # out of processes or memory: forks on demand only
                         print(f"stalwart fork server: no spare ({exc})", file=sys.stderr, flush=True)
                         spares_wanted = len(spares)
                         continue
