@@ -60,13 +60,17 @@ PRELOAD = (
     "stalwart.worker_contract",
     "stalwart.agents.fault_hooks",
     "stalwart.store.records",
-    "stalwart.checkpoint.api",
-    "stalwart.checkpoint.adapters",
-    "stalwart.checkpoint.engine",
-    "stalwart.checkpoint.storage",
     "stalwart.checkpoint.storage.memory",
-    "stalwart.dataloader",
-    "stalwart.dataloader.open_loader",
+    # The lazy packages' public names, through the package (`package:name`): importing a submodule
+    # directly would bind its name on the package to the module (`stalwart.dataloader.open_loader`
+    # would hide the function of that name).
+    "stalwart.checkpoint:Checkpointer",
+    "stalwart.checkpoint:TrainState",
+    "stalwart.checkpoint:open_storage",
+    "stalwart.checkpoint:RetentionPolicy",
+    "stalwart.checkpoint:save",
+    "stalwart.dataloader:open_loader",
+    "stalwart.dataloader:DataConfig",
 )
 
 
@@ -350,10 +354,13 @@ def _exit_code_of(exc: BaseException) -> int:
 
 def main() -> None:
     global _exit_code
-    for name in PRELOAD:
+    for entry in PRELOAD:
+        module, _, name = entry.partition(":")
         try:
-            importlib.import_module(name)
-        except ImportError:
+            loaded = importlib.import_module(module)
+            if name:
+                getattr(loaded, name)  # a lazy export: loads its module, binds the name
+        except (ImportError, AttributeError):
             pass
     gc.freeze()  # what the server holds is never collected in a worker (nor its pages copied by the GC)
     spares = int(sys.argv[sys.argv.index("--spares") + 1]) if "--spares" in sys.argv else 0

@@ -34,6 +34,7 @@ def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_pa
         assert saw["pid"] == worker["pid"] and saw["ppid"] == report["agent"]  # adopted by the "agent"
         assert saw["pgid"] == saw["pid"]  # its own process group: stopping it stops what it started
         assert saw["rank"] == str(i) and saw["cwd"] == str(tmp_path) and saw["main"] == "__main__"
-        assert saw["torch_preloaded"]  # the import was the server's, not the worker's
+        assert saw["torch_preloaded"] and saw["engine_preloaded"]  # the imports were the server's, not the worker's
+        assert saw["open_loader_is_the_function"]  # a preloaded submodule does not hide a lazy export
         assert f"rank {i} says hello" in (tmp_path / f"w{i}.log").read_text()
     assert len({saw["random"] for saw in seen}) == 4  # forked, yet not one random state
