@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # Outside Stalwart (no agent socket) these are no-ops, so the script also runs under plain torchrun.
 from stalwart import worker_contract as contract
-from stalwart.agents.worker_sdk import PeriodicCheckpoints, StepTimer, report_load
+from stalwart.agents.worker_sdk import PeriodicCheckpoints, StepTimer, report_load, since_launch
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
 from stalwart.dataloader import DataConfig, SourceSpec, open_loader
 
@@ -101,6 +101,7 @@ def main() -> None:
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
+    launch = since_launch()  # under Stalwart: the fork (or spawn) and this script's imports
     t0 = time.perf_counter()
     dist.init_process_group("nccl" if use_cuda else "gloo")
     t_pg = time.perf_counter()
@@ -138,7 +139,8 @@ def main() -> None:
     if rank == 0:
         print(
             f"world={world} device={device} resuming_from_step={start} tier={ckpt.last_load_tier or '-'} "
-            f"steps={args.steps} startup: process group {t_pg - t0:.2f}s, data {t_data - t_pg:.2f}s, "
+            f"steps={args.steps} startup: {f'launch {launch:.2f}s, ' if launch is not None else ''}"
+            f"process group {t_pg - t0:.2f}s, data {t_data - t_pg:.2f}s, "
             f"model {t_model - t_data:.2f}s, checkpoint {t_ckpt - t_model:.2f}s",
             flush=True,
         )

@@ -45,6 +45,7 @@ NODE = "STALWART_NODE"
 GENERATION = "STALWART_GENERATION"  # the generation this worker belongs to
 CODE_VERSION = "STALWART_CODE_VERSION"
 PROGRESS_SOCKET = "STALWART_PROGRESS_SOCKET"  # the agent's Unix datagram socket (worker SDK reports)
+LAUNCHED_AT = "STALWART_LAUNCHED_AT"  # when the agent started this worker (Unix time): its start-up is measured from it
 
 # -- the parallel layout (the role's spec.parallelism; DP is what the world leaves) -------------------
 TENSOR_PARALLEL = "STALWART_TP"
@@ -85,6 +86,7 @@ STALWART = (
     GENERATION,
     CODE_VERSION,
     PROGRESS_SOCKET,
+    LAUNCHED_AT,
     TENSOR_PARALLEL,
     PIPELINE_PARALLEL,
     CONTEXT_PARALLEL,

@@ -20,6 +20,7 @@ import os
 import queue
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -61,7 +62,7 @@ from stalwart.store.records import (
 )
 from stalwart.worker_contract import CHECKPOINT_TOKEN
 
-LOOP_INTERVAL = 0.05
+LOOP_INTERVAL = 0.05  # a command wakes the loop at once (a restart waits for no tick)
 METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
 
 
@@ -91,6 +92,7 @@ class NodeAgent:
         self._last_group: WorkerGroup | None = None  # for log requests between generations
         self._stop_signal: int | None = None
         self.commands: queue.Queue[AgentCommand] = queue.Queue()
+        self._wake = threading.Event()  # set by the command watch: the loop acts on it at once
         self._listed_standby = False
         # The heartbeat thread reads the workers' snapshot the loop publishes (a list, replaced whole).
         self._beat_workers: list[WorkerStatus] = []
@@ -202,6 +204,7 @@ class NodeAgent:
     def _on_command(self, _key: str, value: bytes | None) -> None:
         if value is not None:
             self.commands.put(AgentCommand.loads(value))
+            self._wake.set()
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -213,10 +216,11 @@ class NodeAgent:
                 if fenced is not None:
                     self._enter(AgentState.FENCED, str(fenced))
                     raise AgentExit(fenced.code, str(fenced))
+                self._wake.clear()  # before the tick: a command that comes during it wakes the next at once
                 dirty = self._tick()
                 if dirty:
                     self.lease_keeper.beat_now()
-                time.sleep(LOOP_INTERVAL)
+                self._wake.wait(LOOP_INTERVAL)
             self.log.info("stopping on signal", fields={"signal": self._stop_signal})
             return 0
         except AgentExit as exc:

@@ -26,6 +26,7 @@ RESTART_DELAY_SECONDS = 3.0
 # time importing, and the wait saves a whole import per worker. Past it, the worker starts cold.
 READY_WAIT_SECONDS = 60.0
 REPLY_WAIT_SECONDS = 10.0
+SPARE_EXIT_WAIT_SECONDS = 5.0
 # torch reads these when it is imported (TORCH_LOGS, PYTORCH_*, TORCHDYNAMO_*, ...), and Python its
 # own at start-up (PYTHONPATH, PYTHONHASHSEED, ...): a worker whose environment sets them differently
 # from the server's must start cold to see them.
@@ -47,7 +48,9 @@ class WarmPool:
         """`size` 0 or `enabled` False: every worker starts cold. Enabling it makes this process a
         child subreaper (the forked workers become its children)."""
         self.enabled = enabled and size > 0 and become_subreaper()
+        self.size = size
         self.log = log
+        self.spares: set[int] = set()  # the server's spares (our children once adopted), not yet handed out
         self.server: subprocess.Popen[bytes] | None = None
         self.ready = False
         self._buffer = b""
@@ -67,7 +70,7 @@ class WarmPool:
                 stderr = open(self.log, "ab")  # closed below, once the server holds it
             try:
                 self.server = spawn(
-                    [sys.executable, "-m", "stalwart.agents.warm_start"],
+                    [sys.executable, "-m", "stalwart.agents.warm_start", "--spares", str(self.size)],
                     env=self._env,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
@@ -77,7 +80,9 @@ class WarmPool:
                 if not isinstance(stderr, int):
                     stderr.close()
         if self.server is not None and not self.ready:
-            self.ready = self._read_line(0.0) == "ready"
+            self.ready = self._reply(0.0) == "ready"
+        elif self.server is not None:
+            self._reply(0.0)  # the spares it announced while we asked for nothing
 
     def launch(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> ChildProcess | None:
         """A forked worker running `argv`, or None (start it cold)."""
@@ -87,7 +92,7 @@ class WarmPool:
         if self.server is None or self.server.stdin is None:
             return None
         if not self.ready:
-            self.ready = self._read_line(READY_WAIT_SECONDS) == "ready"
+            self.ready = self._reply(READY_WAIT_SECONDS) == "ready"
             if not self.ready:
                 return None
         request = LaunchRequest(argv=argv, env=env, cwd=str(cwd), log=str(log))
@@ -97,11 +102,21 @@ class WarmPool:
         except (BrokenPipeError, OSError):
             self._discard()
             return None
-        reply = self._read_line(REPLY_WAIT_SECONDS)
+        reply = self._reply(REPLY_WAIT_SECONDS)
         if reply is None or not reply.isdigit() or int(reply) <= 0:
             self._discard()  # a server that does not answer is of no use: a new one starts later
             return None
+        self.spares.discard(int(reply))  # a spare now runs the worker
         return AdoptedProcess(int(reply))
+
+    def _reply(self, timeout: float) -> str | None:
+        """The server's next answer within `timeout` seconds, noting the spares it announces on the way."""
+        deadline = time.monotonic() + timeout
+        while (line := self._read_line(max(0.0, deadline - time.monotonic()))) is not None:
+            if not line.startswith("spare "):
+                return line
+            self.spares.add(int(line.split()[1]))
+        return None
 
     def _read_line(self, timeout: float) -> str | None:
         """One line from the server, waiting up to `timeout` seconds; None if none came."""
@@ -122,8 +137,23 @@ class WarmPool:
     def _discard(self) -> None:
         if self.server is not None:
             stop_process(self.server, grace=1.0)
+        self._reap_spares()
         self.server, self.ready, self._buffer = None, False, b""
         self._start_after = time.monotonic() + RESTART_DELAY_SECONDS
+
+    def _reap_spares(self) -> None:
+        """Once the server is gone its spares exit (their pipes close): wait for them, our children."""
+        if self.server is not None:
+            while self._reply(0.0) is not None:  # spares it announced that we have not read of yet
+                pass
+        for pid in self.spares:
+            spare = AdoptedProcess(pid)
+            try:
+                spare.wait(timeout=SPARE_EXIT_WAIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                spare.kill()
+                spare.wait(timeout=SPARE_EXIT_WAIT_SECONDS)
+        self.spares.clear()
 
     def close(self) -> None:
         if self.server is not None:
@@ -133,4 +163,5 @@ class WarmPool:
                 except OSError:
                     pass
             stop_process(self.server, grace=1.0)
+        self._reap_spares()
         self.server, self.ready = None, False

@@ -11,8 +11,13 @@ child subreaper (`stalwart.processes.become_subreaper`), so the orphaned grandch
 it, and the agent waits for it, signals it and stops its process group like any worker it spawned.
 The worker dies with the agent (PR_SET_PDEATHSIG, set once the agent is its parent).
 
-    python -m stalwart.agents.warm_start     (prints "ready"; then per LaunchRequest line on stdin,
-                                              the new worker's pid on stdout)
+The server also keeps spares: workers forked (and adopted) ahead of time that wait for a request on
+a pipe, so that a restart's workers cost no fork at all, only a pipe write. It forks them while the
+agent asks for nothing, and they exit when the server does.
+
+    python -m stalwart.agents.warm_start [--spares N]
+        prints "ready"; then per LaunchRequest line on stdin, the new worker's pid on stdout; and
+        "spare PID" for each spare it forks (N spares are kept; the agent reaps the unused ones)
 """
 
 from __future__ import annotations
@@ -24,17 +29,23 @@ import importlib
 import os
 import random
 import runpy
+import select
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
 from stalwart.net import bound_tcp_store
 from stalwart.processes import die_with_parent
 
-# Modules that read no configuration at import (the worker SDK does, so it is not here).
+# Modules that read no configuration at import (the worker SDK does, so it is not here; what it
+# imports is). Whatever a worker imports that is not here, every worker of every generation imports
+# again after the fork, all at once at a restart: the platform's own modules (the progress reports'
+# records, which hold the job spec's models, the checkpoint engine and its tiers, the data loader's
+# client) cost a fifth of a second of CPU per worker, a quarter of a hot-swap on 2 cores.
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -44,11 +55,22 @@ PRELOAD = (
     "torch.optim",
     "torch.nn.parallel",
     "torch.distributed.checkpoint",
-    "stalwart.checkpoint.api",
-    "stalwart.checkpoint.adapters",
-    "stalwart.dataloader",
     # DDP, FSDP and torch.compile import dynamo (and sympy) on first use: a second or more.
     "torch._dynamo",
+    "stalwart.worker_contract",
+    "stalwart.agents.fault_hooks",
+    "stalwart.store.records",
+    "stalwart.checkpoint.storage.memory",
+    # The lazy packages' public names, through the package (`package:name`): importing a submodule
+    # directly would bind its name on the package to the module (`stalwart.dataloader.open_loader`
+    # would hide the function of that name).
+    "stalwart.checkpoint:Checkpointer",
+    "stalwart.checkpoint:TrainState",
+    "stalwart.checkpoint:open_storage",
+    "stalwart.checkpoint:RetentionPolicy",
+    "stalwart.checkpoint:save",
+    "stalwart.dataloader:open_loader",
+    "stalwart.dataloader:DataConfig",
 )
 
 
@@ -134,6 +156,9 @@ def become_worker(request: LaunchRequest) -> None:
 
 
 ADOPTION_WAIT_SECONDS = 5.0
+# Spares are forked once the agent has asked for nothing for this long: a spare forked while a
+# generation starts would take CPU from the workers it is meant to speed up.
+SPARE_DELAY_SECONDS = 2.0
 
 
 class _Become(Exception):
@@ -163,8 +188,10 @@ def _reseed() -> None:
         numpy.random.seed()
 
 
-def fork_worker(request: LaunchRequest, agent: int) -> int:
-    """Fork the worker (twice: it must be the agent's child, not ours) and return its pid."""
+def _double_fork(agent: int, inherited: Sequence[int] = ()) -> int:
+    """Fork twice, as os.fork returns: 0 in the grandchild (the worker to be: its own process group,
+    stdin and stdout on /dev/null, the descriptors in `inherited` closed, adopted by the agent), its
+    pid in the server. The middle process exits at once, so the grandchild is the agent's child."""
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -173,17 +200,16 @@ def fork_worker(request: LaunchRequest, agent: int) -> int:
             worker = os.fork()
             if worker == 0:
                 os.close(write_end)
+                for fd in inherited:
+                    os.close(fd)
                 null = os.open(os.devnull, os.O_RDWR)
                 os.dup2(null, 0)
                 os.dup2(null, 1)  # the server's reply pipe; become_worker points 1 and 2 at the log
                 os.close(null)
                 os.setpgid(0, 0)  # its own process group, as a spawned worker has: stopping it stops its children
                 _adopted_by(agent)
-                _reseed()
-                raise _Become(request)
+                return 0
             os.write(write_end, f"{worker}\n".encode())
-        except _Become:
-            raise
         except BaseException:  # the middle process never serves: the server reads no pid
             os._exit(1)
         os._exit(0)
@@ -194,24 +220,112 @@ def fork_worker(request: LaunchRequest, agent: int) -> int:
     return int(line)
 
 
-def serve(agent: int) -> LaunchRequest | None:
-    """Answer LaunchRequests until stdin closes. Returns the request in a forked worker, None in the
-    server when the agent goes away."""
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    for line in sys.stdin:
-        if not line.strip():
-            continue
+def fork_worker(request: LaunchRequest, agent: int, inherited: Sequence[int] = ()) -> int:
+    """Fork the worker (twice: it must be the agent's child, not ours) and return its pid."""
+    pid = _double_fork(agent, inherited)
+    if pid == 0:
+        _reseed()
+        raise _Become(request)
+    return pid
+
+
+class Spare(NamedTuple):
+    """A worker forked ahead of time, waiting for its request on a pipe (the server holds its write end)."""
+
+    pid: int
+    requests: int
+
+
+def fork_spare(agent: int, inherited: Sequence[int] = ()) -> Spare:
+    """A worker forked before anyone asks for it: at a restart it only reads its request, so no fork
+    (of a process that holds torch: page tables for gigabytes, twice) is on the restart's path. It
+    exits when the server goes (its pipe closes)."""
+    read_end, write_end = os.pipe()
+    pid = _double_fork(agent, [*inherited, write_end])
+    if pid == 0:
+        request = _await_request(read_end)
+        _reseed()
+        raise _Become(request)
+    os.close(read_end)
+    return Spare(pid, write_end)
+
+
+def _await_request(fd: int) -> LaunchRequest:
+    """In a spare: block until the server hands over a request; end quietly when the server is gone."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            os._exit(0)
+        data += chunk
+    os.close(fd)
+    try:
+        return LaunchRequest.model_validate_json(data)
+    except ValueError as exc:
+        print(f"stalwart fork server: a spare got a bad request ({exc})", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _hand_over(spares: list[Spare], line: bytes) -> int:
+    """Give the request to the oldest live spare; its pid, or 0 when none is left."""
+    while spares:
+        spare = spares.pop(0)
         try:
-            pid = fork_worker(LaunchRequest.model_validate_json(line), agent)
-        except _Become as become:
-            return become.request
-        except (OSError, ValueError) as exc:
-            print(f"stalwart fork server: no worker ({exc})", file=sys.stderr, flush=True)
-            pid = 0
-        sys.stdout.write(f"{pid}\n")
-        sys.stdout.flush()
-    return None
+            view = memoryview(line + b"\n")
+            while view:
+                view = view[os.write(spare.requests, view) :]
+            return spare.pid
+        except OSError:  # it died (killed while it waited): the next one
+            continue
+        finally:
+            os.close(spare.requests)
+    return 0
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def serve(agent: int, spares_wanted: int = 0) -> LaunchRequest | None:
+    """Answer LaunchRequests until stdin closes: each with the pid of the worker that runs it (a
+    spare's, else a new fork's), or 0. Keeps `spares_wanted` spares, forked once no request has come
+    for SPARE_DELAY_SECONDS (never while a generation starts), each announced as `spare PID`.
+    Returns the request in a worker, None in the server when the agent goes away."""
+    _say("ready")
+    spares: list[Spare] = []
+    pending = b""
+    stdin = sys.stdin.fileno()
+    try:
+        while True:
+            if b"\n" not in pending:
+                idle = SPARE_DELAY_SECONDS if len(spares) < spares_wanted else None
+                if not select.select([stdin], [], [], idle)[0]:
+                    try:
+                        spares.append(fork_spare(agent, [s.requests for s in spares]))
+                    except (OSError, ValueError) as exc:  # out of processes or memory: forks on demand only
+                        print(f"stalwart fork server: no spare ({exc})", file=sys.stderr, flush=True)
+                        spares_wanted = len(spares)
+                        continue
+                    _say(f"spare {spares[-1].pid}")
+                    continue
+                chunk = os.read(stdin, 1 << 16)
+                if not chunk:
+                    return None
+                pending += chunk
+                continue
+            line, pending = pending.split(b"\n", 1)
+            if not line.strip():
+                continue
+            try:
+                request = LaunchRequest.model_validate_json(line)
+                pid = _hand_over(spares, line) or fork_worker(request, agent, [s.requests for s in spares])
+            except (OSError, ValueError) as exc:
+                print(f"stalwart fork server: no worker ({exc})", file=sys.stderr, flush=True)
+                pid = 0
+            _say(str(pid))
+    except _Become as become:
+        return become.request
 
 
 _exit_code = 0
@@ -240,13 +354,17 @@ def _exit_code_of(exc: BaseException) -> int:
 
 def main() -> None:
     global _exit_code
-    for name in PRELOAD:
+    for entry in PRELOAD:
+        module, _, name = entry.partition(":")
         try:
-            importlib.import_module(name)
-        except ImportError:
+            loaded = importlib.import_module(module)
+            if name:
+                getattr(loaded, name)  # a lazy export: loads its module, binds the name
+        except (ImportError, AttributeError):
             pass
     gc.freeze()  # what the server holds is never collected in a worker (nor its pages copied by the GC)
-    request = serve(agent=os.getppid())
+    spares = int(sys.argv[sys.argv.index("--spares") + 1]) if "--spares" in sys.argv else 0
+    request = serve(agent=os.getppid(), spares_wanted=spares)
     if request is not None:
         sys.stdin = open(os.devnull)  # the worker's stdin for its whole life
         atexit.register(_exit_without_teardown)

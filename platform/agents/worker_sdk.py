@@ -129,6 +129,16 @@ def _ranks() -> tuple[int, int]:
     return contract.int_var(contract.RANK) or 0, contract.int_var(contract.LOCAL_RANK) or 0
 
 
+def since_launch(now: float | None = None) -> float | None:
+    """Seconds since the agent started this worker (None outside Stalwart): the start-up before the
+    script's first line (the fork or spawn, the interpreter, the script's imports)."""
+    raw = os.environ.get(contract.LAUNCHED_AT, "")
+    try:
+        return (time.time() if now is None else now) - float(raw) if raw else None
+    except ValueError:
+        return None
+
+
 def install() -> None:
     """Dump all thread stacks to stderr on SIGUSR1, so the agent can capture a hung worker's stack,
     and load the fault hooks a test asked for. Done at import under Stalwart."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stalwart import worker_contract as contract
 from stalwart.processes import ChildProcess, spawn, stop_process
 from stalwart.signatures import LogScanner, SignatureMatch, classify_exit
 from stalwart.store.records import (
@@ -113,7 +114,7 @@ class WorkerGroup:
         self.warm_starts = 0
         log_dir.mkdir(parents=True, exist_ok=True)
         for local_rank, env in enumerate(envs):
-            worker_env = dict(env)
+            worker_env = {**env, contract.LAUNCHED_AT: f"{time.time():.6f}"}
             log_path = log_dir / f"rank-{node.first_rank + local_rank}.log"
             # The log is appended to: skip earlier runs' lines, measured before the start (a forked
             # worker may have printed its first lines by the time the launcher returns).

@@ -592,8 +592,7 @@ class Checkpointer:
         With no step given, a rollback's bound (STALWART_RESUME_MAX_STEP, set by the agent) holds.
         """
         self.wait()  # a save still copying reads the tensors this load is about to overwrite
-        steps = sorted({c.step for c in self.catalog()}, reverse=True)
-        steps = self._broadcast(steps)  # every rank considers the same candidates
+        steps = self._candidates()
         if step is None and (bound := resume_max_step()) is not None:
             steps = [s for s in steps if s <= bound]  # a rollback: nothing newer than the controller allows
         if step is not None:
@@ -624,6 +623,25 @@ class Checkpointer:
             if not fallback:
                 raise ChecksumError("; ".join(messages))
         raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
+
+    def _candidates(self) -> list[int]:
+        """The committed steps, newest first, as rank 0 lists them: every rank considers the same
+        candidates, and only one reads every tier's markers (at a restart all ranks load at once)."""
+        if not self.distributed:
+            return sorted({c.step for c in self.catalog()}, reverse=True)
+        listed: tuple[list[int] | None, str | None] = (None, None)
+        failure: BaseException | None = None
+        if self.rank == 0:
+            try:
+                listed = (sorted({c.step for c in self.catalog()}, reverse=True), None)
+            except Exception as exc:  # the other ranks wait for our word: they must hear of it
+                listed, failure = (None, f"rank 0 could not list the checkpoints: {exc}"), exc
+        steps, error = self._broadcast(listed)
+        if failure is not None:
+            raise failure
+        if error is not None:
+            raise CheckpointError(error)
+        return list(steps)
 
     def _load_step(self, state: Mapping[str, Any], step: int) -> None:
         """From the fastest tier that holds the step whole; a tier missing bytes or failing its

@@ -1,5 +1,7 @@
 """Stands in for the agent: starts a WarmPool (the fork server), launches the workers named on the
-command line through it, waits for each, and prints one JSON line of what it saw."""
+command line through it, waits for each, and prints one JSON line of what it saw. With `spare` as
+the first worker argument, it then waits for the server's spares and launches one more worker (exit
+0), which a spare runs; after the pool closes it says which spares are still there."""
 
 from __future__ import annotations
 
@@ -14,18 +16,48 @@ from stalwart.processes import wait_for
 
 out = Path(sys.argv[1])
 script = Path(__file__).with_name("report_worker.py")
+codes = sys.argv[2:]
+with_spare = bool(codes) and codes[0] == "spare"
+codes = codes[1:] if with_spare else codes
 pool = WarmPool(2, log=out / "fork-server.log")
 results = []
+spares: list[int] = []
+
+
+def launch(i: int, code: str) -> None:
+    env = {**os.environ, "RANK": str(i), "WORKER_EXIT": code, "WORKER_OUT": str(out / f"w{i}.json")}
+    proc = pool.launch(["python", str(script)], env, out, out / f"w{i}.log")
+    assert proc is not None, "the fork server gave no worker"
+    if code == "kill":
+        report = out / f"w{i}.json"
+        assert wait_for(report.exists, 120, interval=0.01), "the worker never started"
+        proc.send_signal(signal.SIGKILL)
+    results.append({"pid": proc.pid, "returncode": proc.wait(timeout=60)})
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 try:
-    for i, code in enumerate(sys.argv[2:]):
-        env = {**os.environ, "RANK": str(i), "WORKER_EXIT": code, "WORKER_OUT": str(out / f"w{i}.json")}
-        proc = pool.launch(["python", str(script)], env, out, out / f"w{i}.log")
-        assert proc is not None, "the fork server gave no worker"
-        if code == "kill":
-            report = out / f"w{i}.json"
-            assert wait_for(report.exists, 120, interval=0.01), "the worker never started"
-            proc.send_signal(signal.SIGKILL)
-        results.append({"pid": proc.pid, "returncode": proc.wait(timeout=60)})
+    for i, code in enumerate(codes):
+        launch(i, code)
+    if with_spare:
+
+        def spares_ready() -> bool:
+            pool.maintain()
+            return len(pool.spares) == pool.size
+
+        assert wait_for(spares_ready, 60, interval=0.05), "the server forked no spares"
+        spares = sorted(pool.spares)
+        launch(len(codes), "0")
 finally:
     pool.close()
-print(json.dumps({"agent": os.getpid(), "server_ready": pool.enabled, "workers": results}))
+left = [pid for pid in spares if alive(pid)]  # reaped by close(), not zombies
+print(
+    json.dumps({"agent": os.getpid(), "server_ready": pool.enabled, "workers": results, "spares": spares, "left": left})
+)

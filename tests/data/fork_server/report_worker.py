@@ -1,10 +1,13 @@
 """A worker forked by the fork server: writes what it sees, then exits as WORKER_EXIT says."""
 
+import inspect
 import json
 import os
 import random
 import sys
 import time
+
+from stalwart.dataloader import open_loader  # preloaded by the server: still the function, not its module
 
 out = os.environ["WORKER_OUT"]
 with open(out + ".tmp", "w") as f:  # renamed when whole: the driver kills this worker once it sees it
@@ -18,6 +21,8 @@ with open(out + ".tmp", "w") as f:  # renamed when whole: the driver kills this 
             "argv0": sys.argv[0],
             "main": __name__,
             "torch_preloaded": "torch" in sys.modules,
+            "engine_preloaded": "stalwart.checkpoint.engine" in sys.modules,
+            "open_loader_is_the_function": inspect.isfunction(open_loader),
             "random": random.random(),
         },
         f,
