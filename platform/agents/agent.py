@@ -399,7 +399,8 @@ class NodeAgent:
     def _memory_uri(self, assignment: Assignment, topology: Topology) -> str | None:
         """From the assignment, which names every node's memory store (no read of the nodes prefix:
         at 10,000 nodes that was tens of MB per agent per generation)."""
-        return memory_uri(self.node, self.job_name, assignment, topology, assignment.memory_stores())
+        stores = assignment.memory_stores()
+        return memory_uri(self.node, self.job_name, assignment, topology, stores, spill_dir=self.node_dir)
 
     def _reload_spec(self) -> None:
         spec = read_spec(self.store, self.job_name)

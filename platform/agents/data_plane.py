@@ -72,18 +72,38 @@ def memory_peer(node: str, topology: Topology) -> str | None:
     return choose_peers(topology.rank_nodes, topology.parallel_groups()).get(node)
 
 
+# A worker's environment variable may hold at most 128 KiB (Linux's MAX_ARG_STRLEN); the list of
+# every node's store is ~16 bytes a node, so past this many bytes it goes into a file beside the job.
+NODES_INLINE_BYTES = 16 << 10
+
+
 def memory_uri(
-    node: str, job: str, assignment: Assignment, topology: Topology, memory: Mapping[str, str]
+    node: str,
+    job: str,
+    assignment: Assignment,
+    topology: Topology,
+    memory: Mapping[str, str],
+    spill_dir: Path | None = None,
 ) -> str | None:
     """This node's memory store, its peer (outside every parallel group of its ranks) for the second
     copy, and every node of the generation to read from after a node was replaced. `memory`: node
-    -> its store ("address:port"), as the assignment carries them."""
+    -> its store ("address:port"), as the assignment carries them. A list longer than
+    NODES_INLINE_BYTES is written to a file in `spill_dir` and named by `nodes_file=`."""
     stores = {n.node: store for n in assignment.nodes if (store := memory.get(n.node))}
     if node not in stores:
         return None
     peer = memory_peer(node, topology)
     query = [f"peer={stores[peer]}"] if peer in stores else []
-    query.append("nodes=" + ",".join(stores[n] for n in sorted(stores) if n != node))
+    others = ",".join(stores[n] for n in sorted(stores) if n != node)
+    if len(others) > NODES_INLINE_BYTES and spill_dir is not None:
+        path = spill_dir / f"memory-stores-g{assignment.generation}.txt"
+        spill_dir.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(others)
+        partial.replace(path)  # a worker never reads half a list
+        query.append(f"nodes_file={path}")
+    else:
+        query.append("nodes=" + others)
     return f"mem://{stores[node]}/{job}?" + "&".join(query)
 
 

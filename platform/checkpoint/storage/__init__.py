@@ -7,7 +7,8 @@ __all__ = ["FileStorage", "ObjectWriter", "Storage", "StorageError", "open_stora
 
 
 def open_storage(uri: str) -> Storage:
-    """'path', 'file:///path', 's3://bucket/prefix?endpoint=http://host:port', 'mem://host:port/ns?peer=host:port&nodes=h:p,h:p'."""
+    """'path', 'file:///path', 's3://bucket/prefix?endpoint=http://host:port', 'mem://host:port/ns?peer=host:port&nodes=h:p,h:p'
+    (or `nodes_file=PATH`, the same list in a file: a job of thousands of nodes)."""
     from urllib.parse import parse_qs, urlparse
 
     if "://" not in uri:
@@ -23,6 +24,14 @@ def open_storage(uri: str) -> Storage:
     if parsed.scheme == "mem":
         from stalwart.checkpoint.storage.memory import MemoryStorage
 
-        nodes = [n for n in query.get("nodes", "").split(",") if n]
+        listed = query.get("nodes", "")
+        if "nodes_file" in query:
+            from pathlib import Path
+
+            try:
+                listed = Path(query["nodes_file"]).read_text()
+            except OSError as exc:
+                raise ValueError(f"memory checkpoint URI {uri!r}: cannot read its nodes_file: {exc}") from None
+        nodes = [n for n in listed.split(",") if n]
         return MemoryStorage(parsed.netloc, query.get("peer"), parsed.path.strip("/"), nodes)
     raise ValueError(f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri!r} (file, s3 or mem)")
