@@ -177,6 +177,18 @@ class ApiServer:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
 
+    def break_watches(self, plural: str, code: int = 410) -> None:
+        """Every open watch of `plural` gets an ERROR event: 410 Gone is what a real API server
+        sends a watch whose resourceVersion etcd has compacted away; the watcher must LIST again."""
+        assert self.emulator is not None and self._loop is not None
+        event = {
+            "type": "ERROR",
+            "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": "Expired"},
+        }
+        buses = [bus for resource, bus in list(self.emulator._buses.items()) if resource.plural == plural]
+        for bus in buses:
+            asyncio.run_coroutine_threadsafe(bus.put(event), self._loop).result(timeout=30)
+
     def client(self) -> kubernetes.client.ApiClient:
         config = kubernetes.client.Configuration()
         config.host = self.url

@@ -194,7 +194,8 @@ def test_kubernetes_cluster_pods_and_cordons(api: ApiServer, store: Store) -> No
     )
     assert cluster.rendezvous("node-0") == ("10.1.2.3", 29500)
     assert cluster.rendezvous("node-5")[0] == "node-5.kc.default.svc"  # no IP yet: its DNS name
-    cluster.list_pods(fresh=True)
+    # The pod watch's event (the operator's kopf handler feeds the cache): it ran on gpu-9.
+    cluster.pod_event("MODIFIED", raw(core.read_namespaced_pod("kc-node-0", "default", _preload_content=False)))
     # Cordon after the pod is gone (the controller stops a node, then cordons it): the machine is known.
     cluster.stop_node("node-0")
     assert {n.name for n in cluster.list_nodes()} == {"node-5"}
@@ -217,6 +218,7 @@ def test_kubernetes_cluster_pods_and_cordons(api: ApiServer, store: Store) -> No
     core.delete_namespaced_pod("kc-node-5", "default", _preload_content=False)
     store.delete_prefix(keys.job_prefix(job_id))
     assert json.loads(json.dumps(cluster.pod_manifest("node-1")))["metadata"]["labels"][names.ROLE_LABEL] == "trainer"
+    cluster.close()
 
 
 def test_the_job_token_lives_in_etcd_and_in_a_secret_the_operator_never_reads(api: ApiServer, store: Store) -> None:
