@@ -3,6 +3,8 @@
 A Stalwart node is a pod whose entry process is the node agent; starting a node creates its pod,
 stopping it deletes the pod, and cordoning it taints the Kubernetes Node the pod ran on. The
 controller decides which nodes are slots and which are standbys; this class only makes pods.
+It reads them from the job's pod cache (pod_cache.py: one LIST, then the operator's pod watch), so
+the controller's node list and the status mirror cost the API server nothing per tick.
 """
 
 from __future__ import annotations

@@ -62,7 +62,9 @@ def _key(pod: Mapping[str, Any]) -> str:
 
 
 class PodCache:
-    def __init__(self, lister: Lister, *, node_of: Callable[[Mapping[str, Any]], str | None], log: ContextLogger):
+    def __init__(
+        self, lister: Lister, *, node_of: Callable[[Mapping[str, Any]], str | None], log: ContextLogger
+    ) -> None:
         self._lister = lister
         self._node_of = node_of
         self.log = log
