@@ -71,6 +71,19 @@ class KubernetesCluster(Cluster):
             and p.get("metadata", {}).get("namespace", self.namespace) == self.namespace
         ]
 
+    def _read_pod(self, node: str) -> dict[str, Any] | None:
+        """The node's pod as the API server has it now (one GET), None if there is none."""
+        try:
+            return _json(
+                self.core.read_namespaced_pod(
+                    names.pod_name(self.job.name, node), self.namespace, _preload_content=False
+                )
+            )
+        except Exception as exc:
+            if not is_status(exc, 404):
+                raise
+            return None
+
     def list_pods(self) -> list[dict[str, Any]]:
         """The job's pods as the cache holds them (only the fields the operator reads)."""
         return self.pods.pods()
@@ -158,7 +171,8 @@ class KubernetesCluster(Cluster):
             if policy is CleanPodPolicy.NONE:
                 return
             if policy is CleanPodPolicy.RUNNING:
-                pod = next((p for p in self.list_pods() if _node_of(p) == name), None)
+                # Asked of the API server, not the cache: a pod that succeeded a moment ago keeps its logs.
+                pod = self._read_pod(name)
                 if pod is None or (pod.get("status") or {}).get("phase") not in _ALIVE_PHASES:
                     return
         self._delete_pod(name)
@@ -196,17 +210,8 @@ class KubernetesCluster(Cluster):
         )
         if cached:
             return cached, port
-        try:  # the cache may not have the IP yet: ask for the pod
-            pod = _json(
-                self.core.read_namespaced_pod(
-                    names.pod_name(self.job.name, node), self.namespace, _preload_content=False
-                )
-            )
-            ip = (pod.get("status") or {}).get("podIP")
-        except Exception as exc:
-            if not is_status(exc, 404):
-                raise
-            ip = None
+        pod = self._read_pod(node)  # the cache may not have the IP yet: ask for the pod
+        ip = ((pod or {}).get("status") or {}).get("podIP")
         return (
             ip or f"{node}.{names.service_name(self.job.name)}.{self.namespace}.svc",
             port,
