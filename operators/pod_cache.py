@@ -115,7 +115,7 @@ class PodCache:
     def forget(self, name: str) -> None:
         """The pod of this name is gone (our delete found it so)."""
         with self._lock:
-            for key, pod in list(self._pods.items()):
+            for pod in list(self._pods.values()):
                 if pod["metadata"]["name"] == name:
                     self._apply("DELETED", pod, self._pods)
                     if self._during is not None:
@@ -183,9 +183,12 @@ class PodCache:
         while not self._stop.is_set():
             self._wake.clear()
             with self._lock:
-                periodic = self._listed_at + self.resync_seconds
-                due = periodic if self._requested is None else min(periodic, self._requested)
-                reason = self._reason if self._requested is not None and self._requested <= periodic else "periodic"
+                # A LIST asked for (a re-list settled, a retry after its backoff) comes first; it
+                # also stands for the periodic one, which a failed LIST must not make immediate.
+                if self._requested is not None:
+                    due, reason = self._requested, self._reason
+                else:
+                    due, reason = self._listed_at + self.resync_seconds, "periodic"
             wait = due - time.monotonic()
             if wait > 0:
                 self._wake.wait(wait)
