@@ -44,7 +44,12 @@ def sensitivity(seeds: list[int], measured_path: Path | None, control_plane: Con
             default_classes(include_estimates=False),
             stalwart(measured, base, default_classes(include_estimates=False), control_plane=control_plane),
         ),
-        (f"local hot-swap x3 ({slow_swap.hot_swap_seconds:.0f} s)", base, classes, stalwart(slow_swap, base, classes, control_plane=control_plane)),
+        (
+            f"local hot-swap x3 ({slow_swap.hot_swap_seconds:.0f} s)",
+            base,
+            classes,
+            stalwart(slow_swap, base, classes, control_plane=control_plane),
+        ),
         (
             "collective init 90 s instead of 30 s",
             base,

@@ -74,9 +74,10 @@ def test_the_newest_run_at_the_job_s_size(tmp_path: Path) -> None:
     assert cp.notes["lease_decision_seconds"] == "interpolated between 1,000 and 3,000 nodes (label after)"
     # At 5,000 nodes the kill failed next to it: the small-job figures, and the note says why.
     big = load_control_plane(path, nodes=5000)
-    assert big.lease_decision_seconds == 0.0 and "failed at 10,000 nodes (label after)" in big.notes[
-        "lease_decision_seconds"
-    ]
+    assert (
+        big.lease_decision_seconds == 0.0
+        and "failed at 10,000 nodes (label after)" in big.notes["lease_decision_seconds"]
+    )
     assert "small-job figures" in big.notes["lease_decision_seconds"]
     assert big.hang_beyond_timeout_seconds == pytest.approx(0.7 + 0.8 * 2000 / 7000)
     assert big.tick_p50_seconds is None  # the job never ran at 10,000: no steady tick there
@@ -99,7 +100,9 @@ def test_missing_file_or_label_falls_back_to_the_small_job_figures(tmp_path: Pat
 
 
 def test_the_figures_are_added_to_the_classes_they_govern(tmp_path: Path) -> None:
-    path = _write(tmp_path / "cp.json", {"after": ("2026-11-24", [_size(1000, 0.2, 0.3, 0.01), _size(3000, 0.4, 0.7, 0.05)])})
+    path = _write(
+        tmp_path / "cp.json", {"after": ("2026-11-24", [_size(1000, 0.2, 0.3, 0.01), _size(3000, 0.4, 0.7, 0.05)])}
+    )
     cp = load_control_plane(path, nodes=JOB.nodes)
     plain, scaled = stalwart(DEFAULTS, JOB, CLASSES), stalwart(DEFAULTS, JOB, CLASSES, control_plane=cp)
     assert scaled.detect_seconds[Detection.LEASE] == pytest.approx(plain.detect_seconds[Detection.LEASE] + 0.22)
