@@ -35,6 +35,11 @@ import kubernetes
 from kmock._internal import apps, enums
 
 from stalwart.processes import kill_session, spawn, wait_for
+from stalwart.spec import TrainingJob
+from stalwart.store.client import Store
+from stalwart_operator import names
+from stalwart_operator.cluster import KubernetesCluster
+from stalwart_operator.config import OperatorConfig
 
 RESOURCES: dict[str, kmock.ResourceInfo] = {
     "v1/namespaces": kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}),
@@ -481,3 +486,17 @@ class Kubelet:
             None,
         )
         return uid is not None and self.procs[uid].poll() is None
+
+
+def job_cluster(api: ApiServer, store: Store, job: TrainingJob, owner_uid: str) -> KubernetesCluster:
+    """The operator's KubernetesCluster for `job` in namespace default, against the emulator (no
+    kopf: a test feeds the pod events it wants the cache to see)."""
+    return KubernetesCluster(
+        job=job,
+        namespace="default",
+        job_id=names.job_id("default", job.name),
+        owner_uid=owner_uid,
+        config=OperatorConfig(etcd=store.endpoint),
+        api=api.client(),
+        store=store,
+    )

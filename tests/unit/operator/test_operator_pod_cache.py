@@ -11,14 +11,12 @@ from typing import Any
 
 import kubernetes
 import pytest
-from support.kubesim import ApiServer, raw
+from support.kubesim import ApiServer, job_cluster, raw
 
 from stalwart.logs import get_logger
 from stalwart.spec import parse_job
 from stalwart.store import Store, keys
 from stalwart_operator import crd, names, pod_cache
-from stalwart_operator.cluster import KubernetesCluster
-from stalwart_operator.config import OperatorConfig
 from stalwart_operator.pod_cache import PodCache
 
 BOUND = 30.0  # seconds any wait below may take on a starved machine; a healthy run takes milliseconds
@@ -63,15 +61,7 @@ def test_the_node_list_follows_pod_events_without_listing(api: ApiServer, store:
     job_id = names.job_id("default", "pc")
     store.delete_prefix(keys.job_prefix(job_id))
     core = kubernetes.client.CoreV1Api(api.client())
-    cluster = KubernetesCluster(
-        job=job,
-        namespace="default",
-        job_id=job_id,
-        owner_uid="uid-pc",
-        config=OperatorConfig(etcd=store.endpoint),
-        api=api.client(),
-        store=store,
-    )
+    cluster = job_cluster(api, store, job, "uid-pc")
     pod = names.pod_name("pc", "node-1")
 
     def alive() -> dict[str, bool]:
