@@ -3,13 +3,14 @@
 A Stalwart node is a pod whose entry process is the node agent; starting a node creates its pod,
 stopping it deletes the pod, and cordoning it taints the Kubernetes Node the pod ran on. The
 controller decides which nodes are slots and which are standbys; this class only makes pods.
+It reads them from the job's pod cache (pod_cache.py: one LIST, then the operator's pod watch), so
+the controller's node list and the status mirror cost the API server nothing per tick.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -28,8 +29,8 @@ from stalwart.store.records import JobState
 from stalwart_operator import names, pods
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.kube import is_status
+from stalwart_operator.pod_cache import PodCache
 
-LIST_CACHE_SECONDS = 0.5  # the controller lists nodes every tick; the API server need not answer each
 _ALIVE_PHASES = ("Pending", "Running")
 
 
@@ -53,39 +54,43 @@ class KubernetesCluster(Cluster):
         self.core = k8s.CoreV1Api(api)
         self.store = store
         self.log = get_logger("stalwart.operator.cluster", job=job_id)
-        self._lock = threading.Lock()
-        self._cache: tuple[float, list[dict[str, Any]]] | None = None
-        # The Kubernetes Node under each Stalwart node: the controller cordons a node after it
-        # stopped it, when its pod (which said where it ran) is already gone.
-        self._machines: dict[str, str] = {}
+        # The job's pods: one LIST, then the operator's pod watch (handlers.pod_event -> pod_event).
+        self.pods = PodCache(self._list, node_of=_node_of, log=self.log)
+        self.pods.resync_seconds = config.pod_resync_seconds
 
     # -- pods ------------------------------------------------------------------------------------
-    def list_pods(self, fresh: bool = False) -> list[dict[str, Any]]:
-        """The job's pods (label-filtered here too: not every API server honours selectors)."""
-        with self._lock:
-            if not fresh and self._cache is not None and time.monotonic() - self._cache[0] < LIST_CACHE_SECONDS:
-                return self._cache[1]
+    def _list(self) -> list[dict[str, Any]]:
+        """LIST the job's pods (label-filtered here too: not every API server honours selectors)."""
         listed = self.core.list_namespaced_pod(
             self.namespace, label_selector=names.job_selector(self.job.name), _preload_content=False
         )
-        items = [
+        return [
             p
             for p in _json(listed).get("items", [])
             if (p.get("metadata", {}).get("labels") or {}).get(names.JOB_LABEL) == self.job.name
             and p.get("metadata", {}).get("namespace", self.namespace) == self.namespace
         ]
-        with self._lock:
-            self._cache = (time.monotonic(), items)
-            for pod in items:
-                node = pod["metadata"]["labels"].get(names.NODE_LABEL)
-                machine = (pod.get("spec") or {}).get("nodeName")
-                if node and machine:
-                    self._machines[node] = machine
-        return items
 
-    def _invalidate(self) -> None:
-        with self._lock:
-            self._cache = None
+    def _read_pod(self, node: str) -> dict[str, Any] | None:
+        """The node's pod as the API server has it now (one GET), None if there is none."""
+        try:
+            return _json(
+                self.core.read_namespaced_pod(
+                    names.pod_name(self.job.name, node), self.namespace, _preload_content=False
+                )
+            )
+        except Exception as exc:
+            if not is_status(exc, 404):
+                raise
+            return None
+
+    def list_pods(self) -> list[dict[str, Any]]:
+        """The job's pods as the cache holds them (only the fields the operator reads)."""
+        return self.pods.pods()
+
+    def pod_event(self, kind: str | None, pod: Mapping[str, Any]) -> None:
+        """An event of one of the job's pods from the operator's watch."""
+        self.pods.apply(kind, pod)
 
     def role_for(self, node: str, role: str | None = None) -> Role:
         """The role whose pod template the node's pod is made from: the one the controller names
@@ -126,7 +131,8 @@ class KubernetesCluster(Cluster):
     def start_node(self, name: str, role: str | None = None) -> None:
         try:
             manifest = self.pod_manifest(name, role)  # a dict body: the client sends it as it is
-            self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)  # type: ignore[arg-type]
+            created = self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)  # type: ignore[arg-type]
+            self.pods.apply("ADDED", _json(created))
             self.log.info(
                 "pod created",
                 fields={"node": name, "pod": names.pod_name(self.job.name, name)},
@@ -134,21 +140,28 @@ class KubernetesCluster(Cluster):
         except Exception as exc:
             if not is_status(exc, 409):  # it exists: starting is idempotent
                 raise
-        self._invalidate()
 
     def _delete_pod(self, name: str) -> None:
+        pod = names.pod_name(self.job.name, name)
         try:
-            self.core.delete_namespaced_pod(
-                names.pod_name(self.job.name, name),
-                self.namespace,
-                grace_period_seconds=self.config.termination_grace_seconds,
-                _preload_content=False,
+            deleted = _json(
+                self.core.delete_namespaced_pod(
+                    pod,
+                    self.namespace,
+                    grace_period_seconds=self.config.termination_grace_seconds,
+                    _preload_content=False,
+                )
             )
             self.log.info("pod deleted", fields={"node": name})
         except Exception as exc:
             if not is_status(exc, 404):
                 raise
-        self._invalidate()
+            deleted = {}
+        # The answer is the pod, terminating (a graceful delete) or as it was (gone at once), or a Status.
+        if deleted.get("kind") == "Pod" and (deleted.get("metadata") or {}).get("deletionTimestamp"):
+            self.pods.apply("MODIFIED", deleted)
+        else:
+            self.pods.forget(pod)
 
     def stop_node(self, name: str) -> None:
         """Delete the node's pod. Once the job has finished, the spec's cleanPodPolicy decides."""
@@ -158,17 +171,21 @@ class KubernetesCluster(Cluster):
             if policy is CleanPodPolicy.NONE:
                 return
             if policy is CleanPodPolicy.RUNNING:
-                pod = next((p for p in self.list_pods(fresh=True) if _node_of(p) == name), None)
+                # Asked of the API server, not the cache: a pod that succeeded a moment ago keeps its logs.
+                pod = self._read_pod(name)
                 if pod is None or (pod.get("status") or {}).get("phase") not in _ALIVE_PHASES:
                     return
         self._delete_pod(name)
 
     def list_nodes(self) -> list[NodeInfo]:
-        out = []
+        """From the cache: no API call. A node whose pod was re-created shows its newest pod."""
+        newest: dict[str, dict[str, Any]] = {}
         for pod in self.list_pods():
             node = _node_of(pod)
-            if not node:
-                continue
+            if node and (node not in newest or _age_key(pod) > _age_key(newest[node])):
+                newest[node] = pod
+        out = []
+        for node, pod in newest.items():
             phase = (pod.get("status") or {}).get("phase", "Pending")
             terminating = bool(pod["metadata"].get("deletionTimestamp"))
             out.append(
@@ -183,17 +200,18 @@ class KubernetesCluster(Cluster):
     def rendezvous(self, node: str) -> tuple[str, int]:
         """Rank 0's pod IP (its DNS name under the headless Service until it has one)."""
         port = self.config.rendezvous_port or free_port()
-        try:
-            pod = _json(
-                self.core.read_namespaced_pod(
-                    names.pod_name(self.job.name, node), self.namespace, _preload_content=False
-                )
-            )
-            ip = (pod.get("status") or {}).get("podIP")
-        except Exception as exc:
-            if not is_status(exc, 404):
-                raise
-            ip = None
+        cached = next(
+            (
+                p["status"]["podIP"]
+                for p in self.list_pods()
+                if _node_of(p) == node and p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+            ),
+            None,
+        )
+        if cached:
+            return cached, port
+        pod = self._read_pod(node)  # the cache may not have the IP yet: ask for the pod
+        ip = ((pod or {}).get("status") or {}).get("podIP")
         return (
             ip or f"{node}.{names.service_name(self.job.name)}.{self.namespace}.svc",
             port,
@@ -206,13 +224,9 @@ class KubernetesCluster(Cluster):
 
     # -- machines --------------------------------------------------------------------------------
     def machine_of(self, node: str) -> str | None:
-        with self._lock:
-            known = self._machines.get(node)
-        if known:
-            return known
-        self.list_pods(fresh=True)
-        with self._lock:
-            return self._machines.get(node)
+        """Where the node's pod ran, as the cache saw it (the pod may be gone: cordon follows stop)."""
+        self.list_pods()  # the first read fills the cache
+        return self.pods.machine(node)
 
     def cordon(self, node: str, reason: str) -> None:
         """Taint (NoSchedule) and label the Kubernetes Node the node's pod ran on."""
@@ -258,9 +272,18 @@ class KubernetesCluster(Cluster):
         )
         self.log.info("machine uncordoned", fields={"node": node, "machine": machine})
 
+    def close(self) -> None:
+        self.pods.close()
 
-def _node_of(pod: dict[str, Any]) -> str | None:
+
+def _node_of(pod: Mapping[str, Any]) -> str | None:
     return ((pod.get("metadata") or {}).get("labels") or {}).get(names.NODE_LABEL)
+
+
+def _age_key(pod: dict[str, Any]) -> tuple[str, bool]:
+    """Newer pods sort last: created later, or not terminating where both were created alike."""
+    meta = pod["metadata"]
+    return (str(meta.get("creationTimestamp") or ""), not meta.get("deletionTimestamp"))
 
 
 def _json(response: Any) -> dict[str, Any]:

@@ -78,6 +78,15 @@ class OperatorConfig(BaseModel):
             description="How often each TrainingJob's status is refreshed from etcd.",
         ),
     ] = 5.0
+    pod_resync_seconds: Annotated[
+        float,
+        Field(
+            ge=1,
+            le=86400,
+            description="Each job's pod cache LISTs its pods again this often, whatever the pod watch "
+            "said (it also does after the watch re-lists); between LISTs the watch keeps it.",
+        ),
+    ] = 300.0
     job_metrics_port: Annotated[
         int,
         Field(ge=0, le=65535, description="The job-metrics exporter's /metrics (every job, on the leader); 0: none."),

@@ -252,9 +252,11 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         logger: logging.Logger,
         **_: Any,
     ) -> None:
-        """A failed, evicted or disrupted pod: ask the controller to evict (and replace) its node.
-        A standby on a machine Stalwart cordoned leaves the pool: it would take a slot on a machine
-        already evicted once."""
+        """Every event feeds the job's pod cache (the hosted controller's node list). A failed,
+        evicted or disrupted pod: ask the controller to evict (and replace) its node. A standby on a
+        machine Stalwart cordoned leaves the pool: it would take a slot on a machine already evicted
+        once."""
+        _runtime(memo).pod_changed(type, dict(body))
         if type == "DELETED":
             return
         node = labels.get(names.NODE_LABEL)

@@ -30,6 +30,8 @@ from stalwart_operator.kube import is_status
 from stalwart_operator.status import PodView, TrainingJobStatus, build_status
 
 log = get_logger("stalwart.operator")
+# A re-list is thousands of events: tell the caches about it at most this often (each debounces).
+RELIST_SIGNAL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Runtime:
         self._deleted: set[str] = set()
         # Jobs (by uid) the operator itself ended (activeDeadlineSeconds): not hosted again.
         self._ended: set[str] = set()
+        self._relist_signalled = -RELIST_SIGNAL_SECONDS
 
     # -- jobs ------------------------------------------------------------------------------------
     def parse(self, body: dict[str, Any]) -> TrainingJob:
@@ -91,6 +94,8 @@ class Runtime:
         if current is not None and current.owner_uid == uid:
             current.job = job  # the hosted controller holds this object: new pods follow the new spec
         else:
+            if current is not None:
+                current.close()  # an earlier job of the same name: its pod cache stops
             current = KubernetesCluster(
                 job=job,
                 namespace=namespace,
@@ -193,7 +198,7 @@ class Runtime:
             self._ended.discard(uid)  # the state moved: the next status tick looks again
             return
         cluster = self.cluster(job, namespace, uid)
-        for pod in cluster.list_pods(fresh=True):
+        for pod in cluster.list_pods():
             node = (pod["metadata"].get("labels") or {}).get(names.NODE_LABEL)
             if node:
                 cluster.stop_node(node)
@@ -235,7 +240,9 @@ class Runtime:
         job_id = names.job_id(namespace, name)
         self._deleted.add(uid)
         self.host.stop(job_id)
-        self._clusters.pop(job_id, None)
+        cluster = self._clusters.pop(job_id, None)
+        if cluster is not None:
+            cluster.close()
         listed = json.loads(
             self.core.list_namespaced_pod(
                 namespace, label_selector=names.job_selector(name), _preload_content=False
@@ -289,7 +296,7 @@ class Runtime:
         nodes = read_nodes(self.store, job_id)
         cluster = self.cluster(job, namespace, uid)
         views: dict[str, PodView] = {}
-        for pod in cluster.list_pods(fresh=True):
+        for pod in cluster.list_pods():
             node = pod["metadata"]["labels"].get(names.NODE_LABEL)
             if node:
                 views[node] = PodView(
@@ -373,8 +380,27 @@ class Runtime:
             )
         )
 
+    # -- pods ------------------------------------------------------------------------------------
+    def pod_changed(self, kind: str | None, pod: dict[str, Any]) -> None:
+        """An event from kopf's pod watch, into the cache of the job it belongs to. A listing's
+        event (kind None: kopf listed the pods again, after 410 Gone or a broken watch) makes every
+        job's cache LIST once: a re-list does not report the pods deleted meanwhile."""
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(names.JOB_LABEL)
+        cluster = self._clusters.get(names.job_id(meta.get("namespace") or "default", job)) if job else None
+        if cluster is not None:
+            cluster.pod_event(kind, pod)
+        if kind is None:
+            now = time.monotonic()
+            if now - self._relist_signalled >= RELIST_SIGNAL_SECONDS:
+                self._relist_signalled = now
+                for each in list(self._clusters.values()):
+                    each.pods.relisted()
+
     def close(self) -> None:
         self.host.stop_all()
+        for cluster in list(self._clusters.values()):
+            cluster.close()
         self.api.close()
 
 

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stalwart.spec.model import FailureEvent
 
-MEASURED_PATH = Path(__file__).resolve().parents[2] / "docs" / "recovery-measured.json"
+REPO = Path(__file__).resolve().parents[2]
+MEASURED_PATH = REPO / "docs" / "recovery-measured.json"
 
 
 class MeasuredRecovery(BaseModel):
@@ -75,6 +76,14 @@ class MeasuredRecovery(BaseModel):
 DEFAULTS = MeasuredRecovery()
 
 
+def shown_path(path: Path) -> str:
+    """A file as the docs name it: relative to the repository when it is in it."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def load_measured(path: Path | str | None = None) -> MeasuredRecovery:
     """The benchmark's measurements when its file exists, the labeled defaults otherwise."""
     p = Path(path) if path is not None else MEASURED_PATH
@@ -87,7 +96,7 @@ def load_measured(path: Path | str | None = None) -> MeasuredRecovery:
         if k in FailureEvent._value2member_map_
     }
     merged = {**raw, "detect_seconds": {**DEFAULTS.detect_seconds, **detect}}
-    merged.setdefault("source", str(p))
+    merged.setdefault("source", shown_path(p))
     if "machine" not in raw:
         merged["machine"] = "unspecified (from " + p.name + ")"
     return MeasuredRecovery.model_validate(merged)

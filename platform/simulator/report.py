@@ -89,7 +89,34 @@ def inputs_table(summary: Summary) -> str:
     ]
     for event, seconds in sorted(m.detect_seconds.items(), key=lambda kv: kv[0].value):
         rows.append(f"| detect {event.value} (local) | {seconds:.1f} s | {how} |")
-    return "\n".join(rows)
+    return "\n".join(rows + control_plane_rows(summary))
+
+
+def control_plane_rows(summary: Summary) -> list[str]:
+    """What the control plane adds at the job's size (docs/control-plane-scale.json), and how each
+    figure was had: interpolated, or the small-job figures with the reason."""
+    cp = summary.control_plane
+    notes = cp.notes
+    ticks = (
+        "-"
+        if cp.tick_p50_seconds is None or cp.tick_p99_seconds is None
+        else f"{cp.tick_p50_seconds:.2f} / {cp.tick_p99_seconds:.2f} s"
+    )
+    return [
+        f"| control plane at {cp.nodes:,} nodes | label `{cp.label or '-'}` | source: `{cp.source}` |",
+        (
+            f"| + lease expiry to eviction decision (added to lost-node detection) | "
+            f"{cp.lease_decision_seconds:.2f} s | {notes.get('lease_decision_seconds', '')} |"
+        ),
+        (
+            f"| + hang detection past its timeout (added to Stalwart's hang detection) | "
+            f"{cp.hang_beyond_timeout_seconds:.2f} s | {notes.get('hang_beyond_timeout_seconds', '')} |"
+        ),
+        (
+            f"| controller tick p50 / p99 (shown, not added: the two figures above include the ticks "
+            f"that made them) | {ticks} | {notes.get('tick_p50_seconds', '')} |"
+        ),
+    ]
 
 
 def verdict(summary: Summary) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
+from stalwart.simulator.control_plane import ControlPlaneAtScale, load_control_plane
 from stalwart.simulator.measured import MeasuredRecovery, load_measured
 from stalwart.simulator.model import Component, RunResult, generate_trace, simulate
 from stalwart.simulator.rates import FailureClass, default_classes
@@ -60,6 +61,7 @@ class Summary(BaseModel):
     seeds: list[int]
     job: JobModel
     measured: MeasuredRecovery
+    control_plane: ControlPlaneAtScale
     scaled: ScaledRecovery
     strategies: list[StrategySummary]
     expected_failures: float
@@ -120,12 +122,14 @@ def run_default(
     measured: MeasuredRecovery | None = None,
     classes: list[FailureClass] | None = None,
     strategies: list[Strategy] | None = None,
+    control_plane: ControlPlaneAtScale | None = None,
 ) -> Summary:
     """The published table: the 9,600-GPU, 90-day job under the three strategies."""
     job = job or JobModel()
     measured = measured or load_measured()
+    control_plane = control_plane or load_control_plane(nodes=job.nodes)
     classes = classes if classes is not None else default_classes()
-    strategies = strategies or default_strategies(measured, job, classes)
+    strategies = strategies or default_strategies(measured, job, classes, control_plane)
     seed_list = list(seeds)[:MAX_SEEDS]
     runs = run_many(strategies, classes, job, seed_list)
     expected = sum(c.per_second(job.gpus) for c in classes if c.event is not None) * job.horizon_seconds
@@ -133,6 +137,7 @@ def run_default(
         seeds=seed_list,
         job=job,
         measured=measured,
+        control_plane=control_plane,
         scaled=scale(measured, job),
         strategies=[summarise(s, runs[s.name]) for s in strategies],
         expected_failures=expected,

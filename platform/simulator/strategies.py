@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stalwart.controller.policy import hang_timeout
 from stalwart.controller.standby_pool import standbys_for
+from stalwart.simulator.control_plane import ControlPlaneAtScale
 from stalwart.simulator.measured import MeasuredRecovery
 from stalwart.simulator.rates import Detection, FailureClass
 from stalwart.simulator.scaling import JobModel, ScaledRecovery, scale, young_daly_interval
@@ -178,11 +179,16 @@ def _in_place(
     )
 
 
-def _measured_detection(measured: MeasuredRecovery, job: JobModel) -> dict[Detection, float]:
+def _measured_detection(
+    measured: MeasuredRecovery, job: JobModel, control_plane: ControlPlaneAtScale | None
+) -> dict[Detection, float]:
+    """The local measurements; a lost node's also waits for the decision after its lease expired,
+    as the control plane takes it at the job's size (Stalwart's controller, in both strategies)."""
+    lease_decision = control_plane.lease_decision_seconds if control_plane is not None else 0.0
     return {
         Detection.CRASH: measured.detect(FailureEvent.WORKER_CRASH),
         Detection.MACHINE: measured.detect(FailureEvent.MACHINE_FAULT),
-        Detection.LEASE: measured.detect(FailureEvent.LOST_NODE),
+        Detection.LEASE: measured.detect(FailureEvent.LOST_NODE) + lease_decision,
         # The NaN is reported at the end of the step it appeared in.
         Detection.NAN: measured.detect(FailureEvent.NAN_LOSS) + job.step_seconds,
         Detection.PLANNED: 0.0,
@@ -195,17 +201,22 @@ def stalwart(
     classes: list[FailureClass],
     fault_tolerance: FaultTolerance | None = None,
     slowdown_round_seconds: float = 10.0,
+    control_plane: ControlPlaneAtScale | None = None,
 ) -> Strategy:
     """Stalwart: the spec's default ladder and fault-tolerance settings, measured recovery times.
 
-    Hangs: the adaptive timeout (`hang_timeout` over full-size step times), then stack capture.
-    Stragglers: seen after a few steps, evicted after `slowdownRounds` diagnosis rounds.
+    Hangs: the adaptive timeout (`hang_timeout` over full-size step times), plus what the control
+    plane takes past it at the job's size, then stack capture. Lost nodes: the lease, plus the
+    decision after its expiry at the job's size. Stragglers: seen after a few steps, evicted after
+    `slowdownRounds` diagnosis rounds.
     """
     ft = fault_tolerance or FaultTolerance()
     sc = scale(measured, job)
     steps = [job.step_seconds] * 20
-    detect = _measured_detection(measured, job)
-    detect[Detection.HANG] = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds)
+    detect = _measured_detection(measured, job, control_plane)
+    detect[Detection.HANG] = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds) + (
+        control_plane.hang_beyond_timeout_seconds if control_plane is not None else 0.0
+    )
     detect[Detection.SLOW] = 3 * job.step_seconds + ft.slowdown_rounds * slowdown_round_seconds
     return _in_place(
         "stalwart",
@@ -220,7 +231,12 @@ def stalwart(
 
 
 def byterobust_like(
-    measured: MeasuredRecovery, job: JobModel, classes: list[FailureClass], *, zero_stall_every_step: bool = False
+    measured: MeasuredRecovery,
+    job: JobModel,
+    classes: list[FailureClass],
+    *,
+    zero_stall_every_step: bool = False,
+    control_plane: ControlPlaneAtScale | None = None,
 ) -> Strategy:
     """ByteRobust as its paper describes it, with our own recovery times where it gives none.
 
@@ -231,7 +247,7 @@ def byterobust_like(
     numbers). `zero_stall_every_step` is the sensitivity case of free per-step checkpoints.
     """
     sc = scale(measured, job)
-    detect = _measured_detection(measured, job)
+    detect = _measured_detection(measured, job, control_plane)
     detect[Detection.HANG] = 600.0
     detect[Detection.SLOW] = 300.0 + 5 * 10.0  # ESTIMATE: 5 min for the MFU alarm, then 5 rounds
     stall, interval = (0.0, job.step_seconds) if zero_stall_every_step else (None, None)
@@ -250,5 +266,15 @@ def byterobust_like(
     )
 
 
-def default_strategies(measured: MeasuredRecovery, job: JobModel, classes: list[FailureClass]) -> list[Strategy]:
-    return [requeue(measured, job, classes), byterobust_like(measured, job, classes), stalwart(measured, job, classes)]
+def default_strategies(
+    measured: MeasuredRecovery,
+    job: JobModel,
+    classes: list[FailureClass],
+    control_plane: ControlPlaneAtScale | None = None,
+) -> list[Strategy]:
+    """Requeue, ByteRobust-like and Stalwart; the last two with the control plane's figures at scale."""
+    return [
+        requeue(measured, job, classes),
+        byterobust_like(measured, job, classes, control_plane=control_plane),
+        stalwart(measured, job, classes, control_plane=control_plane),
+    ]

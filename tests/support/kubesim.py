@@ -35,6 +35,11 @@ import kubernetes
 from kmock._internal import apps, enums
 
 from stalwart.processes import kill_session, spawn, wait_for
+from stalwart.spec import TrainingJob
+from stalwart.store.client import Store
+from stalwart_operator import names
+from stalwart_operator.cluster import KubernetesCluster
+from stalwart_operator.config import OperatorConfig
 
 RESOURCES: dict[str, kmock.ResourceInfo] = {
     "v1/namespaces": kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}),
@@ -176,6 +181,18 @@ class ApiServer:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
+
+    def break_watches(self, plural: str, code: int = 410) -> None:
+        """Every open watch of `plural` gets an ERROR event: 410 Gone is what a real API server
+        sends a watch whose resourceVersion etcd has compacted away; the watcher must LIST again."""
+        assert self.emulator is not None and self._loop is not None
+        event = {
+            "type": "ERROR",
+            "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": "Expired"},
+        }
+        buses = [bus for resource, bus in list(self.emulator._buses.items()) if resource.plural == plural]
+        for bus in buses:
+            asyncio.run_coroutine_threadsafe(bus.put(event), self._loop).result(timeout=30)
 
     def client(self) -> kubernetes.client.ApiClient:
         config = kubernetes.client.Configuration()
@@ -469,3 +486,17 @@ class Kubelet:
             None,
         )
         return uid is not None and self.procs[uid].poll() is None
+
+
+def job_cluster(api: ApiServer, store: Store, job: TrainingJob, owner_uid: str) -> KubernetesCluster:
+    """The operator's KubernetesCluster for `job` in namespace default, against the emulator (no
+    kopf: a test feeds the pod events it wants the cache to see)."""
+    return KubernetesCluster(
+        job=job,
+        namespace="default",
+        job_id=names.job_id("default", job.name),
+        owner_uid=owner_uid,
+        config=OperatorConfig(etcd=store.endpoint),
+        api=api.client(),
+        store=store,
+    )

@@ -135,6 +135,15 @@ class World:
         )
         return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=WAIT + 60)
 
+    def pod_lists(self) -> int:
+        """LISTs of pods the operator's own client made (its pod caches' and cleanups'; not kopf's)."""
+        assert self.api.emulator is not None
+        return sum(
+            1
+            for agent, group, plural, verb in list(self.api.emulator.calls)
+            if agent.startswith(USER_AGENT) and (group, plural, verb) == ("", "pods", "list")
+        )
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
@@ -252,6 +261,8 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "STALWART_AGENT_METRICS_PORT": "0",
             "STALWART_AGENT_METRICS_HOST": "127.0.0.1",
             "STALWART_STATUS_INTERVAL_SECONDS": "0.5",
+            # Only the watch's re-lists LIST pods again here (the module's LIST counts are exact).
+            "STALWART_POD_RESYNC_SECONDS": "3600",
             "STALWART_PROBE_PORT": str(free_port()),
             "STALWART_PROBE_HOST": "127.0.0.1",
             "STALWART_JOB_METRICS_PORT": str(free_port()),
@@ -365,6 +376,13 @@ def test_a_job_gets_its_service_pods_and_status(world: World) -> None:
     )
     assert [labels[n]["metadata"]["labels"][names.NODE_RANK_LABEL] for n in state.slots] == ["0", "1"]
     assert labels[state.standbys[0]]["metadata"]["labels"][names.STANDBY_LABEL] == "true"
+    # The controller's node list and the status read the job's pods from the operator's pod cache:
+    # one LIST when the job started, none per tick or status refresh (0.5 s here) since. A 410 Gone
+    # on kopf's pod watch makes kopf re-list, and the cache LISTs once more after it.
+    assert world.pod_lists() == 1, world.pod_lists()
+    world.api.break_watches("pods")
+    world.wait("the pod cache's LIST after the watch's 410", lambda: world.pod_lists() == 2)
+    world.running("alpha")
 
 
 def _hot_swap(world: World, name: str, fail: Callable[[str, dict[str, Any]], None], cause: str) -> None:
@@ -373,6 +391,7 @@ def _hot_swap(world: World, name: str, fail: Callable[[str, dict[str, Any]], Non
     state = world.state(name)
     assert state is not None
     victim, standby = state.slots[1], state.standbys[0]
+    lists = world.pod_lists()
     pods = world.pods(name)
     victim_pod = pods[victim]
     machine = victim_pod["spec"]["nodeName"]
@@ -449,6 +468,8 @@ def _hot_swap(world: World, name: str, fail: Callable[[str, dict[str, Any]], Non
         lambda: (p := world.pods(name).get(new_standby)) and p["spec"].get("nodeName") and p,
     )
     assert pod["spec"]["nodeName"] != machine  # the scheduler keeps off the cordoned machine
+    # The controller saw the pod fail and go, and its replacement come, from the watch: no LIST.
+    assert world.pod_lists() == lists
 
 
 def test_a_failed_pod_is_replaced_by_the_standby_with_its_ranks(world: World) -> None:

@@ -11,13 +11,12 @@ from collections.abc import Iterator
 
 import kubernetes
 import pytest
-from support.kubesim import ApiServer, raw
+from support.kubesim import ApiServer, job_cluster, raw
 
 from stalwart.spec import SpecError, parse_job
 from stalwart.store import Store, keys
 from stalwart.store.records import JobPhase, JobState, OperatorRequest, RequestKind
 from stalwart_operator import crd, names
-from stalwart_operator.cluster import KubernetesCluster
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.election import OperatorLeadership
 from stalwart_operator.events import (
@@ -174,15 +173,7 @@ def test_kubernetes_cluster_pods_and_cordons(api: ApiServer, store: Store) -> No
     core.create_node(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-9"}, "spec": {}}, _preload_content=False
     )
-    cluster = KubernetesCluster(
-        job=job,
-        namespace="default",
-        job_id=job_id,
-        owner_uid="uid-kc",
-        config=OperatorConfig(etcd=store.endpoint),
-        api=client,
-        store=store,
-    )
+    cluster = job_cluster(api, store, job, "uid-kc")
     cluster.start_node("node-0")
     cluster.start_node("node-0")  # idempotent
     cluster.start_node("node-5")  # not a slot: a standby, from the standby template
@@ -194,7 +185,8 @@ def test_kubernetes_cluster_pods_and_cordons(api: ApiServer, store: Store) -> No
     )
     assert cluster.rendezvous("node-0") == ("10.1.2.3", 29500)
     assert cluster.rendezvous("node-5")[0] == "node-5.kc.default.svc"  # no IP yet: its DNS name
-    cluster.list_pods(fresh=True)
+    # The pod watch's event (the operator's kopf handler feeds the cache): it ran on gpu-9.
+    cluster.pod_event("MODIFIED", raw(core.read_namespaced_pod("kc-node-0", "default", _preload_content=False)))
     # Cordon after the pod is gone (the controller stops a node, then cordons it): the machine is known.
     cluster.stop_node("node-0")
     assert {n.name for n in cluster.list_nodes()} == {"node-5"}
@@ -217,6 +209,7 @@ def test_kubernetes_cluster_pods_and_cordons(api: ApiServer, store: Store) -> No
     core.delete_namespaced_pod("kc-node-5", "default", _preload_content=False)
     store.delete_prefix(keys.job_prefix(job_id))
     assert json.loads(json.dumps(cluster.pod_manifest("node-1")))["metadata"]["labels"][names.ROLE_LABEL] == "trainer"
+    cluster.close()
 
 
 def test_the_job_token_lives_in_etcd_and_in_a_secret_the_operator_never_reads(api: ApiServer, store: Store) -> None:
@@ -305,16 +298,7 @@ def test_standby_pods_are_made_from_their_own_roles_template(api: ApiServer, sto
     )
     job_id = names.job_id("default", "rl")
     store.delete_prefix(keys.job_prefix(job_id))
-    client = api.client()
-    cluster = KubernetesCluster(
-        job=job,
-        namespace="default",
-        job_id=job_id,
-        owner_uid="uid-rl",
-        config=OperatorConfig(etcd=store.endpoint),
-        api=client,
-        store=store,
-    )
+    cluster = job_cluster(api, store, job, "uid-rl")
 
     def made(node: str, role: str | None = None) -> tuple[str, str, str | None, dict[str, str], str]:
         pod = cluster.pod_manifest(node, role)
