@@ -11,7 +11,9 @@ from typing import Any, TypeVar
 
 import grpc
 import pyetcd
+from pyetcd import etcdrpc
 from pyetcd import utils as etcd_utils
+from pyetcd import watch as etcd_watch
 
 from stalwart.store.etcd_auth import PLAIN, EtcdAuth
 from stalwart.store.keepalive import KeepAliveFailed, KeepAliveStream
@@ -150,6 +152,38 @@ class Lease:
         self._store._leases.discard(self)
 
 
+# etcd sends a watcher that fell behind (a resumed watch, a slow reader) up to 1,000 revisions in one
+# response: 1,000 heartbeats of 5 KB pass the 4 MiB that a reply may otherwise be, and a watch that
+# cannot take its batch breaks and resumes from the same revision, forever (seen at 10,000 nodes).
+# Watches get a channel of their own with this limit; reads keep 4 MiB and are paged.
+WATCH_REPLY_BYTES = 256 << 20
+
+
+class _Client(pyetcd.MultiEndpointEtcd3Client):
+    """pyetcd's client, with its watches on a channel of their own that takes large batches."""
+
+    def __init__(self, watch_channel: Callable[[], grpc.Channel], **kwargs: Any) -> None:
+        self._watch_channel_factory = watch_channel
+        self._watch_channel: grpc.Channel | None = None
+        super().__init__(**kwargs)
+
+    def get_watcher(self) -> Any:
+        if self._watch_channel is None:
+            self._watch_channel = self._watch_channel_factory()
+        return etcd_watch.Watcher(
+            etcdrpc.WatchStub(self._watch_channel),
+            timeout=self.timeout,
+            call_credentials=self.call_credentials,
+            metadata=self.metadata,
+        )
+
+    def close(self) -> None:
+        super().close()
+        if self._watch_channel is not None:
+            self._watch_channel.close()
+            self._watch_channel = None
+
+
 class Store:
     """A thin, typed face on an etcd client. One per process; safe to share between threads."""
 
@@ -172,7 +206,14 @@ class Store:
         # The client benches an endpoint for 5 minutes after one failed call; with a single etcd
         # endpoint that turns a blip into an outage. Retry it at once instead.
         channel.time_retry = 0.0
-        self._client = pyetcd.MultiEndpointEtcd3Client(endpoints=[channel], timeout=timeout)
+        options = [("grpc.max_receive_message_length", WATCH_REPLY_BYTES)]
+
+        def watch_channel() -> grpc.Channel:
+            if self.auth.tls:
+                return grpc.secure_channel(f"{host}:{port}", credentials, options=options)
+            return grpc.insecure_channel(f"{host}:{port}", options=options)
+
+        self._client = _Client(watch_channel, endpoints=[channel], timeout=timeout)
         # etcd users: we log in ourselves (pyetcd would once, in its constructor, and keep that token
         # for good), so a token that lapsed (etcd restarted, or its TTL passed) is renewed by logging
         # in again. It travels as call credentials, which gRPC sends over TLS only.

@@ -107,3 +107,22 @@ def test_the_private_etcd_compacts_its_history() -> None:
     assert "--auto-compaction-mode=revision" in argv
     assert f"--auto-compaction-retention={AUTO_COMPACTION_REVISIONS}" in argv
     assert "--auto-compaction-mode=revision" not in EtcdServer("/tmp/unused", compaction_revisions=None).argv()
+
+
+def test_a_watch_that_fell_behind_takes_a_batch_over_the_reply_limit(store: Store) -> None:
+    """etcd sends a watch from a past revision up to 1,000 revisions in one response. Ten batches of
+    128 records of 5 KB are 6.5 MB in one response, over the 4 MiB a read may be: the watch's own
+    channel takes it (with the read's limit it broke and resumed from the same revision forever,
+    freezing the controller's view at 10,000 nodes)."""
+    prefix = unique("behind")
+    _, start = store.read_prefix(prefix)
+    for batch in range(10):
+        store.put_batch({f"{prefix}{batch:02d}-{i:03d}": "x" * 5_000 for i in range(store_client.MAX_TXN_OPS)})  # type: ignore[arg-type]
+    seen: list[str] = []
+    watch = store.watch_prefix_from(prefix, lambda key, _value, _revision: seen.append(key), lambda: start)
+    try:
+        assert wait_for(lambda: len(seen) == 10 * store_client.MAX_TXN_OPS, timeout=60)
+        assert watch.resumed == 0
+    finally:
+        watch.cancel()
+        store.delete_prefix(prefix)
