@@ -81,19 +81,18 @@ def memory_uri(
     node: str,
     job: str,
     assignment: Assignment,
-    topology: Topology,
+    peer: str | None,
     memory: Mapping[str, str],
     spill_dir: Path | None = None,
 ) -> str | None:
-    """This node's memory store, its peer (outside every parallel group of its ranks) for the second
-    copy, and every node of the generation to read from after a node was replaced. `memory`: node
+    """This node's memory store, its `peer` (memory_peer: outside every parallel group of its ranks)
+    for the second copy, and every node of the generation to read from after a node was replaced. `memory`: node
     -> its store ("address:port"), as the assignment carries them. A list longer than
     NODES_INLINE_BYTES is written to a file in `spill_dir` and named by `nodes_file=`."""
     stores = {n.node: store for n in assignment.nodes if (store := memory.get(n.node))}
     if node not in stores:
         return None
-    peer = memory_peer(node, topology)
-    query = [f"peer={stores[peer]}"] if peer in stores else []
+    query = [f"peer={stores[peer]}"] if peer is not None and peer in stores else []
     others = ",".join(stores[n] for n in sorted(stores) if n != node)
     if len(others) > NODES_INLINE_BYTES and spill_dir is not None:
         path = spill_dir / f"memory-stores-g{assignment.generation}.txt"

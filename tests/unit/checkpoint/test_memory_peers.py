@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from stalwart.agents.data_plane import memory_uri
+from stalwart.agents.data_plane import memory_peer, memory_uri
 from stalwart.checkpoint.peers import choose_peers
 from stalwart.checkpoint.storage import open_storage
 from stalwart.checkpoint.storage.memory import MemoryStorage
@@ -52,7 +52,7 @@ def test_the_agents_memory_uri_names_the_peer_outside_its_groups() -> None:
     for i, entry in enumerate(assignment.nodes):
         entry.memory = f"127.0.0.1:{7000 + i}"
     assignment = Assignment.loads(assignment.dumps())  # as the agent reads it from etcd
-    uri = memory_uri("node-1", "j", assignment, t, assignment.memory_stores())
+    uri = memory_uri("node-1", "j", assignment, memory_peer("node-1", t), assignment.memory_stores())
     assert uri == "mem://127.0.0.1:7001/j?peer=127.0.0.1:7002&nodes=127.0.0.1:7000,127.0.0.1:7002,127.0.0.1:7003"
 
 
@@ -68,13 +68,18 @@ def test_a_long_store_list_goes_to_a_file_the_storage_reads(tmp_path: Path) -> N
     )
     stores = {n.node: f"10.0.{i // 250}.{i % 250}:7000" for i, n in enumerate(nodes)}
     t = topology(count, 1)
-    uri = memory_uri("node-1", "j", assignment, t, stores, spill_dir=tmp_path)
+    uri = memory_uri("node-1", "j", assignment, memory_peer("node-1", t), stores, spill_dir=tmp_path)
     assert uri is not None and len(uri) < 200 and "nodes_file=" in uri and "nodes=" not in uri
     storage = open_storage(uri)
     assert isinstance(storage, MemoryStorage)
     assert {e.address for e in storage.readers} == set(stores.values())
     small = memory_uri(
-        "node-1", "j", assignment.model_copy(update={"nodes": nodes[:4]}), topology(4, 1), stores, spill_dir=tmp_path
+        "node-1",
+        "j",
+        assignment.model_copy(update={"nodes": nodes[:4]}),
+        memory_peer("node-1", topology(4, 1)),
+        stores,
+        spill_dir=tmp_path,
     )
     assert small is not None and "nodes=10.0.0.0:7000,10.0.0.2:7000,10.0.0.3:7000" in small
 
