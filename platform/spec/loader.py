@@ -108,11 +108,17 @@ def check_document(document: object, max_bytes: int = MAX_DOCUMENT_BYTES, max_de
             raise _Bound(f"larger than {_mib(max_bytes)} as JSON (aliases expanded)")
 
 
-def _events(text: str) -> Iterator[yaml.Event]:
+def _events(text: str, max_depth: int) -> Iterator[yaml.Event]:
     loader = _Loader(text)
     try:
         while loader.check_event():
             yield loader.get_event()
+    except yaml.YAMLError as exc:
+        # PyYAML >= 6.0.4 has its own nesting limit (1,000), met in the scanner's look-ahead before the
+        # first event: the document is then deeper than ours too, and is refused the same way.
+        if "nesting depth" in str(getattr(exc, "problem", "") or ""):
+            raise _Bound(f"nested more than {max_depth} levels deep") from None
+        raise
     finally:
         loader.dispose()
 
@@ -123,7 +129,7 @@ def check_yaml(text: str, max_bytes: int = MAX_DOCUMENT_BYTES, max_depth: int = 
     done: dict[str, int] = {}  # anchor -> expanded size of its node
     open_anchors: list[str | None] = []  # one per open collection
     sizes: list[int] = [0]  # running size of each open collection (the outermost: the stream)
-    for event in _events(text):
+    for event in _events(text, max_depth):
         if isinstance(event, yaml.AliasEvent):
             anchor = event.anchor or ""
             if anchor in open_anchors:
