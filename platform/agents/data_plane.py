@@ -137,7 +137,7 @@ class DataPlane:
         lanes = max(r.processes_per_node for r in self.job.spec.roles)
         try:
             self.shadow_loader = start_shadow_loader(data, self.job_dir, self.job.name, self.node, lanes)
-        except (FileNotFoundError, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             raise DataPlaneError(f"cannot start the shadow data loader: {exc}") from None
         self.log.info("shadow loader started", fields={"segment": self.shadow_loader.name})
 

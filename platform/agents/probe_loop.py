@@ -54,5 +54,7 @@ class ProbeLoop:
         return [f"{r.probe}: {f.message}" for r in self.results for f in r.findings if f.machine_fault][:20]
 
     def stop(self) -> None:
+        """Safe before start: an agent that exits while registering stops what it never started."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)

@@ -46,6 +46,7 @@ The stages (JobStage; JobPhase, what users see, groups them) and the transitions
                (replay due, horizontal known: StopTimeChecks straight to ReplayVertical)
 
         to Failed:    Starting --nodes never ready;  Preflight --pre-flight exhausted;
+                      Starting, Restarting, StopTimeChecks, ReplayHorizontal, ReplayVertical --nodes keep dying;
                       Running --failure fatal
         suspend:      Starting, Preflight, Running, Restarting, StopTimeChecks, ReplayHorizontal,
                       ReplayVertical --suspend--> Suspending --nodes stopped--> Suspended

@@ -35,6 +35,10 @@ from stalwart.store.records import Incident, JobStage, JobState
 
 STARTUP_TIMEOUT_SECONDS = 300.0
 STANDBY_WAIT_SECONDS = STARTUP_TIMEOUT_SECONDS / 10  # pre-flight waits this long for the standbys to join
+# Replacements for slot nodes that die before they join, per slot, between two generation starts. Past
+# this the start cannot succeed (an agent that cannot start: a bad setting, a missing directory): the job
+# fails with that said, instead of starting node after node until the startup timeout.
+DEATHS_BEFORE_JOINING_PER_SLOT = 3
 
 Branch = Callable[[Plan, Observation, View, list[tuple[Detector, Report]]], Needs | None]
 
@@ -249,6 +253,17 @@ class ReconcileCore:
         if known is None:
             return False
         dead = [s for s in state.slots if s in known and not known[s].alive and s not in obs.registrations]
+        state.died_before_joining += len(dead)
+        if state.died_before_joining > DEATHS_BEFORE_JOINING_PER_SLOT * len(state.slots):
+            fail(
+                plan,
+                Trigger.NODES_KEEP_DYING,
+                "NodesDiedBeforeJoining",
+                f"{state.died_before_joining} slot nodes died before they joined (the last: {', '.join(dead)}); "
+                "a node's agent log says why (stalwart run: WORKDIR/nodes/NODE/agent.log; Kubernetes: kubectl logs)",
+                self.job,
+            )
+            return True
         for slot in dead:
             role = state.role_of(slot)
             if state.restarting_roles and role is not None and role not in state.restarting_roles:

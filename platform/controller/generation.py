@@ -32,6 +32,7 @@ def start_generation(plan: Plan, obs: Observation, trigger: Trigger, job: str) -
         plan.log("info", "code update applied", previous=state.code_version, code_version=spec.code_version)
     state.code_version, state.code_update_seen_at = spec.code_version, None
     generation = state.generation + 1
+    state.died_before_joining = 0
     restarting_slots = set(state.restarting_slots())
     if state.restarting_roles:
         state.node_generations = {

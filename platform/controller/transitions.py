@@ -19,6 +19,7 @@ class Trigger(str, Enum):
     NODES_READY = "nodes ready"
     GENERATION_STARTED = "generation started"
     NODES_NEVER_READY = "nodes never ready"
+    NODES_KEEP_DYING = "nodes keep dying"
     PREFLIGHT_RETRY = "pre-flight again"
     PREFLIGHT_EXHAUSTED = "pre-flight exhausted"
     WORKERS_SUCCEEDED = "workers succeeded"
@@ -46,6 +47,8 @@ class Row:
 
 S = JobStage
 # Stages a `suspend: true` in the spec takes the job out of.
+# Stages that wait for slot nodes to register, and replace one that dies before it does.
+WAITING_FOR_NODES = (S.STARTING, S.RESTARTING, S.CHECKING, S.REPLAY_HORIZONTAL, S.REPLAY_VERTICAL)
 ACTIVE = (S.STARTING, S.PREFLIGHT, S.RUNNING, S.RESTARTING, S.CHECKING, S.REPLAY_HORIZONTAL, S.REPLAY_VERTICAL)
 
 TABLE: tuple[Row, ...] = (
@@ -60,6 +63,15 @@ TABLE: tuple[Row, ...] = (
     ),
     Row(S.STARTING, Trigger.GENERATION_STARTED, S.RUNNING, "every slot node registered, no pre-flight: generation + 1"),
     Row(S.STARTING, Trigger.NODES_NEVER_READY, S.FAILED, "a slot node did not register within the startup timeout"),
+    *(
+        Row(
+            stage,
+            Trigger.NODES_KEEP_DYING,
+            S.FAILED,
+            "over 3 slot nodes per slot died before joining since a generation last began: the start cannot succeed",
+        )
+        for stage in WAITING_FOR_NODES
+    ),
     Row(
         S.PREFLIGHT,
         Trigger.GENERATION_STARTED,

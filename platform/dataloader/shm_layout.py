@@ -160,6 +160,7 @@ class Segment:
         if lanes < 1 or slots < 2 or max_micro < 1:
             raise ValueError("need lanes >= 1, slots >= 2, max_micro >= 1")
         path = shm_dir() / name
+        path.parent.mkdir(parents=True, exist_ok=True)  # a STALWART_SHM_DIR of its own, like a workdir
         if path.exists():
             try:
                 stale = cls.attach(name)

@@ -166,6 +166,8 @@ class JobState(Record):
     # slots[i] is the node holding node rank i; a replacement inherits the lost node's slot.
     slots: list[str] = []
     next_node_index: int = 0
+    # Slot nodes that died before they joined, since the job started or last began a generation.
+    died_before_joining: int = 0
     preflight_rounds: int = 0
     # Warm standbys: started, checked, waiting to take a failed node's slot (and its ranks).
     standbys: list[str] = []

@@ -7,22 +7,24 @@ from support.paths import REPO
 
 from stalwart.controller import controller
 from stalwart.controller.detectors import DETECTORS
-from stalwart.controller.transitions import ACTIVE, TABLE, Trigger
+from stalwart.controller.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Trigger
 from stalwart.store.records import JobStage
 
 DOC = REPO / "docs" / "control-plane.md"
 
 
 def render_table() -> str:
-    """The transition table as the docs show it (the suspend rows folded into one)."""
+    """The transition table as the docs show it (the rows a trigger takes from many stages folded into one)."""
     lines = ["| from | trigger | to | when |", "|---|---|---|---|"]
-    folded = False
+    fold = {Trigger.SUSPEND: ACTIVE, Trigger.NODES_KEEP_DYING: WAITING_FOR_NODES}
+    folded: set[Trigger] = set()
     for row in TABLE:
         source = row.source.value if row.source else "(none)"
-        if row.trigger is Trigger.SUSPEND:
-            if folded:
+        if row.trigger in fold:
+            if row.trigger in folded:
                 continue
-            folded, source = True, "any of " + ", ".join(s.value for s in ACTIVE)
+            folded.add(row.trigger)
+            source = "any of " + ", ".join(s.value for s in fold[row.trigger])
         lines.append(f"| {source} | {row.trigger.value} | {row.target.value} | {row.when} |")
     return "\n".join(lines)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from support.controller_harness import JOB, Harness, worker
 
-from stalwart.controller.transitions import ACTIVE, TABLE, Row, Trigger
+from stalwart.controller.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Row, Trigger
 from stalwart.spec.model import FailureEvent
 from stalwart.store import keys
 from stalwart.store.records import Incident, JobStage, ReplayGroupRun, ReplayState, RequestKind
@@ -327,11 +327,30 @@ def resumed() -> Harness:
     return h
 
 
+def nodes_keep_dying_in(stage: JobStage) -> Scenario:
+    def scenario() -> Harness:
+        from stalwart.cluster.base import NodeInfo
+
+        h = Harness()
+        h.put_state(stage=stage, died_before_joining=6)  # 3 per slot of the 2 already replaced
+        h.join("node-0")
+        h.cluster.nodes["node-1"] = NodeInfo(name="node-1", alive=False)
+        h.tick()
+        state = h.state()
+        assert state.reason == "NodesDiedBeforeJoining" and state.died_before_joining == 7
+        assert "7 slot nodes died before they joined (the last: node-1)" in (state.message or "")
+        assert state.slots == ["node-0", "node-1"]  # no node started for a start that cannot succeed
+        return h
+
+    return scenario
+
+
 SCENARIOS: dict[tuple[JobStage | None, Trigger], Callable[..., Harness]] = {
     (None, Trigger.CREATED): created,
     (S.STARTING, Trigger.NODES_READY): starting_to_preflight,
     (S.STARTING, Trigger.GENERATION_STARTED): starting_to_running,
     (S.STARTING, Trigger.NODES_NEVER_READY): starting_never_ready,
+    **{(stage, Trigger.NODES_KEEP_DYING): nodes_keep_dying_in(stage) for stage in WAITING_FOR_NODES},
     (S.PREFLIGHT, Trigger.GENERATION_STARTED): preflight_passed,
     (S.PREFLIGHT, Trigger.PREFLIGHT_RETRY): preflight_retry,
     (S.PREFLIGHT, Trigger.PREFLIGHT_EXHAUSTED): preflight_exhausted,

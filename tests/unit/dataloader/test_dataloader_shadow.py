@@ -264,3 +264,15 @@ def test_a_segment_is_refused_when_it_is_not_one(tmp_path: Path, monkeypatch: py
         Segment.attach("stalwart-dl.junk")
     with pytest.raises(DataError, match="no shadow-loader segment"):
         Segment.attach("stalwart-dl.absent")
+
+
+def test_a_segment_folder_of_its_own_is_made_when_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STALWART_SHM_DIR names a folder that is not there yet (a fresh /dev/shm after a reboot): made, like a
+    workdir, rather than failing every agent's start."""
+    folder = tmp_path / "shm" / "job-a"
+    monkeypatch.setenv("STALWART_SHM_DIR", str(folder))
+    segment = Segment.create("stalwart-dl.fresh", config_json="{}", lanes=1, slots=2, max_micro=1, sample_tokens=4)
+    try:
+        assert (folder / "stalwart-dl.fresh").is_file()
+    finally:
+        segment.close()
