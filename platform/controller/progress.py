@@ -25,8 +25,10 @@ def note_progress(plan: Plan, workers: Sequence[WorkerStatus], force: bool = Fal
     loss = rank0.loss if rank0 is not None and rank0.loss is not None and math.isfinite(rank0.loss) else state.last_loss
     if (state.last_step, state.last_loss) == (max(steps), loss):
         return
-    if force or plan.now - state.updated_at >= PROGRESS_PERSIST_SECONDS:
-        state.last_step, state.last_loss = max(steps), loss
+    # Timed from the last copy, not the state's last write: a state written more often than this for
+    # other reasons would otherwise never get the step.
+    if force or plan.now - (state.progress_noted_at or 0.0) >= PROGRESS_PERSIST_SECONDS:
+        state.last_step, state.last_loss, state.progress_noted_at = max(steps), loss, plan.now
         rates = [w.tokens_per_second for w in workers if w.tokens_per_second and w.exit_code is None]
         state.last_tokens_per_second = sum(rates) if rates else None
 

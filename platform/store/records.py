@@ -197,6 +197,7 @@ class JobState(Record):
     first_step_at: float | None = None
     last_step: int | None = None
     last_loss: float | None = None
+    progress_noted_at: float | None = None  # when last_step and last_loss were last copied
     # The running workers' tokens/s together, noted with the step (for listings that read no heartbeat).
     last_tokens_per_second: float | None = None
     finished_at: float | None = None

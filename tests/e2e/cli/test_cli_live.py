@@ -126,6 +126,13 @@ def stalwart(live: LiveRun, *args: str, etcd: bool = True):  # type: ignore[no-u
 
 
 def test_jobs_lists_the_running_job(live: LiveRun) -> None:
+    # The listing reads no heartbeat: the step is the one the controller copies into the state every few
+    # seconds (PROGRESS_PERSIST_SECONDS). Wait for that copy of the hung step, not for time.
+    def noted() -> bool:
+        state = live.store.get(keys.job_state(JOB), JobState)
+        return state is not None and (state.last_step or 0) >= HANG_STEP - 1
+
+    assert wait_for(noted, 120, interval=0.5), live.store.get(keys.job_state(JOB), JobState)
     result = stalwart(live, "jobs", "-o", "json")
     assert result.exit_code == 0, result.output
     row = next(r for r in json.loads(result.stdout) if r["job"] == JOB)

@@ -226,6 +226,15 @@ def test_the_incident_appears_live_with_its_verdict_and_runbook(world: World, op
         pytest.fail("the hang struck before the page was open: nothing left to see arrive")
     assert "no incidents in job" in page.inner_text("main")
     mark(page)
+
+    def recorded_or_over() -> bool:
+        s = state(world.store)
+        return bool(incidents(world.store)) or (s is not None and s.phase.terminal)
+
+    # The page is not reloaded: it is the store the test polls, to stop at once if the job ends instead.
+    assert wait_for(recorded_or_over, 600, interval=0.5), "no incident, and the job is still running"
+    s = state(world.store)
+    assert incidents(world.store), f"the job ended with no incident: {s and s.reason}: {s and s.message}"
     card = page.locator("article.incident").first
     card.locator(".verdict").wait_for()  # the controller records the incident with its diagnosis
     hang = incidents(world.store)[0]

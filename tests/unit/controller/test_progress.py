@@ -33,3 +33,20 @@ def test_the_final_loss_is_rank_0s_loss_at_the_last_step() -> None:
         h.lapse(node)  # the agents are gone when the summary is printed
     summary = snapshot(h.store, JOB, now=h.clock.now)  # type: ignore[arg-type]
     assert summary is not None and (summary.step, summary.loss) == (60, 1.26)
+
+
+def test_the_step_is_copied_every_few_seconds_even_when_the_state_is_written_more_often() -> None:
+    """Timed from the last copy, not from the state's last write: a state rewritten every second for other
+    reasons (pool upkeep, a catalog entry) still gets the step, so `stalwart jobs` does not stall on it."""
+    from stalwart.controller.decision import Plan
+    from stalwart.controller.progress import PROGRESS_PERSIST_SECONDS, note_progress
+    from stalwart.store.records import JobState
+
+    state = JobState(job=JOB, created_at=0.0, updated_at=0.0)
+    now, step = 100.0, 1
+    for _ in range(int(3 * PROGRESS_PERSIST_SECONDS)):
+        state.updated_at = now - 1  # written a second ago, for something else
+        plan = Plan(state, 1, now)
+        note_progress(plan, [worker(0, step=step, loss=1.0)])
+        state, now, step = plan.state, now + 1, step + 1
+    assert state.last_step is not None and state.last_step >= step - 1 - PROGRESS_PERSIST_SECONDS
