@@ -42,8 +42,8 @@ EVENT_RUNBOOKS: dict[FailureEvent, str] = {
 }
 
 # Classes neither the signatures nor the incidents name, but that on-call meets: a checkpoint that
-# fails its checksums, a NIC the network probe found down.
-EXTRA_RUNBOOKS = ("checkpoint_corruption", "nic_down")
+# fails its checksums, a NIC the network probe found down, a job whose nodes could not start.
+EXTRA_RUNBOOKS = ("checkpoint_corruption", "nic_down", "nodes_died_before_joining")
 
 # Words people type: `stalwart runbook show xid79`, `... oom-gpu`, `... nan`.
 ALIASES: dict[str, str] = {
@@ -61,6 +61,7 @@ ALIASES: dict[str, str] = {
     "sigbus": "bus_error",
     "lost": "lost_node",
     "preflight": "preflight_failed",
+    "nodesdiedbeforejoining": "nodes_died_before_joining",  # the job's reason, as the status shows it
     "crash": "worker_crash",
     "checkpoint": "checkpoint_corruption",
     # The probes' machine-fault classes (stalwart.health), by the runbook that covers them.

@@ -260,7 +260,7 @@ class ReconcileCore:
                 Trigger.NODES_KEEP_DYING,
                 "NodesDiedBeforeJoining",
                 f"{state.died_before_joining} slot nodes died before they joined (the last: {', '.join(dead)}); "
-                "a node's agent log says why (stalwart run: WORKDIR/nodes/NODE/agent.log; Kubernetes: kubectl logs)",
+                "a node's agent log says why: stalwart runbook show nodes_died_before_joining",
                 self.job,
             )
             return True

@@ -8,6 +8,7 @@ from support.controller_harness import Harness
 
 from stalwart.cluster.base import NodeInfo
 from stalwart.controller.core import DEATHS_BEFORE_JOINING_PER_SLOT
+from stalwart.runbooks import load_runbook
 from stalwart.store.records import JobStage
 
 
@@ -33,6 +34,7 @@ def test_a_node_that_keeps_dying_before_joining_is_replaced_until_the_start_cann
     assert state.stage is JobStage.FAILED and state.reason == "NodesDiedBeforeJoining"
     assert f"{limit + 1} slot nodes died before they joined" in (state.message or "")
     assert "agent log says why" in (state.message or "")
+    assert load_runbook(state.reason).id == "nodes_died_before_joining"  # the runbook the message names
 
 
 def test_the_count_starts_again_with_each_generation() -> None:
