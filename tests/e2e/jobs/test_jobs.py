@@ -176,6 +176,28 @@ def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[st
     assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
 
 
+def test_a_start_that_cannot_succeed_fails_the_job_saying_why(
+    tmp_path: Path, stalwart_cmd: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every agent dies before it joins (here its shared-memory folder cannot be made: a file is in the
+    way): the job fails with NodesDiedBeforeJoining after 3 nodes per slot, not at the startup timeout after
+    hundreds of nodes; each agent exits with its reason and no traceback."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("STALWART_SHM_DIR", str(blocker / "shm"))
+    code, result, output = run_job(tmp_path, stalwart_cmd)
+    snap = result["snapshot"]
+    assert code == 1 and result["phase"] == "Failed", output
+    assert snap["reason"] == "NodesDiedBeforeJoining", snap["message"]
+    assert "runbook show nodes_died_before_joining" in snap["message"] and snap["incidents"] == []
+    logs = sorted((tmp_path / "run" / "nodes").glob("*/agent.log"))
+    # 2 slots; past 6 deaths the job fails (the 7th, or the 7th and 8th in one tick), so 5 or 6 replacements.
+    assert 2 + 5 <= len(logs) <= 2 + 6, [p.parent.name for p in logs]
+    for log in logs:
+        text = log.read_text()
+        assert "cannot start the shadow data loader" in text and "Traceback" not in text, text[-2000:]
+
+
 def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     before = {p.pid for p in tagged_processes()}
     argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run")]
