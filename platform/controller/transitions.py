@@ -46,9 +46,9 @@ class Row:
 
 
 S = JobStage
-# Stages a `suspend: true` in the spec takes the job out of.
 # Stages that wait for slot nodes to register, and replace one that dies before it does.
 WAITING_FOR_NODES = (S.STARTING, S.RESTARTING, S.CHECKING, S.REPLAY_HORIZONTAL, S.REPLAY_VERTICAL)
+# Stages a `suspend: true` in the spec takes the job out of.
 ACTIVE = (S.STARTING, S.PREFLIGHT, S.RUNNING, S.RESTARTING, S.CHECKING, S.REPLAY_HORIZONTAL, S.REPLAY_VERTICAL)
 
 TABLE: tuple[Row, ...] = (
