@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.paths import REPO
-from support.ranks import launch, run_ranks
+from support.ranks import RankWorld, run_ranks
 
 from stalwart.checkpoint import Checkpointer
 from stalwart.checkpoint.manifest import MANIFEST_NAME, step_dir
@@ -26,14 +26,13 @@ def all_equal(results: list[dict]) -> bool:  # type: ignore[type-arg]
 
 
 def test_a_save_killed_midway_leaves_no_checkpoint_and_the_previous_one_loads(tmp_path: Path) -> None:
-    procs = launch(WORKER, ["slow_save", str(tmp_path)], 2, tmp_path)
+    ranks = RankWorld(WORKER, ["slow_save", str(tmp_path)], 2, tmp_path)
     try:
         assert wait_for(lambda: len(list((tmp_path / "results").glob("saving-*"))) == 2, 300), "save never started"
-        for p in procs:
+        for p in ranks.ranks:
             os.kill(p.pid, signal.SIGKILL)
     finally:
-        for p in procs:
-            stop_process(p, grace=1)
+        ranks.stop()
     assert (tmp_path / "ckpt" / step_dir(20)).exists()  # it had started writing...
     assert not (tmp_path / "ckpt" / step_dir(20) / MANIFEST_NAME).exists()  # ...but never committed
     loaded = run_ranks(WORKER, ["reshard_load", str(tmp_path), "layout=rep"], 2, tmp_path)

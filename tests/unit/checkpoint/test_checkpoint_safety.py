@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.paths import REPO
 
 from stalwart.checkpoint import Checkpointer, ChecksumError, open_storage
 from stalwart.checkpoint.manifest import MANIFEST_NAME, read_manifest, step_dir
 from stalwart.net import free_port
 
-WORKER = REPO / "tests" / "data" / "checkpoint" / "ckpt_worker.py"
 TOKEN = "unit-test-token"
 
 
