@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -207,3 +208,26 @@ def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:  # type:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+class PipeLines:
+    """Lines from a child's pipe, each waited for within a bound: a child that says nothing (or
+    exits) never blocks its owner."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = b""
+
+    def read(self, timeout: float) -> str | None:
+        """The next line (stripped) within `timeout` seconds; None if none came or the pipe closed."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            readable, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not readable:
+                return None
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                return None  # it exited
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode().strip()

@@ -9,16 +9,26 @@ from the server's, no subreaper support), workers start cold.
 
 from __future__ import annotations
 
+import io
 import os
-import select
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import IO
 
+from stalwart.agents import warm_start
 from stalwart.agents.warm_start import LaunchRequest, warm_eligible
-from stalwart.processes import AdoptedProcess, ChildProcess, become_subreaper, spawn, stop_process
+from stalwart.processes import (
+    AdoptedProcess,
+    ChildProcess,
+    PipeLines,
+    become_subreaper,
+    die_with_parent,
+    spawn,
+    stop_process,
+)
 from stalwart.spec import Role
 
 RESTART_DELAY_SECONDS = 3.0
@@ -43,18 +53,77 @@ def warm_size(roles: list[Role]) -> int:
     return max((r.processes_per_node for r in roles if warm_eligible(r.command)), default=0)
 
 
+class PreforkedServer(AdoptedProcess):
+    """A fork server this process forked from itself (see `prefork_server`): our own child, with
+    Popen's pipes."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+        super().__init__(pid)
+        self.stdin: IO[bytes] | None = stdin
+        self.stdout: IO[bytes] | None = stdout
+
+
+_preforked: PreforkedServer | None = None
+
+
+def prefork_server() -> None:
+    """Fork this process's fork server now, from this process: called by an agent forked from the
+    agent zygote (stalwart.cli.zygote), which has imported torch already, before the agent starts
+    a thread (a fork of a process with gRPC threads is not safe). The server waits for its spare
+    count, which only the job's spec gives; the agent's WarmPool takes it instead of starting one."""
+    global _preforked
+    to_server, from_agent = os.pipe()
+    to_agent, from_server = os.pipe()
+    agent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the server: never returns into the agent's code
+        code = 1
+        try:
+            os.dup2(to_server, 0)
+            os.dup2(from_server, 1)
+            for fd in (to_server, from_agent, to_agent, from_server):
+                os.close(fd)
+            # What serve() reads and writes: the pipes, not the agent's streams; unbuffered, as a
+            # started server's (PYTHONUNBUFFERED): its workers inherit them, and a worker killed
+            # mid-run must have written what it printed.
+            sys.stdin = open(0, closefd=False)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+            os.setpgid(0, 0)  # its own process group, as a spawned server has
+            die_with_parent()
+            if os.getppid() == agent:
+                code = warm_start.serve_when_sized(agent)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(to_server)
+    os.close(from_server)
+    _preforked = PreforkedServer(pid, os.fdopen(from_agent, "wb"), os.fdopen(to_agent, "rb"))
+
+
+def _take_preforked() -> PreforkedServer | None:
+    global _preforked
+    server, _preforked = _preforked, None
+    return server
+
+
 class WarmPool:
     def __init__(self, size: int, enabled: bool = True, log: Path | None = None) -> None:
         """`size` 0 or `enabled` False: every worker starts cold. Enabling it makes this process a
-        child subreaper (the forked workers become its children)."""
+        child subreaper (the forked workers become its children). A server this process forked
+        already (`prefork_server`) is the first server, else one is started."""
         self.enabled = enabled and size > 0 and become_subreaper()
         self.size = size
         self.log = log
         self.spares: set[int] = set()  # the server's spares (our children once adopted), not yet handed out
-        self.server: subprocess.Popen[bytes] | None = None
+        self.server: subprocess.Popen[bytes] | PreforkedServer | None = None
+        self._lines: PipeLines | None = None
         self.ready = False
-        self._buffer = b""
         self._start_after = 0.0
+        preforked = _take_preforked()
+        if preforked is not None:
+            self._adopt(preforked)
         self._env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
 
     def maintain(self) -> None:
@@ -76,6 +145,8 @@ class WarmPool:
                     stdout=subprocess.PIPE,
                     stderr=stderr,
                 )
+                assert self.server.stdout is not None
+                self._lines = PipeLines(self.server.stdout.fileno())
             finally:
                 if not isinstance(stderr, int):
                     stderr.close()
@@ -120,25 +191,29 @@ class WarmPool:
 
     def _read_line(self, timeout: float) -> str | None:
         """One line from the server, waiting up to `timeout` seconds; None if none came."""
-        assert self.server is not None and self.server.stdout is not None
-        fd = self.server.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not readable:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return None  # it exited
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode().strip()
+        assert self._lines is not None
+        return self._lines.read(timeout)
+
+    def _adopt(self, server: PreforkedServer) -> None:
+        """Use a pre-forked server (told its spare count), or end it when we fork no workers."""
+        assert server.stdin is not None and server.stdout is not None
+        if not self.enabled:
+            server.stdin.close()  # it exits: no request will come
+            stop_process(server, grace=1.0)
+            return
+        try:
+            server.stdin.write(f"spares {self.size}\n".encode())
+            server.stdin.flush()
+        except OSError:
+            stop_process(server, grace=1.0)
+            return
+        self.server, self._lines = server, PipeLines(server.stdout.fileno())
 
     def _discard(self) -> None:
         if self.server is not None:
             stop_process(self.server, grace=1.0)
         self._reap_spares()
-        self.server, self.ready, self._buffer = None, False, b""
+        self.server, self._lines, self.ready = None, None, False
         self._start_after = time.monotonic() + RESTART_DELAY_SECONDS
 
     def _reap_spares(self) -> None:
@@ -164,4 +239,4 @@ class WarmPool:
                     pass
             stop_process(self.server, grace=1.0)
         self._reap_spares()
-        self.server, self.ready = None, False
+        self.server, self._lines, self.ready = None, None, False

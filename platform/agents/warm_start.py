@@ -33,6 +33,7 @@ import select
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -180,7 +181,7 @@ def _adopted_by(agent: int) -> None:
         os._exit(137)
 
 
-def _reseed() -> None:
+def reseed() -> None:
     """Forked workers share the server's random state: each draws its own, as a new process would."""
     random.seed()
     numpy = sys.modules.get("numpy")
@@ -224,7 +225,7 @@ def fork_worker(request: LaunchRequest, agent: int, inherited: Sequence[int] = (
     """Fork the worker (twice: it must be the agent's child, not ours) and return its pid."""
     pid = _double_fork(agent, inherited)
     if pid == 0:
-        _reseed()
+        reseed()
         raise _Become(request)
     return pid
 
@@ -244,7 +245,7 @@ def fork_spare(agent: int, inherited: Sequence[int] = ()) -> Spare:
     pid = _double_fork(agent, [*inherited, write_end])
     if pid == 0:
         request = _await_request(read_end)
-        _reseed()
+        reseed()
         raise _Become(request)
     os.close(read_end)
     return Spare(pid, write_end)
@@ -352,9 +353,10 @@ def _exit_code_of(exc: BaseException) -> int:
     return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
-def main() -> None:
-    global _exit_code
-    for entry in PRELOAD:
+def preload(entries: Sequence[str] = PRELOAD) -> None:
+    """Import what every worker would (a missing one is the worker's own business), then keep it
+    out of the garbage collector: never collected in a worker, nor its pages copied by the GC."""
+    for entry in entries:
         module, _, name = entry.partition(":")
         try:
             loaded = importlib.import_module(module)
@@ -362,17 +364,57 @@ def main() -> None:
                 getattr(loaded, name)  # a lazy export: loads its module, binds the name
         except (ImportError, AttributeError):
             pass
-    gc.freeze()  # what the server holds is never collected in a worker (nor its pages copied by the GC)
+    gc.freeze()
+
+
+def run(agent: int, spares: int) -> bool:
+    """Serve the agent; in a forked worker, become the worker (run its script as __main__). True in
+    a worker whose script returned; a script's exception propagates, as it would from a script."""
+    global _exit_code
+    request = serve(agent=agent, spares_wanted=spares)
+    if request is None:
+        return False
+    sys.stdin = open(os.devnull)  # the worker's stdin for its whole life
+    atexit.register(_exit_without_teardown)
+    try:
+        become_worker(request)
+    except BaseException as exc:
+        _exit_code = _exit_code_of(exc)
+        raise
+    return True
+
+
+def serve_when_sized(agent: int) -> int:
+    """A server its agent forked from itself (stalwart.agents.warm_pool.prefork_server): wait for
+    `spares N` on stdin, then serve. Returns the exit status; a worker forked from it exits as a
+    process running its script would (the script's exit handlers, then its status)."""
+    line = b""
+    while not line.endswith(b"\n"):  # a byte at a time: what follows the line is serve()'s
+        byte = os.read(0, 1)
+        if not byte:
+            return 0  # the agent forks no workers
+        line += byte
+    try:
+        spares = int(line.split()[1])
+    except (IndexError, ValueError):
+        print(f"stalwart fork server: expected 'spares N', got {line!r}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        if not run(agent, spares):
+            return 0  # the server, once the agent has gone
+    except BaseException as exc:  # a worker's script raised: reported as the interpreter would
+        if not isinstance(exc, SystemExit):
+            traceback.print_exc()
+        elif isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    atexit._run_exitfuncs()  # the script's exit handlers, then _exit_without_teardown's os._exit
+    return _exit_code
+
+
+def main() -> None:
+    preload()
     spares = int(sys.argv[sys.argv.index("--spares") + 1]) if "--spares" in sys.argv else 0
-    request = serve(agent=os.getppid(), spares_wanted=spares)
-    if request is not None:
-        sys.stdin = open(os.devnull)  # the worker's stdin for its whole life
-        atexit.register(_exit_without_teardown)
-        try:
-            become_worker(request)
-        except BaseException as exc:
-            _exit_code = _exit_code_of(exc)
-            raise
+    run(os.getppid(), spares)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from stalwart.cluster.agent_zygote import AgentZygote, StartAgent
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.net import free_port
 from stalwart.processes import kill_session, signal_session, spawn, wait_for
@@ -31,25 +32,38 @@ class LocalCluster(Cluster):
         self.etcd_endpoint = etcd_endpoint
         self.workdir = workdir
         self.job_dir = job_dir
+        self.zygote = AgentZygote(workdir / "agent-zygote.log", agent_env)
 
     def _node_dir(self, name: str) -> Path:
         return self.workdir / "nodes" / name
 
-    def _pid(self, name: str) -> int | None:
+    def _pid_file(self, name: str) -> tuple[int, float | None] | None:
+        """(the agent's pid, its start time) as start_node wrote them; files of older versions have no
+        start time."""
         try:
-            return int((self._node_dir(name) / "agent.pid").read_text())
-        except (FileNotFoundError, ValueError):
+            fields = (self._node_dir(name) / "agent.pid").read_text().split()
+            return int(fields[0]), float(fields[1]) if len(fields) > 1 else None
+        except (FileNotFoundError, ValueError, IndexError):
             return None
 
+    def _pid(self, name: str) -> int | None:
+        found = self._pid_file(name)
+        return found[0] if found is not None else None
+
     def _alive(self, pid: int, name: str) -> bool:
-        """The agent we started is running: its pid, with its node's name on the command line (a
-        reused pid is some other process). An empty command line is an agent still inside execve:
-        Popen returns once the exec closes its pipe, before the kernel sets the new arguments, and
-        on a loaded host a look right after start_node sees that window."""
+        """The agent we started is running: its pid, started when we started it (a reused pid is some
+        other process). Without a start time: its node's name on the command line. An empty command
+        line is an agent still inside execve: Popen returns once the exec closes its pipe, before the
+        kernel sets the new arguments, and on a loaded host a look right after start_node sees that
+        window. (A forked agent has its zygote's command line: its start time tells it.)"""
+        found = self._pid_file(name)
+        started = found[1] if found is not None and found[0] == pid else None
         try:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return False
+            if started is not None:
+                return proc.create_time() == started
             cmdline = proc.cmdline()
             return not cmdline or name in cmdline
         except psutil.Error:
@@ -75,16 +89,24 @@ class LocalCluster(Cluster):
             str(self.job_dir),
         ]
         faults: dict[str, dict[str, str]] = json.loads(os.environ.get(NODE_FAULTS_ENV, "{}"))
-        # As a pod does not get the operator's environment, an agent (and so its workers) does not
-        # get the control plane's credentials: the diagnosis service's token stays with the controller.
-        env = {k: v for k, v in os.environ.items() if k != DIAGNOSIS_TOKEN_ENV}
+        env = agent_env()
         env.update(faults.get("*", {}))  # "*": every node, standbys included
         env.update(faults.get(name, {}))
-        with open(node_dir / "agent.log", "ab") as log:
-            proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, die_with_parent=False, new_session=True)
-        (node_dir / "agent.pid").write_text(str(proc.pid))
-        # We will not wait() for it from here (it outlives us); a reaper thread avoids a zombie.
-        _reap_in_background(proc)
+        log_path = node_dir / "agent.log"
+        pid = self.zygote.start_agent(StartAgent(args=argv[3:], env=env, log=str(log_path)))
+        if pid is None:
+            with open(log_path, "ab") as log:
+                proc = spawn(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, die_with_parent=False, new_session=True
+                )
+            pid = proc.pid
+            # We will not wait() for it from here (it outlives us); a reaper thread avoids a zombie.
+            _reap_in_background(proc)
+        try:
+            started = f" {psutil.Process(pid).create_time()!r}"
+        except psutil.Error:
+            started = ""  # gone already: no start time to check later
+        (node_dir / "agent.pid").write_text(f"{pid}{started}")
 
     def stop_node(self, name: str, grace: float = 10.0) -> None:
         pid = self._pid(name)
@@ -160,6 +182,13 @@ class LocalCluster(Cluster):
     def stop_all(self) -> None:
         for info in self.list_nodes():
             self.stop_node(info.name)
+
+
+def agent_env() -> dict[str, str]:
+    """As a pod does not get the operator's environment, an agent (and so its workers) does not get
+    the control plane's credentials: the diagnosis service's token stays with the controller. The
+    agent zygote gets the same (a forked agent's /proc environ is the zygote's)."""
+    return {k: v for k, v in os.environ.items() if k != DIAGNOSIS_TOKEN_ENV}
 
 
 def _reap_in_background(proc: subprocess.Popen[bytes]) -> None:

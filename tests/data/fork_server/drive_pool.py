@@ -1,7 +1,9 @@
 """Stands in for the agent: starts a WarmPool (the fork server), launches the workers named on the
 command line through it, waits for each, and prints one JSON line of what it saw. With `spare` as
 the first worker argument, it then waits for the server's spares and launches one more worker (exit
-0), which a spare runs; after the pool closes it says which spares are still there."""
+0), which a spare runs; after the pool closes it says which spares are still there. With `prefork`
+before that, it does what an agent forked from the agent zygote does: it imports what the zygote
+does, then forks its fork server from itself (warm_pool.prefork_server), which the pool takes."""
 
 from __future__ import annotations
 
@@ -11,15 +13,23 @@ import signal
 import sys
 from pathlib import Path
 
-from stalwart.agents.warm_pool import WarmPool
+from stalwart.agents import warm_start
+from stalwart.agents.warm_pool import PreforkedServer, WarmPool, prefork_server
+from stalwart.cli import zygote
 from stalwart.processes import wait_for
 
 out = Path(sys.argv[1])
 script = Path(__file__).with_name("report_worker.py")
 codes = sys.argv[2:]
+preforked = bool(codes) and codes[0] == "prefork"
+codes = codes[1:] if preforked else codes
+if preforked:
+    warm_start.preload(zygote.PRELOAD)
+    prefork_server()
 with_spare = bool(codes) and codes[0] == "spare"
 codes = codes[1:] if with_spare else codes
 pool = WarmPool(2, log=out / "fork-server.log")
+took_preforked = isinstance(pool.server, PreforkedServer)
 results = []
 spares: list[int] = []
 
@@ -59,5 +69,14 @@ finally:
     pool.close()
 left = [pid for pid in spares if alive(pid)]  # reaped by close(), not zombies
 print(
-    json.dumps({"agent": os.getpid(), "server_ready": pool.enabled, "workers": results, "spares": spares, "left": left})
+    json.dumps(
+        {
+            "agent": os.getpid(),
+            "server_ready": pool.enabled,
+            "preforked": took_preforked,
+            "workers": results,
+            "spares": spares,
+            "left": left,
+        }
+    )
 )

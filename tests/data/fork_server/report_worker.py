@@ -22,6 +22,7 @@ with open(out + ".tmp", "w") as f:  # renamed when whole: the driver kills this 
             "main": __name__,
             "torch_preloaded": "torch" in sys.modules,
             "engine_preloaded": "stalwart.checkpoint.engine" in sys.modules,
+            "grpc_loaded": "grpc" in sys.modules,
             "open_loader_is_the_function": inspect.isfunction(open_loader),
             "random": random.random(),
         },

@@ -1,7 +1,9 @@
 """The fork server (stalwart.agents.warm_start, driven by WarmPool): workers forked from one process
 that imported torch once, yet each is the agent's own child, in its own process group, with its own
 exit code, log, working directory and random state, as a cold-started worker would be; a spare
-(forked ahead of time) runs a worker the same way, and the spares are reaped when the pool closes."""
+(forked ahead of time) runs a worker the same way, and the spares are reaped when the pool closes.
+All of it holds for a server started by the pool and for one the agent forked from itself (an agent
+forked from the local cluster's agent zygote)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.paths import REPO
 
 DRIVER = REPO / "tests" / "data" / "fork_server" / "drive_pool.py"
 
 
-def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", ["started", "prefork"])
+def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_path: Path, server: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(DRIVER), str(tmp_path), "spare", "0", "3", "kill"],
+        [
+            sys.executable,
+            str(DRIVER),
+            str(tmp_path),
+            *([server] if server == "prefork" else []),
+            "spare",
+            "0",
+            "3",
+            "kill",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -25,7 +38,7 @@ def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_pa
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["server_ready"]
+    assert report["server_ready"] and report["preforked"] == (server == "prefork")
     assert [w["returncode"] for w in report["workers"]] == [0, 3, -9, 0]
     assert report["workers"][3]["pid"] in report["spares"]  # the last worker was a spare
     assert report["left"] == []  # the unused spare exited with the server and was reaped
@@ -35,6 +48,7 @@ def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_pa
         assert saw["pgid"] == saw["pid"]  # its own process group: stopping it stops what it started
         assert saw["rank"] == str(i) and saw["cwd"] == str(tmp_path) and saw["main"] == "__main__"
         assert saw["torch_preloaded"] and saw["engine_preloaded"]  # the imports were the server's, not the worker's
+        assert not saw["grpc_loaded"]  # a training process carries no etcd client (.importlinter)
         assert saw["open_loader_is_the_function"]  # a preloaded submodule does not hide a lazy export
         assert f"rank {i} says hello" in (tmp_path / f"w{i}.log").read_text()
     assert len({saw["random"] for saw in seen}) == 4  # forked, yet not one random state

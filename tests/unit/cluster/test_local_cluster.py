@@ -58,3 +58,21 @@ def test_an_agent_inside_execve_is_alive(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(psutil, "Process", InExec)
     assert cluster(tmp_path)._alive(12345, "node-0")
+
+
+def test_a_node_s_identity_is_its_pid_and_start_time(tmp_path: Path) -> None:
+    """A forked agent has its zygote's command line: the start time written with its pid tells it from
+    a process that reused the pid."""
+    proc = spawn([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        c = cluster(tmp_path)
+        pid_file = tmp_path / "nodes" / "node-0" / "agent.pid"
+        pid_file.parent.mkdir(parents=True)
+        pid_file.write_text(f"{proc.pid} {psutil.Process(proc.pid).create_time()!r}")
+        assert c._pid("node-0") == proc.pid and c._alive(proc.pid, "node-0")
+        pid_file.write_text(f"{proc.pid} 12.5")  # another process, long gone, had this pid
+        assert not c._alive(proc.pid, "node-0")
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=60)
