@@ -203,9 +203,10 @@ def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: 
     argv = [*stalwart_cmd, "run", str(JOB), "--workdir", str(tmp_path / "run")]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # A worker is a pretrain_tiny.py process, or a warm worker that became one.
+        # An agent says so once its workers run (forked ones have their zygote's command line).
         def started() -> bool:
-            return any("pretrain_tiny.py" in cmdline(p) or "warm_start" in cmdline(p) for p in tagged_processes())
+            logs = (tmp_path / "run" / "nodes").glob("*/agent.log")
+            return any('"workers started"' in log.read_text() for log in logs)
 
         assert wait_for(started, 120), "workers never started"
         proc.send_signal(signal.SIGINT)
