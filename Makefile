@@ -7,8 +7,8 @@
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
 # The unit tests run on WORKERS pytest-xdist processes (tests/conftest.py keeps each worker's
-# processes, shared memory and data apart); the end-to-end tests on E2E_WORKERS, none by default:
-# they are CPU-bound (docs/testing.md), so on 2 cores more workers only starve each other's jobs.
+# processes, shared memory and data apart); the end-to-end tests on E2E_WORKERS (2: one per core;
+# docs/testing.md has the measurements; E2E_WORKERS=0 runs them in this process).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -25,7 +25,12 @@ HTMX    := $(CONSOLE)/static/vendor/htmx.min.js
 PACKAGES := build/packages
 
 WORKERS     ?= 3
-E2E_WORKERS ?= 0
+
+# Python writes its bytecode caches (and pytest its rewritten test modules) even where the shell
+# says not to: without them every pytest worker compiles and rewrites the suite again, a sixth of
+# `make test-fast` (docs/testing.md).
+unexport PYTHONDONTWRITEBYTECODE
+E2E_WORKERS ?= 2
 xdist        = $(if $(filter 0,$(1)),,-n $(1) --dist loadgroup)
 XDIST       := $(call xdist,$(WORKERS))
 E2E_XDIST   := $(call xdist,$(E2E_WORKERS))
