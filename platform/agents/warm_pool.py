@@ -4,7 +4,9 @@ One server per node, started with the agent, so that the first generation's work
 it too: a node pays torch's import once in its life instead of once per worker and per restart. A
 server that dies is started again after a pause; until it is ready, or wherever it cannot be used (a
 command that is not `python script.py`, an environment that torch reads at import and that differs
-from the server's, no subreaper support), workers start cold.
+from the server's, no subreaper support), workers start cold. An agent forked from the local
+cluster's agent zygote, which has imported torch, forks its first server from itself instead
+(`prefork_server`): that node pays no import at all.
 """
 
 from __future__ import annotations
