@@ -211,23 +211,26 @@ def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:  # type:
 
 
 class PipeLines:
-    """Lines from a child's pipe, each waited for within a bound: a child that says nothing (or
-    exits) never blocks its owner."""
+    """Lines from a pipe, each waited for within a bound: a peer that says nothing (or exits) never
+    blocks its reader. `closed` tells an ended pipe from a quiet one."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.closed = False
         self._buffer = b""
 
-    def read(self, timeout: float) -> str | None:
-        """The next line (stripped) within `timeout` seconds; None if none came or the pipe closed."""
-        deadline = time.monotonic() + timeout
+    def read(self, timeout: float | None) -> str | None:
+        """The next line (stripped) within `timeout` seconds (None: however long it takes); None if
+        none came or the pipe closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buffer:
-            readable, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not readable:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.closed or not select.select([self.fd], [], [], left)[0]:
                 return None
             chunk = os.read(self.fd, 4096)
             if not chunk:
-                return None  # it exited
+                self.closed = True  # it exited
+                return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.decode().strip()

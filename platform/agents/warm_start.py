@@ -29,7 +29,6 @@ import importlib
 import os
 import random
 import runpy
-import select
 import socket
 import sys
 import time
@@ -40,7 +39,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from stalwart.net import bound_tcp_store
-from stalwart.processes import die_with_parent
+from stalwart.processes import PipeLines, die_with_parent
 
 # Modules that read no configuration at import (the worker SDK does, so it is not here; what it
 # imports is). Whatever a worker imports that is not here, every worker of every generation imports
@@ -288,39 +287,34 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def serve(agent: int, spares_wanted: int = 0) -> LaunchRequest | None:
-    """Answer LaunchRequests until stdin closes: each with the pid of the worker that runs it (a
-    spare's, else a new fork's), or 0. Keeps `spares_wanted` spares, forked once no request has come
-    for SPARE_DELAY_SECONDS (never while a generation starts), each announced as `spare PID`.
-    Returns the request in a worker, None in the server when the agent goes away."""
+def serve(agent: int, spares_wanted: int = 0, lines: PipeLines | None = None) -> LaunchRequest | None:
+    """Answer LaunchRequests until stdin closes (`lines`: stdin's lines, if already read from): each
+    with the pid of the worker that runs it (a spare's, else a new fork's), or 0. Keeps
+    `spares_wanted` spares, forked once no request has come for SPARE_DELAY_SECONDS (never while a
+    generation starts), each announced as `spare PID`. Returns the request in a worker, None in the
+    server when the agent goes away."""
     _say("ready")
     spares: list[Spare] = []
-    pending = b""
-    stdin = sys.stdin.fileno()
+    lines = lines or PipeLines(sys.stdin.fileno())
     try:
         while True:
-            if b"\n" not in pending:
-                idle = SPARE_DELAY_SECONDS if len(spares) < spares_wanted else None
-                if not select.select([stdin], [], [], idle)[0]:
-                    try:
-                        spares.append(fork_spare(agent, [s.requests for s in spares]))
-                    except (OSError, ValueError) as exc:  # out of processes or memory: forks on demand only
-                        print(f"stalwart fork server: no spare ({exc})", file=sys.stderr, flush=True)
-                        spares_wanted = len(spares)
-                        continue
-                    _say(f"spare {spares[-1].pid}")
-                    continue
-                chunk = os.read(stdin, 1 << 16)
-                if not chunk:
+            line = lines.read(SPARE_DELAY_SECONDS if len(spares) < spares_wanted else None)
+            if line is None:
+                if lines.closed:
                     return None
-                pending += chunk
+                try:
+                    spares.append(fork_spare(agent, [s.requests for s in spares]))
+                except (OSError, ValueError) as exc:  # out of processes or memory: forks on demand only
+                    print(f"stalwart fork server: no spare ({exc})", file=sys.stderr, flush=True)
+                    spares_wanted = len(spares)
+                    continue
+                _say(f"spare {spares[-1].pid}")
                 continue
-            line, pending = pending.split(b"\n", 1)
-            if not line.strip():
+            if not line:
                 continue
             try:
                 request = LaunchRequest.model_validate_json(line)
-                pid = _hand_over(spares, line) or fork_worker(request, agent, [s.requests for s in spares])
+                pid = _hand_over(spares, line.encode()) or fork_worker(request, agent, [s.requests for s in spares])
             except (OSError, ValueError) as exc:
                 print(f"stalwart fork server: no worker ({exc})", file=sys.stderr, flush=True)
                 pid = 0
@@ -367,11 +361,11 @@ def preload(entries: Sequence[str] = PRELOAD) -> None:
     gc.freeze()
 
 
-def run(agent: int, spares: int) -> bool:
+def run(agent: int, spares: int, lines: PipeLines | None = None) -> bool:
     """Serve the agent; in a forked worker, become the worker (run its script as __main__). True in
     a worker whose script returned; a script's exception propagates, as it would from a script."""
     global _exit_code
-    request = serve(agent=agent, spares_wanted=spares)
+    request = serve(agent=agent, spares_wanted=spares, lines=lines)
     if request is None:
         return False
     sys.stdin = open(os.devnull)  # the worker's stdin for its whole life
@@ -388,19 +382,17 @@ def serve_when_sized(agent: int) -> int:
     """A server its agent forked from itself (stalwart.agents.warm_pool.prefork_server): wait for
     `spares N` on stdin, then serve. Returns the exit status; a worker forked from it exits as a
     process running its script would (the script's exit handlers, then its status)."""
-    line = b""
-    while not line.endswith(b"\n"):  # a byte at a time: what follows the line is serve()'s
-        byte = os.read(0, 1)
-        if not byte:
-            return 0  # the agent forks no workers
-        line += byte
+    lines = PipeLines(sys.stdin.fileno())  # what follows the first line is serve()'s
+    line = lines.read(None)
+    if line is None:
+        return 0  # the agent forks no workers
     try:
         spares = int(line.split()[1])
     except (IndexError, ValueError):
         print(f"stalwart fork server: expected 'spares N', got {line!r}", file=sys.stderr, flush=True)
         return 2
     try:
-        if not run(agent, spares):
+        if not run(agent, spares, lines):
             return 0  # the server, once the agent has gone
     except BaseException as exc:  # a worker's script raised: reported as the interpreter would
         if not isinstance(exc, SystemExit):

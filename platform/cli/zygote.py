@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import sys
 import traceback
@@ -23,6 +22,7 @@ import traceback
 from stalwart.agents import warm_start
 from stalwart.agents.warm_pool import prefork_server
 from stalwart.cluster.agent_zygote import StartAgent
+from stalwart.processes import PipeLines
 
 # What the node's fork server imports, and no more: the agent imports the rest (its command, the etcd
 # client) after it has forked the server, so that the server and its workers hold no gRPC (training
@@ -84,20 +84,13 @@ def _say(line: str) -> None:
 
 def serve() -> None:
     _say("ready")
-    stdin = sys.stdin.fileno()
-    pending = b""
+    lines = PipeLines(sys.stdin.fileno())
     while True:
         _reap()
-        if b"\n" not in pending:
-            if not select.select([stdin], [], [], REAP_SECONDS)[0]:
-                continue
-            chunk = os.read(stdin, 1 << 16)
-            if not chunk:
-                return  # the cluster's owner is gone: the agents live on
-            pending += chunk
-            continue
-        line, pending = pending.split(b"\n", 1)
-        if not line.strip():
+        line = lines.read(REAP_SECONDS)
+        if line is None and lines.closed:
+            return  # the cluster's owner is gone: the agents live on
+        if not line:
             continue
         try:
             request = StartAgent.model_validate_json(line)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from stalwart.net import free_port
-from stalwart.processes import spawn, stop_process
+from stalwart.processes import AdoptedProcess, spawn, stop_process
 
 HOST = Path(__file__).with_name("rank_host.py")
 HOST_READY_SECONDS = 300.0  # the fork server's imports, on a loaded machine
@@ -28,37 +28,23 @@ def torchrun_base_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
 
 
-class RankProcess:
-    """One rank: not our child (the host's), with Popen's interface; its exit code comes from the host."""
+class RankProcess(AdoptedProcess):
+    """One rank: not our child (the host's), so its exit code comes from the host, not from waitpid."""
 
     def __init__(self, pid: int, world: RankWorld) -> None:
-        self.pid = pid
+        super().__init__(pid)
         self._world = world
 
-    @property
-    def returncode(self) -> int | None:
-        return self._world.exits.get(self.pid)
-
     def poll(self) -> int | None:
+        self.returncode = self._world.exits.get(self.pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._world.exited(self.pid, timeout):
             raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-        return self._world.exits[self.pid]
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+        code = self.poll()
+        assert code is not None  # exited: the host reported its code
+        return code
 
 
 class RankWorld:
