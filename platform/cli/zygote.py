@@ -1,28 +1,34 @@
 """The agent zygote: one process per local cluster that has imported the agent and torch, and forks
-each node's agent (stalwart.cluster.agent_zygote starts it and sends the requests).
+each node's agent and each collective-check rank (stalwart.cluster.agent_zygote starts it and sends
+the requests).
 
     python -m stalwart.cli.zygote
-        prints "ready"; then per StartAgent line on stdin, the new agent's pid on stdout (0: none)
+        prints "ready"; then per ForkRequest line on stdin, the new process's pid on stdout (0: none)
 
 The forked agent leads its own session (its "machine", as a cold agent does), writes to its log,
 takes the request's environment, and forks its node's fork server from itself before it imports
 the etcd client or starts any thread (stalwart.agents.warm_pool.prefork_server): the server's
 imports are the zygote's. The zygote starts no thread and holds no connection, so both forks are
 safe; it reaps the agents while it runs and exits when its stdin closes (they live on).
+
+A check rank (a request with an `entry`) leads its own session too, but dies with the zygote, and
+writes its exit code to the request's exit file before it exits: its requester cannot wait for it.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
 from stalwart.agents import warm_start
 from stalwart.agents.warm_pool import prefork_server
-from stalwart.cluster.agent_zygote import StartAgent
-from stalwart.processes import PipeLines
+from stalwart.cluster.agent_zygote import ForkRequest
+from stalwart.processes import PipeLines, die_with_parent
 
 # What the node's fork server imports, and no more: the agent imports the rest (its command, the etcd
 # client) after it has forked the server, so that the server and its workers hold no gRPC (training
@@ -31,8 +37,8 @@ PRELOAD = warm_start.PRELOAD
 REAP_SECONDS = 1.0
 
 
-def become_agent(request: StartAgent) -> int:
-    """In the forked child: become the node's agent; returns its exit status."""
+def become(request: ForkRequest, zygote: int) -> int:
+    """In the forked child: become the requested process; returns its exit status."""
     os.setsid()
     fd = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -48,6 +54,8 @@ def become_agent(request: StartAgent) -> int:
     os.environ.update(request.env)
     warm_start.reseed()
     try:
+        if request.entry:
+            return _run_entry(request, zygote)
         prefork_server()
         from stalwart.cli.main import main
 
@@ -67,6 +75,28 @@ def become_agent(request: StartAgent) -> int:
                 pass
 
 
+def _run_entry(request: ForkRequest, zygote: int) -> int:
+    die_with_parent()
+    if os.getppid() != zygote:  # the zygote is gone already: so is whoever asked
+        return 137
+    threads = request.env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit():
+        sys.modules["torch"].set_num_threads(int(threads))  # torch read its default at import
+    module, _, function = request.entry.partition(":")
+    sys.argv = [module, *request.args]
+    code = getattr(importlib.import_module(module), function)()
+    return code if isinstance(code, int) else 0
+
+
+def _exit(request: ForkRequest, code: int) -> None:
+    if request.exit_file:
+        try:
+            Path(request.exit_file).write_text(str(code))
+        except OSError:
+            pass  # the requester then sees a process that died without saying how
+    os._exit(code)
+
+
 def _reap() -> None:
     while True:
         try:
@@ -83,6 +113,7 @@ def _say(line: str) -> None:
 
 
 def serve() -> None:
+    zygote = os.getpid()
     _say("ready")
     lines = PipeLines(sys.stdin.fileno())
     while True:
@@ -93,7 +124,7 @@ def serve() -> None:
         if not line:
             continue
         try:
-            request = StartAgent.model_validate_json(line)
+            request = ForkRequest.model_validate_json(line)
         except ValueError as exc:
             print(f"stalwart agent zygote: a bad request ({exc})", file=sys.stderr, flush=True)
             _say("0")
@@ -109,9 +140,9 @@ def serve() -> None:
         if pid == 0:
             code = 1
             try:
-                code = become_agent(request)
+                code = become(request, zygote)
             finally:
-                os._exit(code)
+                _exit(request, code)
         _say(str(pid))
 
 

@@ -1,36 +1,79 @@
-"""The local cluster's side of the agent zygote (stalwart.cli.zygote): node agents started by fork.
+"""The local cluster's side of the agent zygote (stalwart.cli.zygote): node agents, and the ranks of
+the collective checks, started by fork.
 
 A local node used to cost a cold `stalwart agent` (the platform's imports) and then its fork server
 (torch's): about 3 CPU-seconds per node, a fifth of the end-to-end suite and seconds of a hot-swap on
 a loaded machine. The zygote imports both once per cluster and forks each node's agent, which forks
 its fork server from itself: a node then costs two forks. Wherever the zygote cannot serve (it died,
 it is not ready in time, `STALWART_AGENT_ZYGOTE=0`), the node's agent starts cold, as before.
+
+The pre-flight and stop-time checks' ranks import torch too (2.5 CPU-seconds each, a check of 4
+ranks 10): the zygote forks them as well. They are its children, not their requester's, so each
+writes its exit code to a file for the requester (ZygoteChild).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel
 
-from stalwart.processes import PipeLines, spawn, stop_process
+from stalwart.processes import AdoptedProcess, PipeLines, spawn, stop_process
 
 ZYGOTE_ENV = "STALWART_AGENT_ZYGOTE"  # "0": every agent starts cold
 READY_WAIT_SECONDS = 60.0  # a cold agent would spend this importing; past it, agents start cold
 REPLY_WAIT_SECONDS = 10.0
 
 
-class StartAgent(BaseModel):
-    """One node's agent: its `stalwart` arguments, environment and log file."""
+class ForkRequest(BaseModel):
+    """One process to fork, with its environment and log file: a node's agent (`stalwart ARGS`) when
+    `entry` is empty, else `entry` (`module:function`, returning an exit code) with ARGS as its
+    command line, dying with the zygote and writing its exit code to `exit_file`."""
 
     args: list[str]
     env: dict[str, str]
     log: str
+    entry: str = ""
+    exit_file: str = ""
+
+
+class ZygoteChild(AdoptedProcess):
+    """A process the zygote forked for us, with Popen's interface. It is not our child: it is running
+    while its pid has its start time (a zombie has exited), and its exit code is what it wrote to its
+    exit file (-SIGKILL if it died without writing one)."""
+
+    def __init__(self, pid: int, exit_file: Path) -> None:
+        super().__init__(pid)
+        self.exit_file = exit_file
+        try:
+            self._proc: psutil.Process | None = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            self._proc = None
+
+    def _running(self) -> bool:
+        try:
+            return (
+                self._proc is not None
+                and self._proc.is_running()
+                and self._proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+            )
+        except psutil.NoSuchProcess:
+            return False
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._running():
+            try:
+                self.returncode = int(self.exit_file.read_text())
+            except (OSError, ValueError):
+                self.returncode = -signal.SIGKILL
+        return self.returncode
 
 
 class AgentZygote:
@@ -45,8 +88,25 @@ class AgentZygote:
         self._lines: PipeLines | None = None
         self._lock = threading.Lock()
 
-    def start_agent(self, request: StartAgent) -> int | None:
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start_agent(self, request: ForkRequest) -> int | None:
         """The forked agent's pid, or None: start it cold."""
+        return self._fork(request)
+
+    def start_entry(self, entry: str, env: dict[str, str], log: Path) -> ZygoteChild | None:
+        """`entry` forked by a zygote that is already running (one started from a short-lived thread
+        would die with it: PR_SET_PDEATHSIG), or None: start it cold."""
+        if not self.running:
+            return None
+        exit_file = log.with_name(log.name + ".exit")
+        exit_file.unlink(missing_ok=True)
+        pid = self._fork(ForkRequest(args=[], env=env, log=str(log), entry=entry, exit_file=str(exit_file)))
+        return ZygoteChild(pid, exit_file) if pid is not None else None
+
+    def _fork(self, request: ForkRequest) -> int | None:
         with self._lock:
             if not self.enabled or not self._ensure_started():
                 return None

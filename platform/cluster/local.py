@@ -13,10 +13,10 @@ from pathlib import Path
 
 import psutil
 
-from stalwart.cluster.agent_zygote import AgentZygote, StartAgent
+from stalwart.cluster.agent_zygote import AgentZygote, ForkRequest
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.net import free_port
-from stalwart.processes import kill_session, signal_session, spawn, wait_for
+from stalwart.processes import ChildProcess, kill_session, signal_session, spawn, wait_for
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
 
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
@@ -93,7 +93,7 @@ class LocalCluster(Cluster):
         env.update(faults.get("*", {}))  # "*": every node, standbys included
         env.update(faults.get(name, {}))
         log_path = node_dir / "agent.log"
-        pid = self.zygote.start_agent(StartAgent(args=argv[3:], env=env, log=str(log_path)))
+        pid = self.zygote.start_agent(ForkRequest(args=argv[3:], env=env, log=str(log_path)))
         if pid is None:
             with open(log_path, "ab") as log:
                 proc = spawn(
@@ -168,6 +168,7 @@ class LocalCluster(Cluster):
             backend="gloo",
             # the nodes are CPU processes here, so this process knows the answer
             reference_digest=compute_digest(torch.device("cpu"), env={}),
+            start=self._start_check_rank,
         )
         verdicts = {v.node: v for v in report.nodes}
         return [
@@ -178,6 +179,13 @@ class LocalCluster(Cluster):
             )
             for i, name in enumerate(nodes)
         ]
+
+    def _start_check_rank(self, env: dict[str, str], log: Path) -> ChildProcess:
+        """Forked by the agent zygote, which has imported torch (a cold rank spends 2.5 CPU-seconds
+        importing it), or cold where it cannot."""
+        from stalwart.health.collective_runner import WORKER_ENTRY, start_cold
+
+        return self.zygote.start_entry(WORKER_ENTRY, env, log) or start_cold(env, log)
 
     def stop_all(self) -> None:
         for info in self.list_nodes():

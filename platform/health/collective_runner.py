@@ -13,10 +13,9 @@ out, never waited on forever), reads each rank's report and names the nodes that
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,13 +32,23 @@ from stalwart.health.collective_records import (
     RankReport,
 )
 from stalwart.net import free_port
-from stalwart.processes import spawn, stop_process
+from stalwart.processes import ChildProcess, spawn, stop_process
 
 _POLL = 0.1
 EXIT_GRACE_S = 3.0
 # A check is several ops (warm-up, timed, latency), each allowed `collective_timeout`: reports that
 # stop changing for this many collective timeouts mean a hang the process group did not catch.
 STALL_FACTOR = 10
+WORKER_MODULE = "stalwart.health.collective_worker"
+WORKER_ENTRY = f"{WORKER_MODULE}:main"  # the same, for a process forked from one that has torch
+
+# How a rank starts, from its environment and log file: `start_cold` unless its caller has a faster way.
+RankStarter = Callable[[dict[str, str], Path], ChildProcess]
+
+
+def start_cold(env: dict[str, str], log: Path) -> ChildProcess:
+    with open(log, "ab") as out:
+        return spawn([sys.executable, "-m", WORKER_MODULE], env=env, stdout=out)
 
 
 def _read_report(path: Path, rank: int, per_node: int) -> RankReport:
@@ -156,6 +165,7 @@ def run_ranks(
     backend: str = "auto",
     numel: int = 1 << 16,
     rank_env: Mapping[int, Mapping[str, str]] | None = None,
+    start: RankStarter = start_cold,
 ) -> RanksOutcome:
     """Start `ranks` of a `world`-rank check (this machine's share of it: all of them locally, one
     node's on a node agent), wait for them within `timeout` and read their reports.
@@ -167,9 +177,8 @@ def run_ranks(
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    procs: dict[int, subprocess.Popen[bytes]] = {}
+    procs: dict[int, ChildProcess] = {}
     paths = {r: workdir / f"rank-{r}.json" for r in ranks}
-    logs = []
     try:
         for rank in ranks:
             env = {
@@ -190,16 +199,12 @@ def run_ranks(
                 BACKEND_ENV: backend,
                 **(rank_env or {}).get(rank, {}),
             }
-            log = open(workdir / f"rank-{rank}.log", "wb")
-            logs.append(log)
-            procs[rank] = spawn([sys.executable, "-m", "stalwart.health.collective_worker"], env=env, stdout=log)
+            procs[rank] = start(env, workdir / f"rank-{rank}.log")
         stall = STALL_FACTOR * collective_timeout + 5.0
         timed_out = _wait(procs, paths, deadline=time.monotonic() + timeout, stall=stall)
     finally:
         for p in procs.values():
             stop_process(p, grace=1.0)
-        for log in logs:
-            log.close()
     reports = [_read_report(paths[r], r, procs_per_node) for r in ranks]
     for r in reports:
         if r.rank in timed_out:
@@ -248,6 +253,7 @@ def run_collective_check(
     rank_env: Mapping[int, Mapping[str, str]] | None = None,
     master_port: int | None = None,
     reference_digest: str | None = None,
+    start: RankStarter = start_cold,
 ) -> CollectiveCheckReport:
     """Run the checks on `nodes` x `procs_per_node` local processes; never longer than `timeout`.
     `rank_env` adds environment variables to single ranks (fault injection in tests)."""
@@ -265,6 +271,7 @@ def run_collective_check(
         backend=backend,
         numel=numel,
         rank_env=rank_env,
+        start=start,
     )
     return assemble(
         outcome.reports,
@@ -277,9 +284,7 @@ def run_collective_check(
     )
 
 
-def _wait(
-    procs: Mapping[int, subprocess.Popen[bytes]], paths: Mapping[int, Path], deadline: float, stall: float
-) -> list[int]:
+def _wait(procs: Mapping[int, ChildProcess], paths: Mapping[int, Path], deadline: float, stall: float) -> list[int]:
     """Wait for every process to exit; returns the ranks still running at the deadline or stalled."""
     last_change = time.monotonic()
     last_seen: dict[int, float] = {}
