@@ -40,8 +40,10 @@ from stalwart.agents.saved_checkpoints import SavedCheckpoints, without_secrets
 from stalwart.agents.standby import StandbyDuty
 from stalwart.agents.warm_pool import WarmPool, warm_size
 from stalwart.agents.workers import WorkerGroup
+from stalwart.health.collective_runner import WORKER_MODULE, start_cold
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
+from stalwart.processes import ChildProcess
 from stalwart.spec import ConfinementError, PathConfinement, TrainingJob
 from stalwart.spec.topology import Topology
 from stalwart.store import keys
@@ -106,13 +108,20 @@ class NodeAgent:
         self.probes = ProbeLoop(self.metrics)
         self._hand_down_job_token()
         self.checkpoint_token = CheckpointToken(store, job)
-        self.data_plane = DataPlane(
-            self.job, job_dir, node, self.address, self.node_dir, self.log, self.checkpoint_token.get
-        )
         self.warm = WarmPool(
             warm_size(self.job.spec.roles),
             enabled=self.ft.warm_workers,
             log=self.node_dir / "fork-server.log",
+        )
+        self.data_plane = DataPlane(
+            self.job,
+            job_dir,
+            node,
+            self.address,
+            self.node_dir,
+            self.log,
+            self.checkpoint_token.get,
+            fork_loader=self._fork_helper,
         )
         self.launcher = WorkerLauncher(self.job, self.paths, self.node_dir, self.warm)
         self.lease_keeper = LeaseKeeper(
@@ -130,10 +139,17 @@ class NodeAgent:
         self.reports = OnDemandReports(
             store, job, node, self.log, self._workers_now, lambda: self.history.as_records(self.generation)
         )
-        self.checks = CheckDuty(store, job, node, self.address, self.node_dir, self.log)
+        self.checks = CheckDuty(store, job, node, self.address, self.node_dir, self.log, self._start_check_rank)
         self.standby = StandbyDuty(
             store, self.job, node, self.log, lambda: self._listed_standby, self.checkpoint_token.get
         )
+
+    # -- helpers forked from the fork server (torch imported) when it can ----------------------------
+    def _fork_helper(self, module: str, args: list[str], log: Path) -> ChildProcess | None:
+        return self.warm.launch_module(module, args, {**os.environ, "PYTHONUNBUFFERED": "1"}, log)
+
+    def _start_check_rank(self, env: dict[str, str], log: Path) -> ChildProcess:
+        return self.warm.launch_module(WORKER_MODULE, [], env, log) or start_cold(env, log)
 
     # -- named states --------------------------------------------------------------------------
     def _enter(self, new: AgentState, why: str) -> None:

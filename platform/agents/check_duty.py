@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from stalwart.health.collective_runner import RankStarter, start_cold
 from stalwart.health.distributed_check import CheckRendezvous, CheckRequest, NodeCheckReport, run_share
 from stalwart.logs import ContextLogger
 from stalwart.net import free_port
@@ -29,8 +30,19 @@ SEEN_LIMIT = 256  # request ids remembered, so a replayed watch event starts not
 
 
 class CheckDuty:
-    def __init__(self, store: Store, job: str, node: str, address: str, workdir: Path, log: ContextLogger) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job: str,
+        node: str,
+        address: str,
+        workdir: Path,
+        log: ContextLogger,
+        start: RankStarter = start_cold,
+    ) -> None:
+        """`start` starts a check rank (the agent forks it from its fork server when it can)."""
         self.store, self.job, self.node, self.address = store, job, node, address
+        self.start = start
         self.workdir = workdir
         self.log = log
         self.requests: queue.Queue[CheckRequest] = queue.Queue()
@@ -73,7 +85,9 @@ class CheckDuty:
             fields={"request": request.id, "nodes": len(request.nodes), "procs": request.procs_per_node},
         )
         try:
-            report = run_share(request, self.node, self.workdir / "checks" / request.id, self._rendezvous(request))
+            report = run_share(
+                request, self.node, self.workdir / "checks" / request.id, self._rendezvous(request), self.start
+            )
         except Exception as exc:  # a share that cannot run still answers, so the requester need not time out
             report = NodeCheckReport(request_id=request.id, node=self.node, error=f"{type(exc).__name__}: {exc}")
         try:

@@ -28,6 +28,7 @@ from stalwart.store.records import Assignment, NodeAssignment
 
 if TYPE_CHECKING:
     from stalwart.dataloader import DataConfig, ShadowLoaderSupervisor
+    from stalwart.dataloader.shadow_supervisor import ForkLoader
 
 
 class DataPlaneError(RuntimeError):
@@ -56,12 +57,20 @@ def data_config(settings: DataSettings, job_dir: Path) -> DataConfig:
 
 
 def start_shadow_loader(
-    settings: DataSettings, job_dir: Path, job: str, node: str, lanes: int
+    settings: DataSettings,
+    job_dir: Path,
+    job: str,
+    node: str,
+    lanes: int,
+    log: Path | None = None,
+    fork: ForkLoader | None = None,
 ) -> ShadowLoaderSupervisor:
     from stalwart.dataloader import ShadowLoaderSupervisor
 
     config = data_config(settings, job_dir)
-    return ShadowLoaderSupervisor(config, job=job, node=node, lanes=lanes, max_micro_batch=settings.micro_batch).start()
+    return ShadowLoaderSupervisor(
+        config, job=job, node=node, lanes=lanes, max_micro_batch=settings.micro_batch, log_path=log, fork=fork
+    ).start()
 
 
 def memory_peer(node: str, topology: Topology) -> str | None:
@@ -116,10 +125,13 @@ class DataPlane:
         log_dir: Path,
         log: ContextLogger,
         token: Callable[[], str],
+        fork_loader: ForkLoader | None = None,
     ):
-        """`token()` is the job's checkpoint token, which the memory store asks of every caller."""
+        """`token()` is the job's checkpoint token, which the memory store asks of every caller;
+        `fork_loader` starts the shadow loader faster than a new interpreter (the fork server)."""
         self.job, self.job_dir, self.node, self.address = job, job_dir, node, address
         self.token = token
+        self.fork_loader = fork_loader
         self.log_dir = log_dir
         self.log = log
         self.shadow_loader: ShadowLoaderSupervisor | None = None
@@ -136,10 +148,20 @@ class DataPlane:
             return
         lanes = max(r.processes_per_node for r in self.job.spec.roles)
         try:
-            self.shadow_loader = start_shadow_loader(data, self.job_dir, self.job.name, self.node, lanes)
+            self.shadow_loader = start_shadow_loader(
+                data,
+                self.job_dir,
+                self.job.name,
+                self.node,
+                lanes,
+                log=self.log_dir / "shadow-loader.log",
+                fork=self.fork_loader,
+            )
         except (OSError, ValueError) as exc:
             raise DataPlaneError(f"cannot start the shadow data loader: {exc}") from None
-        self.log.info("shadow loader started", fields={"segment": self.shadow_loader.name})
+        self.log.info(
+            "shadow loader started", fields={"segment": self.shadow_loader.name, "forked": self.shadow_loader.forked}
+        )
 
     def _start_memory_store(self) -> None:
         checkpoint = self.job.spec.checkpoint

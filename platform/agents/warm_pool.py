@@ -15,6 +15,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -37,6 +38,9 @@ RESTART_DELAY_SECONDS = 3.0
 # A launch waits this long for the server to finish its imports: a cold worker would spend the same
 # time importing, and the wait saves a whole import per worker. Past it, the worker starts cold.
 READY_WAIT_SECONDS = 60.0
+# The agent's own helpers (the shadow loader, collective-check ranks) import less than a worker: they
+# wait only for a server that is about to be ready (one forked from the agent).
+HELPER_READY_WAIT_SECONDS = 1.0
 REPLY_WAIT_SECONDS = 10.0
 SPARE_EXIT_WAIT_SECONDS = 5.0
 # torch reads these when it is imported (TORCH_LOGS, PYTORCH_*, TORCHDYNAMO_*, ...), and Python its
@@ -123,6 +127,8 @@ class WarmPool:
         self._lines: PipeLines | None = None
         self.ready = False
         self._start_after = 0.0
+        # The agent's loop launches workers; its check and shadow-loader threads launch helpers.
+        self._lock = threading.RLock()
         preforked = _take_preforked()
         if preforked is not None:
             self._adopt(preforked)
@@ -130,6 +136,10 @@ class WarmPool:
 
     def maintain(self) -> None:
         """Start the server (again, after a pause, if it died); notice when it is ready."""
+        with self._lock:
+            self._maintain()
+
+    def _maintain(self) -> None:
         if not self.enabled:
             return
         if self.server is not None and self.server.poll() is not None:
@@ -159,16 +169,32 @@ class WarmPool:
 
     def launch(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> ChildProcess | None:
         """A forked worker running `argv`, or None (start it cold)."""
-        if not self.enabled or not warm_eligible(argv) or import_time_env(env) != import_time_env(self._env):
+        if not warm_eligible(argv):
             return None
-        self.maintain()
+        return self._launch(argv, env, cwd, log, READY_WAIT_SECONDS)
+
+    def launch_module(self, module: str, args: list[str], env: dict[str, str], log: Path) -> ChildProcess | None:
+        """One of the agent's helpers, `python -m module args`, forked, or None (start it cold).
+
+        Not for a role's command: a node whose roles fork nothing has no server (warm_size)."""
+        return self._launch([sys.executable, "-m", module, *args], env, Path.cwd(), log, HELPER_READY_WAIT_SECONDS)
+
+    def _launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, log: Path, ready_wait: float
+    ) -> ChildProcess | None:
+        if not self.enabled or import_time_env(env) != import_time_env(self._env):
+            return None
+        with self._lock:
+            return self._request(LaunchRequest(argv=argv, env=env, cwd=str(cwd), log=str(log)), ready_wait)
+
+    def _request(self, request: LaunchRequest, ready_wait: float) -> ChildProcess | None:
+        self._maintain()
         if self.server is None or self.server.stdin is None:
             return None
         if not self.ready:
-            self.ready = self._reply(READY_WAIT_SECONDS) == "ready"
+            self.ready = self._reply(ready_wait) == "ready"
             if not self.ready:
                 return None
-        request = LaunchRequest(argv=argv, env=env, cwd=str(cwd), log=str(log))
         try:
             self.server.stdin.write(request.model_dump_json().encode() + b"\n")
             self.server.stdin.flush()
@@ -233,6 +259,10 @@ class WarmPool:
         self.spares.clear()
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self.server is not None:
             if self.server.stdin is not None:
                 try:

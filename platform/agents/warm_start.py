@@ -147,6 +147,11 @@ def become_worker(request: LaunchRequest) -> None:
     os.chdir(request.cwd)
     if "torch" in sys.modules and request.env.get("OMP_NUM_THREADS", "").isdigit():
         sys.modules["torch"].set_num_threads(int(request.env["OMP_NUM_THREADS"]))
+    if request.argv[1] == "-m":  # one of the agent's own helpers (WarmPool.launch_module)
+        sys.argv = [request.argv[2], *request.argv[3:]]
+        sys.path[0] = request.cwd
+        runpy.run_module(request.argv[2], run_name="__main__", alter_sys=True)
+        return
     script = os.path.abspath(request.argv[1])
     sys.argv = [script, *request.argv[2:]]
     sys.path[0] = os.path.dirname(script)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -24,10 +24,15 @@ from stalwart.dataloader.liveness import alive
 from stalwart.dataloader.shm_layout import COUNT_MASK, A, C, H, S, Segment, segment_name
 from stalwart.dataloader.state import LoaderState, check_state
 from stalwart.logs import get_logger
-from stalwart.processes import spawn, stop_process
+from stalwart.processes import ChildProcess, spawn, stop_process
 
 _QUICK_DEATH = 2.0  # a loader that dies sooner than this is backed off before the next start
 _MAX_BACKOFF = 5.0
+LOADER_MODULE = "stalwart.dataloader.shadow_process"
+
+# A faster way to start the loader, `python -m module args` writing to a log file, than a new
+# interpreter (the node agent forks it from its fork server); None from it: start it here.
+ForkLoader = Callable[[str, list[str], Path], ChildProcess | None]
 
 
 class ShadowLoaderSupervisor:
@@ -42,15 +47,20 @@ class ShadowLoaderSupervisor:
         slots: int = 8,
         log_path: str | Path | None = None,
         poll_interval: float = 0.1,
+        fork: ForkLoader | None = None,
     ) -> None:
+        """With `log_path`, the loader writes there (else to this process's stderr), and may be
+        started by `fork`."""
         self.config = config
+        self.fork = fork
         self.name = segment_name(job, node)
         self.lanes, self.max_micro_batch, self.slots = lanes, max_micro_batch, slots
         self.log_path = Path(log_path) if log_path else None
         self.poll_interval = poll_interval
         self.restarts = 0
+        self.forked = False  # the running loader came from `fork`
         self.segment: Segment | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: ChildProcess | None = None
         self._log: IO[bytes] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -81,8 +91,15 @@ class ShadowLoaderSupervisor:
         return self
 
     def _spawn(self) -> None:
-        argv = [sys.executable, "-m", "stalwart.dataloader.shadow_process", "--segment", self.name]
-        self._proc = spawn(argv, stdout=self._log or subprocess.DEVNULL, stderr=self._log, die_with_parent=True)
+        args = ["--segment", self.name]
+        forked = self.fork(LOADER_MODULE, args, self.log_path) if self.fork and self.log_path else None
+        self.forked = forked is not None
+        self._proc = forked or spawn(
+            [sys.executable, "-m", LOADER_MODULE, *args],
+            stdout=self._log or subprocess.DEVNULL,
+            stderr=self._log,
+            die_with_parent=True,
+        )
         self._started_at = time.monotonic()
 
     def check(self) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import Field
 
 from stalwart.health.collective_records import CollectiveCheckReport, RankReport
-from stalwart.health.collective_runner import assemble, run_ranks
+from stalwart.health.collective_runner import RankStarter, assemble, run_ranks, start_cold
 from stalwart.store.records import Record
 
 NO_REPORT = "its agent sent no report"
@@ -62,6 +62,7 @@ def run_share(
     node: str,
     workdir: Path,
     rendezvous: Callable[[float], CheckRendezvous | None],
+    start: RankStarter = start_cold,
 ) -> NodeCheckReport:
     """This node's ranks of the check. `rendezvous(deadline)` gives rank 0's address (the first node
     picks and publishes it; the others wait for it until the monotonic `deadline`)."""
@@ -82,6 +83,7 @@ def run_share(
         collective_timeout=request.collective_timeout,
         backend=request.backend,
         numel=request.numel,
+        start=start,
     )
     return NodeCheckReport(
         request_id=request.id,

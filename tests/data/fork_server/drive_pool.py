@@ -3,7 +3,9 @@ command line through it, waits for each, and prints one JSON line of what it saw
 the first worker argument, it then waits for the server's spares and launches one more worker (exit
 0), which a spare runs; after the pool closes it says which spares are still there. With `prefork`
 before that, it does what an agent forked from the agent zygote does: it imports what the zygote
-does, then forks its fork server from itself (warm_pool.prefork_server), which the pool takes."""
+does, then forks its fork server from itself (warm_pool.prefork_server), which the pool takes. With
+`helper` after that, it also has the pool fork `python -m report_worker` (exit 5), as the agent has it
+fork its shadow loader and its check ranks (WarmPool.launch_module)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ codes = codes[1:] if preforked else codes
 if preforked:
     warm_start.preload(zygote.PRELOAD)
     prefork_server()
+with_helper = bool(codes) and codes[0] == "helper"
+codes = codes[1:] if with_helper else codes
 with_spare = bool(codes) and codes[0] == "spare"
 codes = codes[1:] if with_spare else codes
 pool = WarmPool(2, log=out / "fork-server.log")
@@ -65,6 +69,13 @@ try:
         assert wait_for(spares_ready, 60, interval=0.05), "the server forked no spares"
         spares = sorted(pool.spares)
         launch(len(codes), "0")
+    if with_helper:
+        os.chdir(script.parent)  # where `-m report_worker` is found, as `python -m` would
+        i = len(results)
+        env = {**os.environ, "RANK": str(i), "WORKER_EXIT": "5", "WORKER_OUT": str(out / f"w{i}.json")}
+        helper = pool.launch_module("report_worker", [], env, out / f"w{i}.log")
+        assert helper is not None, "the fork server gave no helper"
+        results.append({"pid": helper.pid, "returncode": helper.wait(timeout=60)})
 finally:
     pool.close()
 left = [pid for pid in spares if alive(pid)]  # reaped by close(), not zombies

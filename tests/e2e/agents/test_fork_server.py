@@ -3,7 +3,8 @@ that imported torch once, yet each is the agent's own child, in its own process 
 exit code, log, working directory and random state, as a cold-started worker would be; a spare
 (forked ahead of time) runs a worker the same way, and the spares are reaped when the pool closes.
 All of it holds for a server started by the pool and for one the agent forked from itself (an agent
-forked from the local cluster's agent zygote)."""
+forked from the local cluster's agent zygote). The agent's own helpers (`python -m` modules: the
+shadow loader, check ranks) are forked the same way."""
 
 from __future__ import annotations
 
@@ -52,3 +53,21 @@ def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_pa
         assert saw["open_loader_is_the_function"]  # a preloaded submodule does not hide a lazy export
         assert f"rank {i} says hello" in (tmp_path / f"w{i}.log").read_text()
     assert len({saw["random"] for saw in seen}) == 4  # forked, yet not one random state
+
+
+def test_a_helper_module_is_forked_as_python_m_would_run_it(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), str(tmp_path), "prefork", "helper", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [w["returncode"] for w in report["workers"]] == [0, 5]
+    saw = json.loads((tmp_path / "w1.json").read_text())
+    assert saw["pid"] == report["workers"][1]["pid"] and saw["ppid"] == report["agent"]
+    assert saw["main"] == "__main__" and saw["argv0"].endswith("report_worker.py")
+    assert saw["torch_preloaded"] and not saw["grpc_loaded"]
+    assert "rank 1 says hello" in (tmp_path / "w1.log").read_text()

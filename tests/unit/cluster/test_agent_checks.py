@@ -83,7 +83,7 @@ def test_agents_answer_and_the_requester_judges(store: Store, tmp_path: Path, mo
         )
     rendezvous: list[CheckRendezvous | None] = []
 
-    def share(req: CheckRequest, node: str, workdir: Path, where) -> NodeCheckReport:  # type: ignore[no-untyped-def]
+    def share(req: CheckRequest, node: str, workdir: Path, where, start) -> NodeCheckReport:  # type: ignore[no-untyped-def]
         if node == "node-2":
             raise OSError("no space left on device")
         rendezvous.append(where(time.monotonic() + 30))  # node-0 publishes, node-1 reads it
