@@ -137,6 +137,12 @@ def serve_rendezvous(env: dict[str, str]) -> None:
     os.environ[AGENT_STORE_ENV] = "True"
 
 
+def apply_thread_count(env: dict[str, str]) -> None:
+    """torch read OMP_NUM_THREADS when the server imported it: a forked process sets its own."""
+    if "torch" in sys.modules and env.get("OMP_NUM_THREADS", "").isdigit():
+        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
+
+
 def become_worker(request: LaunchRequest) -> None:
     fd = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -145,8 +151,7 @@ def become_worker(request: LaunchRequest) -> None:
     os.environ.clear()
     os.environ.update(request.env)
     os.chdir(request.cwd)
-    if "torch" in sys.modules and request.env.get("OMP_NUM_THREADS", "").isdigit():
-        sys.modules["torch"].set_num_threads(int(request.env["OMP_NUM_THREADS"]))
+    apply_thread_count(request.env)
     if request.argv[1] == "-m":  # one of the agent's own helpers (WarmPool.launch_module)
         sys.argv = [request.argv[2], *request.argv[3:]]
         sys.path[0] = request.cwd

@@ -79,9 +79,7 @@ def _run_entry(request: ForkRequest, zygote: int) -> int:
     die_with_parent()
     if os.getppid() != zygote:  # the zygote is gone already: so is whoever asked
         return 137
-    threads = request.env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit():
-        sys.modules["torch"].set_num_threads(int(threads))  # torch read its default at import
+    warm_start.apply_thread_count(request.env)
     module, _, function = request.entry.partition(":")
     sys.argv = [module, *request.args]
     code = getattr(importlib.import_module(module), function)()

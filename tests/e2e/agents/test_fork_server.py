@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.paths import REPO
@@ -19,26 +20,19 @@ from support.paths import REPO
 DRIVER = REPO / "tests" / "data" / "fork_server" / "drive_pool.py"
 
 
-@pytest.mark.parametrize("server", ["started", "prefork"])
-def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_path: Path, server: str) -> None:
+def drive(out: Path, *args: str) -> dict[str, Any]:
+    """Run the stand-in agent (drive_pool.py) and return what it saw."""
     done = subprocess.run(
-        [
-            sys.executable,
-            str(DRIVER),
-            str(tmp_path),
-            *([server] if server == "prefork" else []),
-            "spare",
-            "0",
-            "3",
-            "kill",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        [sys.executable, str(DRIVER), str(out), *args], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize("server", ["started", "prefork"])
+def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_path: Path, server: str) -> None:
+    report = drive(tmp_path, *([server] if server == "prefork" else []), "spare", "0", "3", "kill")
     assert report["server_ready"] and report["preforked"] == (server == "prefork")
     assert [w["returncode"] for w in report["workers"]] == [0, 3, -9, 0]
     assert report["workers"][3]["pid"] in report["spares"]  # the last worker was a spare
@@ -56,15 +50,7 @@ def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_pa
 
 
 def test_a_helper_module_is_forked_as_python_m_would_run_it(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(DRIVER), str(tmp_path), "prefork", "helper", "0"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = drive(tmp_path, "prefork", "helper", "0")
     assert [w["returncode"] for w in report["workers"]] == [0, 5]
     saw = json.loads((tmp_path / "w1.json").read_text())
     assert saw["pid"] == report["workers"][1]["pid"] and saw["ppid"] == report["agent"]
