@@ -44,8 +44,10 @@ def spawn(
     die_with_parent: bool = True,
     new_session: bool = False,
     stdin: int | None = subprocess.DEVNULL,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start argv in its own process group (or session), killed with us unless told otherwise."""
+    """Start argv in its own process group (or session), killed with us unless told otherwise.
+    `pass_fds` stay open in the child (a listening socket handed over, say)."""
     command = list(argv)
     if die_with_parent:
         command = [sys.executable, "-S", "-c", _TRAMPOLINE, str(os.getpid()), *command]
@@ -58,6 +60,7 @@ def spawn(
         stderr=stderr,
         start_new_session=new_session,
         process_group=None if new_session else 0,
+        pass_fds=tuple(pass_fds),
     )
 
 

@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 
 from stalwart.dataloader import DataConfig, Milestone, SourceSpec, build_shards
-from stalwart.net import free_port
+from stalwart.net import listen_on
 from stalwart.processes import spawn, stop_process, wait_for
 from support.paths import REPO
 
 CORPUS = REPO / "tests" / "data" / "dataloader" / "corpus"
 TRAINER = REPO / "tests" / "data" / "dataloader" / "trainer.py"
 SOURCES = ("prose", "code", "numbers")
+# The environment variable naming the listening socket rank 0 serves the rendezvous store on.
+STORE_FD_ENV = "TRAINER_STORE_FD"
 SEQ_LEN = 32
 SWITCH_AT = 400  # a curriculum milestone: the mixture changes at this global sample
 
@@ -68,7 +70,11 @@ class Trainers:
         config_path = run_dir / "data.json"
         config_path.write_text(config.dumps())
         self.run_dir = run_dir
-        port = free_port()
+        # The store's port listens before any rank starts, and rank 0 inherits the socket: a port
+        # that was only free a moment ago (another worker's listener, or a client connecting to
+        # itself while nothing listened) once left both ranks waiting in their rendezvous.
+        store = listen_on("127.0.0.1", 0)
+        port = store.getsockname()[1]
         self.procs: list[subprocess.Popen[bytes]] = []
         self._logs = []
         for rank in range(world):
@@ -80,6 +86,7 @@ class Trainers:
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": "1",
+                **({STORE_FD_ENV: str(store.fileno())} if rank == 0 else {}),
             }
             argv = [
                 sys.executable,
@@ -99,7 +106,9 @@ class Trainers:
             ]
             log = open(run_dir / f"rank{rank}.log", "ab")
             self._logs.append(log)
-            self.procs.append(spawn(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+            fds = (store.fileno(),) if rank == 0 else ()
+            self.procs.append(spawn(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, pass_fds=fds))
+        store.close()  # rank 0 has it now
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.run_dir.glob("rank*.log")))

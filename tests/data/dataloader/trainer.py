@@ -12,6 +12,7 @@ for go-S (or to be killed). Tests use it to fail or disturb the run at an exact,
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import time
@@ -34,6 +35,18 @@ def write_atomic(path: Path, payload: object) -> None:
     os.replace(tmp, path)
 
 
+def join_group(rank: int, world: int) -> None:
+    """gloo over a store on MASTER_PORT; rank 0 serves it on the listening socket the test handed it
+    (TRAINER_STORE_FD), so the port cannot be lost between the test choosing it and rank 0 binding it."""
+    port, timeout = int(os.environ["MASTER_PORT"]), datetime.timedelta(seconds=120)
+    fd = os.environ.get("TRAINER_STORE_FD") if rank == 0 else None
+    if fd is not None:
+        store = dist.TCPStore("127.0.0.1", port, world, True, timeout=timeout, master_listen_fd=int(fd), use_libuv=True)
+    else:
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--config", type=Path, required=True)
@@ -48,7 +61,7 @@ def main() -> None:
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_group(rank, world)
     config = DataConfig.loads(args.config.read_text())
     if args.shm:
         loader = ShadowLoaderClient(
