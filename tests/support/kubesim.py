@@ -74,6 +74,12 @@ class Emulator(kmock.KubernetesEmulator):
     """The emulator plus the fields a real API server sets on every write."""
 
     _versions = itertools.count(1)
+    # kmock keeps every request it served and, to pick a reaction for the next one, walks that whole
+    # history through its filters: the cost of a request grows with the count before it. The
+    # operator module's few thousand requests made the emulator's thread most of the module's CPU
+    # (docs/testing.md). The tests read `calls`, never the history, so only the newest requests
+    # stay: the one being matched is always among them.
+    HISTORY = 64
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -81,6 +87,8 @@ class Emulator(kmock.KubernetesEmulator):
         self.calls: list[tuple[str, str, str, str]] = []
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
+        if len(self._requests) > 2 * self.HISTORY:
+            del self._requests[: -self.HISTORY]
         if request.resource is not None and request.resource.plural:
             agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
             verb = {
