@@ -7,6 +7,7 @@ or the driver is missing, `read_nvml` says why in `NvmlUnavailable` and the prob
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,15 @@ def _nvml() -> Any:
     import pynvml  # nvidia-ml-py
 
     return pynvml
+
+
+def _handle_key(handle: Any) -> Any:
+    """A device handle as a dict key: the address it holds. (pynvml's handles are ctypes pointers to
+    an opaque struct; the struct itself is unhashable, and two handles of one GPU are two objects.)"""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
 
 
 def _text(v: Any) -> str:
@@ -186,7 +196,7 @@ class NvmlXidWatcher:
             try:
                 nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._set)
                 pci = _try(nv.nvmlDeviceGetPciInfo, h)
-                self._bus_ids[h.contents if hasattr(h, "contents") else h] = _text(pci.busId) if pci else str(i)
+                self._bus_ids[_handle_key(h)] = _text(pci.busId) if pci else str(i)
             except nv.NVMLError as exc:
                 self.reason = f"GPU {i} cannot deliver Xid events: {exc}"
         return True
@@ -206,7 +216,7 @@ class NvmlXidWatcher:
             events.append(
                 XidEvent(
                     xid=xid,
-                    pci=self._bus_ids.get(getattr(data.device, "contents", data.device)),
+                    pci=self._bus_ids.get(_handle_key(data.device)),
                     message="reported by NVML",
                     name=info.name if info else "unknown Xid",
                     severity=info.severity if info else Severity.WARNING,

@@ -134,8 +134,30 @@ def _ecc_counts(section: _Node | None) -> tuple[int | None, int | None]:
     return corrected, uncorrected
 
 
+def _thresholds(temp: _Node | None) -> tuple[float | None, float | None]:
+    """(slowdown, shutdown) temperatures in C. Older drivers print them ("GPU Slowdown Temp"); driver
+    580 prints margins instead: "GPU T.Limit Temp" is how far the GPU is below its limit, and
+    "GPU Slowdown/Shutdown T.Limit Temp" where each threshold lies below that limit (negative: above
+    it). On an H100 at 35 C: margin 52, slowdown -2, shutdown -8, so 89 and 95 C, which is what NVML
+    reports there (docs/gpu.md)."""
+    if temp is None:
+        return None, None
+    slowdown, shutdown = _number(temp.value_at("gpu slowdown temp")), _number(temp.value_at("gpu shutdown temp"))
+    current, margin = _number(temp.value_at("gpu current temp")), _number(temp.value_at("gpu t.limit temp"))
+    if current is not None and margin is not None:
+        limit = current + margin
+        below_slowdown = _number(temp.value_at("gpu slowdown t.limit temp"))
+        below_shutdown = _number(temp.value_at("gpu shutdown t.limit temp"))
+        if slowdown is None and below_slowdown is not None:
+            slowdown = limit - below_slowdown
+        if shutdown is None and below_shutdown is not None:
+            shutdown = limit - below_shutdown
+    return slowdown, shutdown
+
+
 def _gpu(index: int, bus_id: str, node: _Node) -> GpuReading:
     temp = node.get("temperature")
+    slowdown_temperature, shutdown_temperature = _thresholds(temp)
     link = node.get("pci", "gpu link info")
     ecc = node.get("ecc errors")
     pages = node.get("retired pages")
@@ -160,8 +182,8 @@ def _gpu(index: int, bus_id: str, node: _Node) -> GpuReading:
         uuid=node.value_at("gpu uuid"),
         bus_id=bus_id,
         temperature_c=_number(temp.value_at("gpu current temp")) if temp else None,
-        slowdown_temperature_c=_number(temp.value_at("gpu slowdown temp")) if temp else None,
-        shutdown_temperature_c=_number(temp.value_at("gpu shutdown temp")) if temp else None,
+        slowdown_temperature_c=slowdown_temperature,
+        shutdown_temperature_c=shutdown_temperature,
         memory_temperature_c=_number(temp.value_at("memory current temp")) if temp else None,
         power_draw_w=power_draw,
         utilization_gpu_pct=_number(node.value_at("utilization", "gpu")),

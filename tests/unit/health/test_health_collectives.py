@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from stalwart.health.collective_records import CheckResult, RankReport
@@ -77,3 +78,36 @@ def test_judge_blames_the_hung_node_not_a_group_that_timed_out_behind_it() -> No
     verdicts = {v.node: v for v in judge(reports, 1, timed_out=[0])}
     assert not verdicts[0].passed and verdicts[1].passed and verdicts[2].passed
     assert "after ranks 0 hung" in verdicts[2].reasons[0]
+
+
+def test_a_timed_collective_times_the_collective_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No input is built inside a timed op: on an H100, building a fresh pattern for every timed
+    all-reduce made it 600 times slower than an all-gather of the same size (docs/gpu.md)."""
+    import torch.distributed as dist
+
+    from stalwart.health import collectives
+
+    built: list[int] = []
+    inside: list[int] = []
+    real_pattern, real_timed = collectives.pattern, collectives._timed
+
+    def counting_pattern(*args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(1)
+        return real_pattern(*args, **kwargs)
+
+    def timed(op, device, iters=collectives.ITERS):  # type: ignore[no-untyped-def]
+        before = len(built)
+        seconds = real_timed(op, device, iters)
+        inside.append(len(built) - before)
+        return seconds
+
+    monkeypatch.setattr(collectives, "pattern", counting_pattern)
+    monkeypatch.setattr(collectives, "_timed", timed)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        checks = (collectives.all_reduce_check, collectives.all_gather_check, collectives.all_to_all_check)
+        results = [check(dist.group.WORLD, [0], 0, 4096, torch.device("cpu")) for check in checks]
+    finally:
+        dist.destroy_process_group()
+    assert all(r.passed and r.mismatches == 0 for r in results)
+    assert len(inside) == 6 and sum(inside) == 0  # a latency and a sized op per check

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from support.paths import REPO
 
 from stalwart.health.gpu_health import evaluate_gpus
@@ -146,3 +147,95 @@ def test_xid_findings_join_nvml_readings() -> None:
     result = evaluate_gpus([healthy], kernel_log=scan)
     assert result.machine_fault and result.failure_class == "ecc_error"
     assert {"xid_48", "xid_64", "gpu_init_failed"} <= codes(result)
+
+
+def test_a_healthy_h100_with_driver_580_is_parsed() -> None:
+    """Recorded on an H100 80GB HBM3 (driver 580.159.04, CUDA 13.0) that Stalwart's probe ran on (docs/gpu.md)."""
+    report = parse_nvidia_smi_q(smi("h100-80gb-hbm3-driver-580.txt"))
+    assert (report.driver_version, report.cuda_version, report.attached_gpus, report.errors) == (
+        "580.159.04",
+        "13.0",
+        1,
+        [],
+    )
+    [g] = report.gpus
+    assert (g.name, g.bus_id, g.uuid) == (
+        "NVIDIA H100 80GB HBM3",
+        "00000000:00:06.0",
+        "GPU-3ecd459c-0b85-7603-9390-03076bf3f151",
+    )
+    assert (g.temperature_c, g.memory_temperature_c, g.power_draw_w) == (35, 36, 72.92)  # instantaneous draw
+    # Printed as margins to the T.Limit (52, -2, -8): NVML reported 89 and 95 C on this model and driver.
+    assert (g.slowdown_temperature_c, g.shutdown_temperature_c) == (89, 95)
+    assert (g.sm_clock_mhz, g.sm_clock_max_mhz, g.memory_clock_mhz) == (345, 1980, 2619)
+    assert (g.memory_used_mib, g.memory_total_mib, g.utilization_gpu_pct) == (0, 81559, 0)
+    assert g.throttle_reasons == ["idle"]  # "Clocks Event Reasons", the newer name
+    assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_width_max) == (5, 5, 16, 16)
+    assert g.pcie_replay_count == 1
+    assert g.ecc_enabled is True
+    assert (g.ecc_volatile_corrected, g.ecc_volatile_uncorrected) == (0, 0)  # SRAM parity + SEC-DED + DRAM
+    assert (g.ecc_aggregate_corrected, g.ecc_aggregate_uncorrected) == (0, 0)
+    assert (g.retired_pages_single_bit, g.retired_pages_pending) == (None, None)  # N/A: H100 remaps rows
+    assert (g.remapped_rows_correctable, g.remapped_rows_uncorrectable) == (0, 0)
+    assert (g.remapped_rows_pending, g.remapped_rows_failure) == (False, False)
+    result = evaluate_gpus(report.gpus, expected_count=1, source="nvidia-smi")
+    assert result.status is ProbeStatus.OK and result.findings == []
+    hot = evaluate_gpus([g.model_copy(update={"temperature_c": 90.0})])
+    assert hot.status is ProbeStatus.DEGRADED and codes(hot) == {"gpu_too_hot"}  # read only from the margins
+
+
+def test_the_xid_watcher_maps_nvml_handles_to_bus_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pynvml's device handles are ctypes pointers to an opaque struct, which cannot be a dict key:
+    on an H100, open() raised "unhashable type" (docs/gpu.md). pynvml's own types here, no driver."""
+    import ctypes
+
+    import pynvml
+
+    from stalwart.health import gpu_nvml
+
+    def handle(i: int) -> object:  # a new pointer object per call, as pynvml returns
+        return ctypes.cast(ctypes.c_void_p(0x1000 * (i + 1)), pynvml.c_nvmlDevice_t)
+
+    bus_ids = {0x1000: b"00000000:18:00.0", 0x2000: b"00000000:2A:00.0"}
+    events = [79]
+
+    class FakeNvml:
+        NVMLError = pynvml.NVMLError
+        NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+        NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
+        NVMLError_Unknown = pynvml.NVMLError_Unknown
+        NVMLError_Timeout = pynvml.NVMLError_Timeout
+        nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+
+        def nvmlInit(self) -> None: ...
+        def nvmlShutdown(self) -> None: ...
+        def nvmlEventSetCreate(self) -> object:
+            return object()
+
+        def nvmlEventSetFree(self, event_set: object) -> None: ...
+        def nvmlDeviceGetCount(self) -> int:
+            return 2
+
+        def nvmlDeviceGetHandleByIndex(self, i: int) -> object:
+            return handle(i)
+
+        def nvmlDeviceRegisterEvents(self, h: object, types: int, event_set: object) -> None: ...
+        def nvmlDeviceGetPciInfo(self, h: object) -> object:
+            info = pynvml.nvmlPciInfo_t()
+            info.busId = bus_ids[ctypes.cast(h, ctypes.c_void_p).value or 0]
+            return info
+
+        def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> object:
+            if not events:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            data = pynvml.c_nvmlEventData_t()
+            data.device, data.eventData = handle(1), events.pop()
+            return data
+
+    monkeypatch.setattr(gpu_nvml, "_nvml", FakeNvml)
+    watcher = NvmlXidWatcher()
+    assert watcher.open() is True and watcher.reason is None
+    [event] = watcher.poll(timeout_ms=10)
+    assert (event.xid, event.pci, event.machine_fault) == (79, "00000000:2A:00.0", True)
+    assert watcher.poll(timeout_ms=10) == []
+    watcher.close()
