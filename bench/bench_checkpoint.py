@@ -26,11 +26,18 @@ Anchors (every figure is against these; a weaker anchor would be a defect):
   torchsnapshot (isolated part only): Snapshot.take / async_take, after a warm-up.
 
     python bench/bench_checkpoint.py --ranks 4 --gb 1.0 --loop-gb 0.5 --out docs/checkpoint-benchmark.md
+
+`--device cuda` puts the state (and the loop's model) on the GPUs, rank r on GPU r % GPUs, and
+measures the pinned device-to-host copy bandwidth beside the disk's. The ranks stay gloo ranks
+(NCCL refuses two ranks on one GPU); the loop's gradient all-reduce then goes through the host.
+`--systems ... dcp_sync` (instead of `dcp`) leaves out DCP's async_save, for a torch whose stager
+cannot stage the state (torch 2.11's, with DTensors on a GPU: docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -58,7 +65,7 @@ DCP_ASYNC = (
 
 
 # ----------------------------------------------------------------------------------- per rank
-def make_state(gb: float, layout: str, fill: bool) -> dict[str, Any]:
+def make_state(gb: float, layout: str, fill: bool, device: torch.device) -> dict[str, Any]:
     """Weights + 2 optimizer moments, in 16 tensors of equal size, sharded over the ranks.
 
     Each rank creates only its own shard (as FSDP does), so memory stays at gb / ranks per state.
@@ -71,10 +78,10 @@ def make_state(gb: float, layout: str, fill: bool) -> dict[str, Any]:
     rows = 4096
     cols = int(gb * (1 << 30) / 4 / n_tensors / rows) // world * world
     if layout == "rows2":  # 2-way row shards, each held by 2 ranks (a DP size change: 4 -> 2 x 2)
-        mesh = init_device_mesh("cpu", (2, world // 2))
+        mesh = init_device_mesh(device.type, (2, world // 2))
         placements, local_shape = [Shard(0), Replicate()], (rows // 2, cols)
     else:
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(device.type, (world,))
         dim = 0 if layout == "rows" else 1
         placements = [Shard(dim)]
         local_shape = (rows // world, cols) if dim == 0 else (rows, cols // world)
@@ -82,7 +89,7 @@ def make_state(gb: float, layout: str, fill: bool) -> dict[str, Any]:
     for i in range(n_tensors):
         kind = ("weight", "exp_avg", "exp_avg_sq")[i % 3]
         g = torch.Generator().manual_seed(i * 1000 + rank)
-        local = torch.randn(local_shape, generator=g) if fill else torch.zeros(local_shape)
+        local = (torch.randn(local_shape, generator=g) if fill else torch.zeros(local_shape)).to(device)
         state[f"layer{i}.{kind}"] = DTensor.from_local(
             local, mesh, placements, run_check=False, shape=torch.Size((rows, cols)), stride=(cols, 1)
         )
@@ -103,10 +110,10 @@ def barrier_time(fn):  # type: ignore[no-untyped-def]
 class DCPAnchors:
     """DCP configured as its documentation says to for the least stall: one of these per process."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool) -> None:
+        """cuda: the state is on GPUs (pinned staging memory and non-blocking copies then)."""
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        cuda = torch.cuda.is_available()
         self.stager = DefaultStager(
             StagingOptions(
                 use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
@@ -153,6 +160,8 @@ def run_stalwart(
     handle = ck.save(state, 2)
     stall = time.perf_counter() - t0
     handle.wait_staged()  # no optimizer here: every tensor was copied in the call
+    if is_cuda(state):  # a GPU's copies are only queued in the call (training's stream waits for them)
+        torch.cuda.synchronize()
     staged = time.perf_counter() - t0
     result = handle.wait()
     total = time.perf_counter() - t0
@@ -172,14 +181,39 @@ def run_stalwart(
     }
 
 
+def with_dcp_async(args: argparse.Namespace) -> bool:
+    """DCP's async_save is an anchor unless only its synchronous save was asked for (`dcp_sync`)."""
+    return "dcp" in args.systems or "dcp_sync" not in args.systems
+
+
 def run_dcp(
-    state: dict[str, Any], target: dict[str, Any], resharded: dict[str, Any], base: Path, regrouped: dict[str, Any]
-) -> dict[str, float]:
+    state: dict[str, Any],
+    target: dict[str, Any],
+    resharded: dict[str, Any],
+    base: Path,
+    regrouped: dict[str, Any],
+    with_async: bool = True,
+) -> dict[str, float | str]:
     import torch.distributed.checkpoint as dcp
 
-    anchors = DCPAnchors()
+    anchors = DCPAnchors(cuda=is_cuda(state))
     anchors.sync_save(state, base / "sync-warm")  # warm-up: plan cache, page cache, first-call costs
     t_sync, _ = barrier_time(lambda: anchors.sync_save(state, base / "sync"))
+    if not with_async:
+        anchors.close()
+        load, _ = barrier_time(lambda: dcp.load(target, checkpoint_id=str(base / "sync")))
+        regroup, _ = barrier_time(lambda: dcp.load(regrouped, checkpoint_id=str(base / "sync")))
+        reshard, _ = barrier_time(lambda: dcp.load(resharded, checkpoint_id=str(base / "sync")))
+        skipped = "not run"
+        return {
+            "sync_total": t_sync,
+            "async_stall": skipped,
+            "async_staged": skipped,
+            "async_total": skipped,
+            "load": load,
+            "load_regroup": regroup,
+            "load_reshard": reshard,
+        }
     anchors.async_save(state, base / "async-warm").upload_completion.result()  # warm-up: stager buffers
     dist.barrier()
     t0 = time.perf_counter()
@@ -243,25 +277,27 @@ class LoopModel:
     every optimizer step writes. The state dict is DTensors sharing the weights' and the momentum's
     storage, as FSDP's would."""
 
-    def __init__(self, gb: float) -> None:
+    def __init__(self, gb: float, device: torch.device) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         world, rank = dist.get_world_size(), dist.get_rank()
         n_tensors, rows = 8, 4096
         cols = max(world, int(gb / 2 * (1 << 30) / 4 / n_tensors / rows) // world * world)
-        self.mesh = init_device_mesh("cpu", (world,))
+        self.mesh = init_device_mesh(device.type, (world,))
+        self.device = device
         self.global_shape = torch.Size((rows, cols))
         g = torch.Generator().manual_seed(rank)
         self.params = [
-            torch.nn.Parameter(torch.randn(rows // world, cols, generator=g) * 0.01) for _ in range(n_tensors)
+            torch.nn.Parameter((torch.randn(rows // world, cols, generator=g) * 0.01).to(device))
+            for _ in range(n_tensors)
         ]
         for p in self.params:
-            p.grad = torch.randn(p.shape, generator=g) * 0.01  # fixed: the step's writes are what count
+            p.grad = (torch.randn(p.shape, generator=g) * 0.01).to(device)  # fixed: the step's writes are what count
         self.optimizer = torch.optim.SGD(self.params, lr=1e-4, momentum=0.9)
         self.optimizer.step()  # the momentum buffers exist from here on
-        self.activations = torch.randn(256, 1024, generator=g)
-        self.layer = torch.randn(1024, 1024, generator=g) * 0.03
-        self.bucket = torch.randn(1 << 20, generator=g)  # 4 MiB of gradients all-reduced per step
+        self.activations = torch.randn(256, 1024, generator=g).to(device)
+        self.layer = (torch.randn(1024, 1024, generator=g) * 0.03).to(device)
+        self.bucket = torch.randn(1 << 20, generator=g).to(device)  # 4 MiB of gradients all-reduced per step
 
     def _dtensor(self, t: torch.Tensor) -> Any:
         from torch.distributed.tensor import DTensor, Shard
@@ -288,6 +324,11 @@ class LoopModel:
     def nbytes(self) -> int:
         return 2 * sum(p.numel() * 4 for p in self.params)
 
+    def sync(self) -> None:
+        """Wait for the GPU's queued work, so the host's clock reads the steps' real time."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
 
 def loop_phase(
     system: str, model: LoopModel, interval: int, saves: int, matmuls: int, base: Path, ctx: dict[str, Any]
@@ -301,6 +342,7 @@ def loop_phase(
     pending: Any = None  # stalwart: SaveHandle; dcp_async: AsyncSaveResponse
     staging: Any = None  # dcp_async: staging_completion still to wait for before the next step
     handles = []
+    model.sync()
     dist.barrier()
     t0, cpu0 = time.perf_counter(), time.process_time()
     for step in range(1, steps + 1):
@@ -326,6 +368,7 @@ def loop_phase(
                 ctx["dcp"].sync_save(state, path)
             if system != "none":
                 blocked.append(time.perf_counter() - b0)
+    model.sync()
     tail = time.perf_counter()
     if system == "stalwart" and pending is not None:
         pending.wait()
@@ -350,33 +393,40 @@ def loop_phase(
     return out
 
 
+def loop_systems(args: argparse.Namespace) -> list[str]:
+    return ["stalwart", "dcp_async", "dcp_sync"] if with_dcp_async(args) else ["stalwart", "dcp_sync"]
+
+
 def run_loop(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     from stalwart.checkpoint import Checkpointer, RetentionPolicy, open_storage
 
-    model = LoopModel(args.loop_gb)
+    model = LoopModel(args.loop_gb, rank_device(args))
     ctx: dict[str, Any] = {
         "ckpt": Checkpointer(open_storage(str(base / "stalwart")), retention=RetentionPolicy(keep_last=1)),
-        "dcp": DCPAnchors(),
+        "dcp": DCPAnchors(cuda=args.device == "cuda"),
     }
     state = {"train": model}
     ctx["ckpt"].save(state, 0).wait()  # warm-ups: Stalwart's buffers and plan, DCP's stager and plan cache
     ctx["dcp"].sync_save(state, base / "dcp-warm" / "sync")
-    ctx["dcp"].async_save(state, base / "dcp-warm" / "async").upload_completion.result()
+    if with_dcp_async(args):
+        ctx["dcp"].async_save(state, base / "dcp-warm" / "async").upload_completion.result()
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(base / "dcp-warm", ignore_errors=True)
     # the step's time alone, for the report
+    model.sync()
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(10):
         model.forward_backward(args.matmuls)
         model.optimizer.step()
+    model.sync()
     step_s = (time.perf_counter() - t0) / 10
     rounds: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         phases: dict[str, Any] = {}
         for interval in args.intervals:
-            for system in ("none", "stalwart", "dcp_async", "dcp_sync"):
+            for system in ("none", *loop_systems(args)):
                 phases[f"{system}@{interval}"] = loop_phase(
                     system, model, interval, args.loop_saves, args.matmuls, base, ctx
                 )
@@ -386,21 +436,39 @@ def run_loop(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     return {"step_s": step_s, "bytes_per_rank": model.nbytes(), "rounds": rounds}
 
 
+def rank_device(args: argparse.Namespace) -> torch.device:
+    if args.device == "cuda":
+        return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def is_cuda(state: dict[str, Any]) -> bool:
+    return any(t.to_local().is_cuda for t in state.values())
+
+
 def rank_main(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    device = rank_device(args)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the device meshes, which would pick LOCAL_RANK's GPU
+        torch.zeros(1, device=device)
     base = Path(args.dir)
     results: dict[str, Any] = {}
     if "isolated" in args.parts:
-        state = make_state(args.gb, "rows", fill=True)
-        target = make_state(args.gb, "rows", fill=False)
-        resharded = make_state(args.gb, "cols", fill=False)
-        regrouped = make_state(args.gb, "rows2", fill=False)
+        state = make_state(args.gb, "rows", fill=True, device=device)
+        target = make_state(args.gb, "rows", fill=False, device=device)
+        resharded = make_state(args.gb, "cols", fill=False, device=device)
+        regrouped = make_state(args.gb, "rows2", fill=False, device=device)
         results["bytes_per_rank"] = nbytes(state)
         for _ in range(args.repeats):  # systems interleaved, so a busier minute hits all of them
-            for name, fn in (("stalwart", run_stalwart), ("dcp", run_dcp), ("torchsnapshot", run_torchsnapshot)):
-                if name not in args.systems:
+            dcp_async = with_dcp_async(args)
+            runs = (("stalwart", run_stalwart), ("dcp", run_dcp), ("torchsnapshot", run_torchsnapshot))
+            for name, fn in runs:
+                if name not in args.systems and not (name == "dcp" and "dcp_sync" in args.systems):
                     continue
+                if name == "dcp":
+                    fn = functools.partial(run_dcp, with_async=dcp_async)
                 folder = base / name
                 if rank == 0:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -433,6 +501,34 @@ def dd_bandwidth(folder: Path, gb: float) -> float:
     m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", out.stderr)
     assert m, out.stderr
     return int(m.group(1)) / float(m.group(2))
+
+
+D2H_MAX_GB = 4.0  # the copy that measures the device-to-host bandwidth: the state's size, at most this
+
+
+def d2h_bandwidth(gb: float) -> float:
+    """Pinned device-to-host copy bandwidth (bytes/s) of GPU 0, one copy of `gb` GB: the physical
+    limit of staging a GPU's state (median of 3 copies after a warm-up)."""
+    src = torch.ones(int(gb * (1 << 30)) // 4, device="cuda")
+    dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+    times = []
+    for _ in range(4):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del src, dst
+    torch.cuda.empty_cache()
+    return int(gb * (1 << 30)) // 4 * 4 / statistics.median(times[1:])
+
+
+def device_text(args: argparse.Namespace) -> str:
+    if args.device != "cuda":
+        return f"{os.cpu_count()} CPU cores"
+    gpus = torch.cuda.device_count()
+    shared = f", {args.ranks} ranks sharing them" if args.ranks > gpus else ""
+    return f"state on {gpus} x {torch.cuda.get_device_name(0)}{shared}, {os.cpu_count()} CPU cores"
 
 
 def launch(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
@@ -479,13 +575,13 @@ def fmt(v: float | str, digits: int = 3) -> str:
     return v if isinstance(v, str) else f"{v:.{digits}f}"
 
 
-def isolated_report(args: argparse.Namespace, results: list[dict[str, Any]], dd: float) -> list[str]:
+def isolated_report(args: argparse.Namespace, results: list[dict[str, Any]], dd: float, d2h: float | None) -> list[str]:
     total_bytes = sum(r["bytes_per_rank"] for r in results)
     keys = ("stall", "staged", "total", "load", "load_regroup", "load_reshard")
     s = {k: slowest(results, "stalwart", k) for k in keys}
     rows = [("Stalwart save()", s["stall"], s["staged"], s["total"], s["load"], s["load_regroup"], s["load_reshard"])]
     dkeys = ("sync_total", "async_stall", "async_staged", "async_total", "load", "load_regroup", "load_reshard")
-    if "dcp" in args.systems:
+    if "dcp" in args.systems or "dcp_sync" in args.systems:
         d = {k: slowest(results, "dcp", k) for k in dkeys}
         loads = (d["load"], d["load_regroup"], d["load_reshard"])
         rows += [
@@ -503,7 +599,7 @@ def isolated_report(args: argparse.Namespace, results: list[dict[str, Any]], dd:
         "### Isolated save and load",
         "",
         f"State: {total_bytes / 1e9:.2f} GB over {args.ranks} gloo ranks (FSDP-style row shards), "
-        f"{os.cpu_count()} CPU cores. Times: the slowest rank's, in seconds, median of {args.repeats} repeats "
+        f"{device_text(args)}. Times: the slowest rank's, in seconds, median of {args.repeats} repeats "
         "(systems interleaved). No optimizer runs here, so "
         "Stalwart copies every tensor inside save(); in a loop the optimizer's tensors are copied behind it.",
         "",
@@ -516,7 +612,16 @@ def isolated_report(args: argparse.Namespace, results: list[dict[str, Any]], dd:
         f"Stalwart's save throughput: {total_bytes / s['total'] / 1e9:.2f} GB/s "  # type: ignore[operator]
         f"({total_bytes / s['total'] / dd:.2f} of dd's).",  # type: ignore[operator]
     ]
-    if "dcp" in args.systems:
+    if d2h is not None:
+        lines += [
+            "",
+            f"Pinned device-to-host copy bandwidth (GPU 0, one {min(args.gb, D2H_MAX_GB):.1f} GB copy): "
+            f"{d2h / 1e9:.1f} GB/s, "
+            f"so copying this state takes at least {total_bytes / d2h:.3f} s. Stalwart's copy (all tensors "
+            f"copied): {total_bytes / float(s['staged']) / 1e9:.1f} GB/s "
+            f"({total_bytes / float(s['staged']) / d2h:.2f} of the copy bandwidth).",
+        ]
+    if "dcp" in args.systems or "dcp_sync" in args.systems:
         lines += [
             "",
             "| load ratio (DCP / Stalwart) | measured |",
@@ -528,13 +633,15 @@ def isolated_report(args: argparse.Namespace, results: list[dict[str, Any]], dd:
     return lines
 
 
-def loop_summary(results: list[dict[str, Any]], intervals: list[int]) -> dict[str, dict[str, float]]:
+def loop_summary(
+    results: list[dict[str, Any]], intervals: list[int], systems: list[str]
+) -> dict[str, dict[str, float]]:
     """Per system@interval: medians over rounds of the slowest rank's loop time, blocked time per save
     (slowest rank, median over saves) and slowdown per save against the same round's baseline."""
     rounds = len(results[0]["loop"]["rounds"])
     out: dict[str, dict[str, float]] = {}
     for interval in intervals:
-        for system in ("stalwart", "dcp_async", "dcp_sync"):
+        for system in systems:
             key = f"{system}@{interval}"
             slowdowns, blocked, in_call, step_wait, writer_cpu, totals, cpus = [], [], [], [], [], [], []
             for i in range(rounds):
@@ -570,12 +677,13 @@ def loop_summary(results: list[dict[str, Any]], intervals: list[int]) -> dict[st
 def loop_report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]:
     loop = results[0]["loop"]
     total = sum(r["loop"]["bytes_per_rank"] for r in results)
-    summary = loop_summary(results, args.intervals)
+    summary = loop_summary(results, args.intervals, loop_systems(args))
     step_s = max(r["loop"]["step_s"] for r in results)
     lines = [
         "### In a training loop",
         "",
-        f"{args.ranks} gloo ranks; a step is {args.matmuls} matmuls (256x1024 by 1024x1024), an all-reduce of "
+        f"{args.ranks} gloo ranks ({device_text(args)}); a step is {args.matmuls} matmuls "
+        "(256x1024 by 1024x1024), an all-reduce of "
         f"4 MiB and an SGD-with-momentum step over the checkpointed weights: {step_s:.3f} s per step "
         f"without saves. Checkpoint: {total / 1e9:.2f} GB (weights and momentum, sharded). "
         f"{args.loop_saves} saves per phase, {len(loop['rounds'])} rounds; medians (blocked: over every save "
@@ -587,7 +695,7 @@ def loop_report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list
     ]
     names = {"stalwart": "Stalwart", "dcp_async": "DCP async_save (fair)", "dcp_sync": "DCP save (sync)"}
     for interval in args.intervals:
-        for system in ("stalwart", "dcp_async", "dcp_sync"):
+        for system in loop_systems(args):
             row = summary[f"{system}@{interval}"]
             lines.append(
                 f"| {interval} | {names[system]} | {row['blocked']:.4f} | {row['slowdown']:.3f} | "
@@ -603,10 +711,14 @@ def loop_report(args: argparse.Namespace, results: list[dict[str, Any]]) -> list
         )
     lines += ["", "| target | interval | measured | met? |", "|---|---|---|---|"]
     for interval in args.intervals:
-        s, a, y = (summary[f"{k}@{interval}"] for k in ("stalwart", "dcp_async", "dcp_sync"))
+        s, y = summary[f"stalwart@{interval}"], summary[f"dcp_sync@{interval}"]
         ratio_sync = y["blocked"] / s["blocked"] if s["blocked"] > 0 else float("inf")
         met = "yes" if ratio_sync >= 50 else "no"
         lines.append(f"| blocked >= 50x below DCP sync | {interval} | {ratio_sync:.0f}x | {met} |")
+        if f"dcp_async@{interval}" not in summary:
+            lines.append(f"| DCP async_save targets | {interval} | not run | - |")
+            continue
+        a = summary[f"dcp_async@{interval}"]
         lines.append(
             f"| blocked below DCP async_save | {interval} | {s['blocked']:.4f} s vs {a['blocked']:.4f} s | "
             f"{'yes' if s['blocked'] < a['blocked'] else 'no'} |"
@@ -631,6 +743,7 @@ def main() -> None:
     parser.add_argument("--loop-saves", type=int, default=3, help="saves per phase")
     parser.add_argument("--matmuls", type=int, default=6, help="per step, per rank")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the state lives")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp folder on the repo's disk)")
     parser.add_argument("--out", default=None, help="also write the report (markdown) here")
     parser.add_argument("--raw", default=None, help="also write every rank's numbers (JSON) here")
@@ -649,6 +762,10 @@ def main() -> None:
     try:
         print(f"measuring raw disk bandwidth in {folder} ...", flush=True)
         dd = dd_bandwidth(folder, args.gb)
+        d2h = None
+        if args.device == "cuda":
+            print("measuring pinned device-to-host copy bandwidth ...", flush=True)
+            d2h = d2h_bandwidth(min(args.gb, D2H_MAX_GB))
         print(f"running {args.ranks} ranks: {', '.join(args.parts)} ...", flush=True)
         results = launch(args, folder)
     finally:
@@ -656,11 +773,11 @@ def main() -> None:
     lines = [
         f"Load average before / after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
         "",
-        "Anchors: DCP sync = " + DCP_SYNC + "; DCP async = " + DCP_ASYNC.format(cuda=torch.cuda.is_available()) + ".",
+        "Anchors: DCP sync = " + DCP_SYNC + "; DCP async = " + DCP_ASYNC.format(cuda=args.device == "cuda") + ".",
         "",
     ]
     if "isolated" in args.parts:
-        lines += isolated_report(args, results, dd) + [""]
+        lines += isolated_report(args, results, dd, d2h) + [""]
     if "loop" in args.parts:
         lines += loop_report(args, results)
     text = "\n".join(lines)

@@ -110,7 +110,8 @@ class RangedReader:
             )
         count = math.prod(item.lengths)
         path = self._path(b.shard.file)
-        if target.is_contiguous() and count == b.last - b.first + 1 and (b.lo, b.hi) == (start, end):
+        on_host = target.device.type == "cpu"  # a GPU's tensor is read into host memory, then copied in
+        if on_host and target.is_contiguous() and count == b.last - b.first + 1 and (b.lo, b.hi) == (start, end):
             # The overlap is one contiguous, block-aligned run: read it straight into the target.
             view = target.reshape(-1).view(torch.uint8).numpy().data
             read_into(path, b.shard.data_offset + b.lo, view)

@@ -4,8 +4,8 @@ Buffers are allocated once per (tensor, shard) and reused by every later save. F
 the buffer is pinned and the device-to-host copy is queued on a stream of its own, after the work
 the training stream had queued when the save began, so the copy overlaps the next forward and
 backward; `fence()` marks the copies queued so far, for the optimizer step to wait on (on the GPU,
-not on the host) and for the writer to wait on before it reads a buffer. (The CUDA path is written
-for GPUs and not measured on this project's CPU-only machines.)
+not on the host) and for the writer to wait on before it reads a buffer. (The CUDA path was
+measured on one H100, docs/gpu.md; this project's own machines have no GPU.)
 """
 
 from __future__ import annotations
