@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make demo   installs what it needs, then runs the example job with an injected worker crash
 #   make test   installs what it needs, then runs the checks (ruff, mypy, import contracts) and every test
+#               (mypy and the unit tests beside the end-to-end tests: tests/support/suite.py)
 # While working:
 #   make test-fast  the unit tests (tests/unit), under a minute
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
@@ -110,9 +111,10 @@ LOAD ?= 0
 flakes: $(STAMP)
 	$(BIN)/python tests/support/flakes.py $(TEST) --runs $(RUNS) --load $(LOAD)
 
-test: lint typecheck install
-	$(BIN)/python -m pytest tests/unit $(XDIST)
-	$(BIN)/python -m pytest tests/e2e $(E2E_XDIST)
+# mypy and the unit tests run beside the end-to-end tests, niced, in the CPU those leave idle
+# (tests/support/suite.py; their logs go to .stalwart/test-logs/).
+test: lint install
+	$(BIN)/python tests/support/suite.py --workers $(WORKERS) --e2e-workers $(E2E_WORKERS)
 
 clean:
 	rm -rf $(VENV) .stalwart .pytest_cache

@@ -1,0 +1,179 @@
+"""`make test`'s runner: the type check and the unit tests run beside the end-to-end tests, at a
+lower CPU priority, instead of before them.
+
+The end-to-end tests leave about a tenth of the two cores idle (their jobs wait on leases, hang
+floors and step delays), which is about what mypy and the unit tests need: run beside them, niced,
+they take that idle time instead of a minute and a half of their own, and take little from the
+end-to-end tests when both want the CPU (docs/testing.md has the measurements).
+
+    .venv/bin/python tests/support/suite.py --workers 3 --e2e-workers 2
+
+The end-to-end tests print to the terminal as usual. mypy's and the unit tests' output goes to
+--logs (default .stalwart/test-logs/), with one line here when each ends and the end of its log
+if it failed. The exit status is non-zero if any of the three failed. Each session gets its own
+shared-memory folder (tests/conftest.py puts its workers' segments under STALWART_SHM_DIR) and
+its own process tag (tests/support/orphans.py), so neither sees the other's processes or segments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+REPO = Path(__file__).resolve().parents[2]
+LOG_TAIL_LINES = 60
+
+
+@dataclass
+class Phase:
+    """One command of the suite: its output to a log (background) or to the terminal."""
+
+    name: str
+    argv: list[str]
+    log: Path | None  # None: the terminal
+    nice: int = 0
+    shm_dir: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    ended: float | None = None
+    _out: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        if self.shm_dir is not None:
+            self.shm_dir.mkdir(parents=True, exist_ok=True)
+            env["STALWART_SHM_DIR"] = str(self.shm_dir)
+        if self.log is not None:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            self._out = open(self.log, "wb")
+        nice = self.nice
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=REPO,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT if self._out is not None else None,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )
+
+    def poll(self) -> int | None:
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+            if self._out is not None:
+                self._out.close()
+        return code
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        self.proc.wait()
+        code = self.poll()
+        assert code is not None
+        return code
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # pytest stops its workers and fixtures on SIGINT
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.poll()
+
+    def summary(self) -> str:
+        assert self.proc is not None and self.ended is not None
+        verdict = "passed" if self.proc.returncode == 0 else f"FAILED (exit {self.proc.returncode})"
+        where = f", log {self.log.relative_to(REPO) if self.log.is_relative_to(REPO) else self.log}" if self.log else ""
+        return f"{self.name}: {verdict} in {self.ended - self.started:.0f} s{where}"
+
+    def tail(self) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def xdist_args(workers: int) -> list[str]:
+    return [] if workers == 0 else ["-n", str(workers), "--dist", "loadgroup"]
+
+
+def phases(args: argparse.Namespace) -> tuple[list[Phase], Phase]:
+    bin_dir = Path(sys.executable).parent
+    shm_base = Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm"))
+    pytest = [sys.executable, "-m", "pytest"]
+    background = [
+        Phase("typecheck (mypy)", [str(bin_dir / "mypy")], args.logs / "mypy.log", nice=args.nice),
+        Phase(
+            "unit tests",
+            [*pytest, "tests/unit", "-q", *xdist_args(args.workers)],
+            args.logs / "unit.log",
+            nice=args.nice,
+            shm_dir=shm_base / "stalwart-suite-unit",
+        ),
+    ]
+    e2e = Phase(
+        "end-to-end tests",
+        [*pytest, "tests/e2e", *xdist_args(args.e2e_workers)],
+        None,
+        shm_dir=shm_base / "stalwart-suite-e2e",
+    )
+    return background, e2e
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=3, help="unit-test workers (0: in one process)")
+    parser.add_argument("--e2e-workers", type=int, default=2, help="end-to-end workers (0: in one process)")
+    parser.add_argument("--nice", type=int, default=10, help="how much lower the background phases' priority is")
+    parser.add_argument("--logs", type=Path, default=REPO / ".stalwart" / "test-logs", help="background logs")
+    args = parser.parse_args()
+    if args.workers < 0 or args.e2e_workers < 0 or not 0 <= args.nice <= 19:
+        parser.error("workers must be 0 or more, and --nice from 0 to 19")
+    args.logs = args.logs.resolve()
+
+    background, e2e = phases(args)
+    print(
+        f"mypy and the unit tests run beside the end-to-end tests at nice {args.nice}; "
+        f"their output goes to {args.logs}",
+        flush=True,
+    )
+    reported: set[str] = set()
+    try:
+        for phase in [*background, e2e]:
+            phase.start()
+        while e2e.poll() is None:  # bounded by the end-to-end tests' own timeouts
+            for phase in background:
+                if phase.name not in reported and phase.poll() is not None:
+                    reported.add(phase.name)
+                    print(f"\n[suite] {phase.summary()}", flush=True)
+            time.sleep(1.0)
+        for phase in background:
+            phase.wait()
+    except KeyboardInterrupt:
+        for phase in [e2e, *background]:
+            phase.stop()
+        print("\n[suite] interrupted", file=sys.stderr)
+        return 130
+
+    print(f"\n[suite] {e2e.summary()}")
+    for phase in background:
+        print(f"[suite] {phase.summary()}")
+    failed = [p for p in [*background, e2e] if p.proc is not None and p.proc.returncode != 0]
+    for phase in failed:
+        if phase.log is not None:
+            print(f"\n[suite] the end of {phase.log}:\n{phase.tail()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
