@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from support.orphans import cmdline, tagged_processes
 from support.paths import REPO
+from support.ranks import close_shared_host
 
 from stalwart.store import Store
 from stalwart.store.etcd_server import EtcdServer
 
-pytest_plugins = ["support.dataloader"]
+pytest_plugins = ["support.dataloader", "support.cli_invoke"]
 
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # Under `pytest -n`, workers run jobs with the same names at once: each gets its own folder of
@@ -58,6 +59,7 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
 def no_orphans_at_the_end() -> Iterator[None]:
     """Requested first, so torn down last: after every other fixture has stopped its servers."""
     yield
+    close_shared_host()  # the multi-rank tests' host serves the whole session (support.ranks)
     survivors = tagged_processes()
     if survivors:
         desc = [f"{p.pid} {cmdline(p)[:120]}" for p in survivors]

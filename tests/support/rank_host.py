@@ -1,35 +1,37 @@
-"""Host a multi-rank test world: the ranks are forked from the product's fork server, not started cold.
+"""Host multi-rank test worlds: the ranks are forked from the product's fork server, not started cold.
 
 Every rank of a checkpoint scenario used to import torch, DCP and the checkpoint engine itself
 (about 2.5 CPU-seconds each, a sixth of the end-to-end suite). This process does what a node agent
 does: it keeps a fork server (`stalwart.agents.warm_pool.WarmPool`, which has imported them once)
 and has it fork the ranks, which become this process's children (it is a child subreaper). A rank
-the pool cannot fork starts cold, as the agent's would.
+the pool cannot fork starts cold, as the agent's would. One host serves every world a pytest
+worker runs (support.ranks starts it once), so the imports are paid once per worker, not per world.
 
-    python rank_host.py WORLD PORT CWD SCRIPT [ARGS ...]
+    python rank_host.py LOG
 
-Prints `pids P0 P1 ...` once every rank runs, then `exit PID CODE` as each ends (CODE as Popen's
-returncode: -N for signal N), and exits once all have. Rank R logs to CWD/rank-R.log.
+Reads one world per line on stdin (JSON: world, port, cwd, script, args, env); answers
+`pids P0 P1 ...` once its ranks run, then `exit PID CODE` as each rank of any world ends (CODE as
+Popen's returncode: -N for signal N). Rank R logs to CWD/rank-R.log. At the end of stdin it stops
+what still runs and exits.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from stalwart.agents.warm_pool import WarmPool
-from stalwart.processes import ChildProcess, spawn, stop_process
+from stalwart.processes import ChildProcess, PipeLines, spawn, stop_process
 
 POLL_SECONDS = 0.02
 
 
-def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
-    """This process's environment (the torchrun-like base the test gave it) plus rank `rank`'s share."""
+def rank_env(base: dict[str, str], rank: int, world: int, port: int) -> dict[str, str]:
+    """The test's torchrun-like base environment plus rank `rank`'s share."""
     return {
-        **os.environ,
+        **base,
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(world),
@@ -39,10 +41,12 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     }
 
 
-def start_ranks(pool: WarmPool, script: Path, args: list[str], world: int, port: int, cwd: Path) -> list[ChildProcess]:
+def start_ranks(pool: WarmPool, request: dict) -> list[ChildProcess]:  # type: ignore[type-arg]
+    world, cwd, script = int(request["world"]), Path(request["cwd"]), request["script"]
     ranks: list[ChildProcess] = []
     for rank in range(world):
-        argv, env, log = [sys.executable, str(script), *args], rank_env(rank, world, port), cwd / f"rank-{rank}.log"
+        argv = [sys.executable, script, *request["args"]]
+        env, log = rank_env(request["env"], rank, world, int(request["port"])), cwd / f"rank-{rank}.log"
         proc = pool.launch(argv, env, cwd, log)
         if proc is None:
             with open(log, "ab") as out:
@@ -52,26 +56,21 @@ def start_ranks(pool: WarmPool, script: Path, args: list[str], world: int, port:
 
 
 def main() -> int:
-    world, port, cwd, script, args = (
-        int(sys.argv[1]),
-        int(sys.argv[2]),
-        Path(sys.argv[3]),
-        Path(sys.argv[4]),
-        sys.argv[5:],
-    )
-    pool = WarmPool(size=1, log=cwd / "rank-host.log")
-    ranks: list[ChildProcess] = []
+    pool = WarmPool(size=1, log=Path(sys.argv[1]))
+    requests = PipeLines(sys.stdin.fileno())
+    running: list[ChildProcess] = []
     try:
-        ranks = start_ranks(pool, script, args, world, port, cwd)
-        print("pids", *(p.pid for p in ranks), flush=True)
-        running = list(ranks)
-        while running:  # bounded by the test: it stops the ranks (and so us) at its timeout
+        while not requests.closed:  # until the test session closes our stdin (or dies)
+            line = requests.read(POLL_SECONDS)
+            if line:
+                ranks = start_ranks(pool, json.loads(line))
+                running += ranks
+                print("pids", *(p.pid for p in ranks), flush=True)
             for proc in [p for p in running if p.poll() is not None]:
                 print("exit", proc.pid, proc.returncode, flush=True)
                 running.remove(proc)
-            time.sleep(POLL_SECONDS)
     finally:
-        for proc in ranks:
+        for proc in running:
             stop_process(proc, grace=2)
         pool.close()
     return 0

@@ -1,16 +1,19 @@
 """Run a script as N real ranks on loopback with the torchrun environment, for multi-rank tests.
 
 The ranks are forked by `rank_host.py` from the product's fork server (torch imported once per
-world, not once per rank); the test sees each rank as a process it can wait for and signal."""
+test process, not once per rank or world); the test sees each rank as a process it can wait for
+and signal."""
 
 from __future__ import annotations
 
 import json
 import os
-import select
+import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,7 +23,7 @@ from stalwart.processes import AdoptedProcess, spawn, stop_process
 
 HOST = Path(__file__).with_name("rank_host.py")
 HOST_READY_SECONDS = 300.0  # the fork server's imports, on a loaded machine
-HOST_EXIT_SECONDS = 30.0  # once its ranks have ended: it closes the fork server (1 s at most) and exits
+HOST_EXIT_SECONDS = 30.0  # at the end of its stdin: it stops its ranks, closes its fork server and exits
 
 
 def torchrun_base_env() -> dict[str, str]:
@@ -31,61 +34,77 @@ def torchrun_base_env() -> dict[str, str]:
 class RankProcess(AdoptedProcess):
     """One rank: not our child (the host's), so its exit code comes from the host, not from waitpid."""
 
-    def __init__(self, pid: int, world: RankWorld) -> None:
+    def __init__(self, pid: int, host: RankHost) -> None:
         super().__init__(pid)
-        self._world = world
+        self._host = host
 
     def poll(self) -> int | None:
-        self.returncode = self._world.exits.get(self.pid)
+        self.returncode = self._host.exits.get(self.pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._world.exited(self.pid, timeout):
+        if not self._host.exited(self.pid, timeout):
             raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
         code = self.poll()
         assert code is not None  # exited: the host reported its code
         return code
 
 
-class RankWorld:
-    """The host process and what it reports: its ranks' pids, then their exit codes."""
+class RankHost:
+    """The host process (rank_host.py) and what it reports: each world's pids, then exit codes."""
 
-    def __init__(self, script: Path, args: list[str], world: int, cwd: Path) -> None:
-        with open(cwd / "rank-host.log", "ab") as log:
-            self.host = spawn(
-                [sys.executable, str(HOST), str(world), str(free_port()), str(cwd), str(script), *args],
+    def __init__(self) -> None:
+        self.log = Path(tempfile.mkdtemp(prefix="stalwart-rank-host-")) / "rank-host.log"
+        with open(self.log, "ab") as log:
+            self.proc = spawn(
+                [sys.executable, str(HOST), str(self.log.with_name("fork-server.log"))],
                 env=torchrun_base_env(),
-                cwd=cwd,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
             )
         self.exits: dict[int, int] = {}
+        self._started: set[int] = set()
+        self._pids: queue.Queue[list[int]] = queue.Queue()
         self._changed = threading.Condition()
-        self.ranks = [RankProcess(pid, self) for pid in self._read_pids(cwd)]
-        threading.Thread(target=self._read_exits, name=f"rank-host-{self.host.pid}", daemon=True).start()
+        self._start_lock = threading.Lock()
+        threading.Thread(target=self._read, name=f"rank-host-{self.proc.pid}", daemon=True).start()
 
-    def _read_pids(self, cwd: Path) -> list[int]:
-        assert self.host.stdout is not None
-        ready = select.select([self.host.stdout], [], [], HOST_READY_SECONDS)[0]
-        line = self.host.stdout.readline().decode() if ready else ""
-        if not line.startswith("pids "):
-            stop_process(self.host, grace=2)
-            raise AssertionError(f"the rank host started no ranks: {(cwd / 'rank-host.log').read_text()[-3000:]}")
-        return [int(p) for p in line.split()[1:]]
+    def start(self, script: Path, args: list[str], world: int, cwd: Path) -> list[RankProcess]:
+        request = {"world": world, "port": free_port(), "cwd": str(cwd), "script": str(script), "args": args}
+        request["env"] = torchrun_base_env()  # this test's, as a rank started here would get it
+        with self._start_lock:  # one world starts at a time: the next `pids` line is its
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+            try:
+                pids = self._pids.get(timeout=HOST_READY_SECONDS)
+            except queue.Empty:
+                pids = []
+            if not pids:
+                raise AssertionError(f"the rank host started no ranks: {self.log.read_text()[-3000:]}")
+            with self._changed:
+                for pid in pids:  # a pid the kernel reused: its old exit is not this rank's
+                    self.exits.pop(pid, None)
+                self._started.update(pids)
+        return [RankProcess(pid, self) for pid in pids]
 
-    def _read_exits(self) -> None:
-        assert self.host.stdout is not None
-        for raw in self.host.stdout:
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
             fields = raw.decode().split()
-            if len(fields) == 3 and fields[0] == "exit":
+            if fields[:1] == ["pids"]:
+                self._pids.put([int(p) for p in fields[1:]])
+            elif len(fields) == 3 and fields[0] == "exit":
                 with self._changed:
                     self.exits[int(fields[1])] = int(fields[2])
                     self._changed.notify_all()
         with self._changed:  # the host is gone: a rank it never reported died with it
-            for rank in self.ranks:
-                self.exits.setdefault(rank.pid, -signal.SIGKILL)
+            for pid in self._started:
+                self.exits.setdefault(pid, -signal.SIGKILL)
             self._changed.notify_all()
-        self.host.wait()
+        self._pids.put([])  # a world waiting for its pids gets none
+        self.proc.wait()
 
     def exited(self, pid: int, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -97,14 +116,55 @@ class RankWorld:
                 self._changed.wait(left)
         return True
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """End of stdin: it stops what still runs, closes its fork server and exits."""
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=HOST_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            stop_process(self.proc, grace=5)
+        shutil.rmtree(self.log.parent, ignore_errors=True)
+
+
+_host: RankHost | None = None
+_host_lock = threading.Lock()
+
+
+def shared_host() -> RankHost:
+    """This test process's rank host, started on first use (again if it died)."""
+    global _host
+    with _host_lock:
+        if _host is None or not _host.alive():
+            _host = RankHost()
+        return _host
+
+
+def close_shared_host() -> None:
+    """Called at the end of the test session (tests/conftest.py), before the check for orphans."""
+    global _host
+    with _host_lock:
+        if _host is not None:
+            _host.close()
+            _host = None
+
+
+class RankWorld:
+    """One world's ranks, forked by this test process's rank host."""
+
+    def __init__(self, script: Path, args: list[str], world: int, cwd: Path) -> None:
+        self.ranks = shared_host().start(script, args, world, cwd)
+
     def stop(self) -> None:
-        """Stop what still runs; a host whose ranks have all ended closes its fork server and exits."""
+        """Stop what still runs (the host reports their exits)."""
         for rank in self.ranks:
             stop_process(rank, grace=2)
-        try:
-            self.host.wait(timeout=HOST_EXIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            stop_process(self.host, grace=5)
 
 
 def run_ranks(script: Path, args: list[str], world: int, cwd: Path, timeout: float = 180) -> list[dict]:  # type: ignore[type-arg]
