@@ -1,13 +1,14 @@
-"""`stalwart checkpoint` commands, and interop both ways: plain DCP and torchsnapshot."""
+"""`stalwart checkpoint` commands, and interop both ways: plain DCP and torchsnapshot. The commands
+run in this process (support.cli_invoke), through the installed command's entry."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from support.cli_invoke import Cli
 
 from stalwart.checkpoint import Checkpointer, open_storage
 
@@ -19,7 +20,7 @@ def make_checkpoint(root: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def test_plain_dcp_reads_a_stalwart_checkpoint(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_plain_dcp_reads_a_stalwart_checkpoint(tmp_path: Path, cli: Cli) -> None:
     """A checkpoint holds no pickle for DCP's FileSystemReader to run: DCP reads it through the
     safe reader, or by path after `stalwart checkpoint export-dcp`."""
     from stalwart.checkpoint import DCPReader
@@ -31,57 +32,47 @@ def test_plain_dcp_reads_a_stalwart_checkpoint(tmp_path: Path, stalwart_cmd: lis
     assert torch.equal(target["model"]["w"], state["w"]) and torch.equal(target["model"]["b"], state["b"])
     assert target["meta"] == {"epoch": 2}
 
-    export = [*stalwart_cmd, "checkpoint", "export-dcp", str(tmp_path / "ckpt"), "100", str(tmp_path / "dcp")]
-    out = subprocess.run(export, capture_output=True, text=True)
+    export = ["checkpoint", "export-dcp", str(tmp_path / "ckpt"), "100", str(tmp_path / "dcp")]
+    out = cli(*export)
     assert out.returncode == 0, out.stderr
     assert "exported step 100" in out.stdout
     target = {"model": {"w": torch.zeros(40, 30), "b": torch.zeros(30)}, "meta": {"epoch": 0}}
     dcp.load(target, checkpoint_id=str(tmp_path / "dcp"))  # plain DCP, by path
     assert torch.equal(target["model"]["w"], state["w"]) and torch.equal(target["model"]["b"], state["b"])
     assert target["meta"] == {"epoch": 2}
-    again = subprocess.run(export, capture_output=True, text=True)  # over it: refused
+    again = cli(*export)  # over it: refused
     assert again.returncode == 1 and "is not empty" in again.stderr and "Traceback" not in again.stderr
 
 
-def test_ls_and_inspect(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_ls_and_inspect(tmp_path: Path, cli: Cli) -> None:
     make_checkpoint(tmp_path)
-    ls = subprocess.run(
-        [*stalwart_cmd, "checkpoint", "ls", str(tmp_path), "-o", "json"], capture_output=True, text=True, check=True
-    )
+    ls = cli("checkpoint", "ls", str(tmp_path), "-o", "json")
+    assert ls.returncode == 0, ls.stderr
     [info] = json.loads(ls.stdout)
     assert info["step"] == 100 and info["world_size"] == 1
-    inspect = subprocess.run(
-        [*stalwart_cmd, "checkpoint", "inspect", str(tmp_path), "100", "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    inspect = cli("checkpoint", "inspect", str(tmp_path), "100", "-o", "json")
+    assert inspect.returncode == 0, inspect.stderr
     manifest = json.loads(inspect.stdout)
     assert manifest["tensors"]["model.w"]["shape"] == [40, 30]
     assert manifest["tensors"]["model.w"]["shards"][0]["checksum"] > 0
-    table = subprocess.run(
-        [*stalwart_cmd, "checkpoint", "inspect", str(tmp_path), "100"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"COLUMNS": "160", "PATH": ""},
-    )
+    table = cli("checkpoint", "inspect", str(tmp_path), "100", env={"COLUMNS": "160"})
+    assert table.returncode == 0, table.stderr
     assert "model.w" in table.stdout and "float32" in table.stdout
 
 
-def test_inspect_of_a_missing_step_is_a_clear_error(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_inspect_of_a_missing_step_is_a_clear_error(tmp_path: Path, cli: Cli) -> None:
     make_checkpoint(tmp_path)
-    out = subprocess.run([*stalwart_cmd, "checkpoint", "inspect", str(tmp_path), "7"], capture_output=True, text=True)
+    out = cli("checkpoint", "inspect", str(tmp_path), "7")
     assert out.returncode == 1
     assert "no committed checkpoint for step 7" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_bad_uri_scheme(stalwart_cmd: list[str]) -> None:
-    out = subprocess.run([*stalwart_cmd, "checkpoint", "ls", "ftp://x/y"], capture_output=True, text=True)
+def test_bad_uri_scheme(cli: Cli) -> None:
+    out = cli("checkpoint", "ls", "ftp://x/y")
     assert out.returncode == 2 and "unsupported checkpoint URI scheme 'ftp'" in out.stderr
 
 
-def test_import_torchsnapshot(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_import_torchsnapshot(tmp_path: Path, cli: Cli) -> None:
     from torchsnapshot import Snapshot, StateDict
 
     torch.manual_seed(0)
@@ -90,19 +81,7 @@ def test_import_torchsnapshot(tmp_path: Path, stalwart_cmd: list[str]) -> None:
     model(torch.randn(3, 8)).sum().backward()
     optim.step()
     Snapshot.take(str(tmp_path / "snap"), {"model": model, "optim": optim, "extra": StateDict(step=7)})
-    out = subprocess.run(
-        [
-            *stalwart_cmd,
-            "checkpoint",
-            "import-torchsnapshot",
-            str(tmp_path / "snap"),
-            str(tmp_path / "ckpt"),
-            "--step",
-            "7",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    out = cli("checkpoint", "import-torchsnapshot", str(tmp_path / "snap"), str(tmp_path / "ckpt"), "--step", "7")
     assert out.returncode == 0, out.stderr
     fresh = torch.nn.Linear(8, 4)
     target = {"model": fresh.state_dict(), "extra": {"step": 0}}

@@ -11,18 +11,17 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 from rich.console import Console
 from support.cli_commands import leaf_commands
+from support.cli_invoke import Result
 from typer.testing import CliRunner
 
 from stalwart.cli import errors
 from stalwart.cli.connection import CONFIG_ENV, DIAGNOSIS_ENV, ETCD_ENV, resolve
 from stalwart.cli.errors import CliError
 from stalwart.cli.main import app
-from stalwart.cli.on_call import run_app
 from stalwart.net import free_port
 from stalwart.store.etcd_server import EtcdServer
 
@@ -44,12 +43,6 @@ ON_CALL = {
 }
 
 
-class Result(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def cli_process(*args: str, env: dict[str, str] | None = None) -> Result:
     """The installed entry point in a subprocess (for what needs a fresh process: completion, imports)."""
     base = {k: v for k, v in os.environ.items() if k not in (ETCD_ENV, DIAGNOSIS_ENV, CONFIG_ENV)}
@@ -62,29 +55,6 @@ def cli_process(*args: str, env: dict[str, str] | None = None) -> Result:
         check=False,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path):  # type: ignore[no-untyped-def]
-    """`stalwart ARGS` through main's own entry (run_app), in this process: fast, and the same code path.
-
-    No etcd is configured unless the test says so: HOME points at an empty folder."""
-    for name in (ETCD_ENV, DIAGNOSIS_ENV, CONFIG_ENV):
-        monkeypatch.delenv(name, raising=False)
-
-    def call(*args: str, env: dict[str, str] | None = None, home: Path | None = None) -> Result:
-        home = home or tmp_path
-        monkeypatch.setenv("HOME", str(home))
-        monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-        for k, v in (env or {}).items():
-            monkeypatch.setenv(k, v)
-        monkeypatch.setattr(sys, "argv", ["stalwart", *args])
-        capsys.readouterr()
-        code = run_app(app, prog_name="stalwart")
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return call
 
 
 def assert_one_line_error(proc: Result, code: int, *words: str) -> None:
