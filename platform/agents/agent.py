@@ -38,7 +38,7 @@ from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.agents.reports import OnDemandReports
 from stalwart.agents.saved_checkpoints import SavedCheckpoints, without_secrets
 from stalwart.agents.standby import StandbyDuty
-from stalwart.agents.warm_pool import WarmPool, warm_size
+from stalwart.agents.warm_pool import READY_WAIT_SECONDS, WarmPool, warm_size
 from stalwart.agents.workers import WorkerGroup
 from stalwart.health.collective_runner import WORKER_MODULE, start_cold
 from stalwart.health.node_vector import node_metric_vector
@@ -149,7 +149,11 @@ class NodeAgent:
         return self.warm.launch_module(module, args, {**os.environ, "PYTHONUNBUFFERED": "1"}, log)
 
     def _start_check_rank(self, env: dict[str, str], log: Path) -> ChildProcess:
-        return self.warm.launch_module(WORKER_MODULE, [], env, log) or start_cold(env, log)
+        # A server still importing torch is worth waiting for: a cold rank would import it too, and
+        # every rank of this node would (an operator pod's agent starts its server cold).
+        return self.warm.launch_module(WORKER_MODULE, [], env, log, ready_wait=READY_WAIT_SECONDS) or start_cold(
+            env, log
+        )
 
     # -- named states --------------------------------------------------------------------------
     def _enter(self, new: AgentState, why: str) -> None:

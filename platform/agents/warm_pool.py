@@ -38,8 +38,9 @@ RESTART_DELAY_SECONDS = 3.0
 # A launch waits this long for the server to finish its imports: a cold worker would spend the same
 # time importing, and the wait saves a whole import per worker. Past it, the worker starts cold.
 READY_WAIT_SECONDS = 60.0
-# The agent's own helpers (the shadow loader, collective-check ranks) import less than a worker: they
-# wait only for a server that is about to be ready (one forked from the agent).
+# The shadow loader imports less than a worker: it waits only for a server that is about to be ready
+# (one forked from the agent). A check's rank imports torch as a worker does, so it waits as long as a
+# worker would (READY_WAIT_SECONDS): a rank started cold would spend that time importing torch itself.
 HELPER_READY_WAIT_SECONDS = 1.0
 REPLY_WAIT_SECONDS = 10.0
 SPARE_EXIT_WAIT_SECONDS = 5.0
@@ -173,11 +174,19 @@ class WarmPool:
             return None
         return self._launch(argv, env, cwd, log, READY_WAIT_SECONDS)
 
-    def launch_module(self, module: str, args: list[str], env: dict[str, str], log: Path) -> ChildProcess | None:
+    def launch_module(
+        self,
+        module: str,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        ready_wait: float = HELPER_READY_WAIT_SECONDS,
+    ) -> ChildProcess | None:
         """One of the agent's helpers, `python -m module args`, forked, or None (start it cold).
+        `ready_wait`: how long to wait for a server that is still starting.
 
         Not for a role's command: a node whose roles fork nothing has no server (warm_size)."""
-        return self._launch([sys.executable, "-m", module, *args], env, Path.cwd(), log, HELPER_READY_WAIT_SECONDS)
+        return self._launch([sys.executable, "-m", module, *args], env, Path.cwd(), log, ready_wait)
 
     def _launch(
         self, argv: list[str], env: dict[str, str], cwd: Path, log: Path, ready_wait: float
