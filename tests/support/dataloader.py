@@ -1,6 +1,6 @@
-"""Helpers for the data-loader tests: the fixture corpus as shards, and trainer processes to run,
-kill and restart. A pytest plugin (the root conftest loads it): `data_config` and `trainers` are
-fixtures every test can ask for."""
+"""Helpers for the data-loader tests: the fixture corpus as shards, a shadow loader, and trainer
+processes to run, kill and restart. A pytest plugin (the root conftest loads it): `data_config`,
+`supervisor` and `trainers` are fixtures every test can ask for."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from stalwart.dataloader import DataConfig, Milestone, SourceSpec, build_shards
+from stalwart.dataloader import DataConfig, Milestone, ShadowLoaderSupervisor, SourceSpec, build_shards
+from stalwart.dataloader.shm_layout import shm_dir
 from stalwart.net import listen_on
 from stalwart.processes import spawn, stop_process, wait_for
 from support.paths import REPO
@@ -48,6 +50,24 @@ def build_corpus(root: Path, *, seed: int = 11, schedule: bool = True, block_tok
 @pytest.fixture(scope="module")
 def data_config(tmp_path_factory: pytest.TempPathFactory) -> DataConfig:
     return build_corpus(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture
+def supervisor(data_config: DataConfig) -> Iterator[ShadowLoaderSupervisor]:
+    """A started shadow loader (its process and segment) for a 2-lane node; closed after the test."""
+    sup = ShadowLoaderSupervisor(
+        data_config, job=f"test-{uuid.uuid4().hex[:8]}", node="node-0", lanes=2, max_micro_batch=8, slots=4
+    )
+    sup.start()
+    try:
+        yield sup
+    finally:
+        sup.close()
+    assert not sup_path(sup).exists(), "the segment must be removed on close"
+
+
+def sup_path(sup: ShadowLoaderSupervisor) -> Path:
+    return shm_dir() / sup.name
 
 
 # ------------------------------------------------------------------------------------- trainers

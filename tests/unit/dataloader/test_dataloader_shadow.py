@@ -8,12 +8,11 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from support.dataloader import Trainers, build_corpus, committed_steps, journal
+from support.dataloader import build_corpus, sup_path
 
 from stalwart.dataloader import (
     DataConfig,
@@ -27,26 +26,9 @@ from stalwart.dataloader import (
     remove_stale_segments,
 )
 from stalwart.dataloader.shard_format import HEADER_SIZE
-from stalwart.dataloader.shm_layout import A, H, S, Segment, shm_dir
+from stalwart.dataloader.shm_layout import A, S, Segment, shm_dir
 from stalwart.dataloader.state import state_at
 from stalwart.processes import wait_for
-
-
-@pytest.fixture
-def supervisor(data_config: DataConfig) -> Iterator[ShadowLoaderSupervisor]:
-    sup = ShadowLoaderSupervisor(
-        data_config, job=f"test-{uuid.uuid4().hex[:8]}", node="node-0", lanes=2, max_micro_batch=8, slots=4
-    )
-    sup.start()
-    try:
-        yield sup
-    finally:
-        sup.close()
-    assert not sup_path(sup).exists(), "the segment must be removed on close"
-
-
-def sup_path(sup: ShadowLoaderSupervisor) -> Path:
-    return shm_dir() / sup.name
 
 
 def client(
@@ -219,42 +201,6 @@ def test_segment_names_are_unique_per_job_and_node_and_stale_ones_are_reclaimed(
     assert (shm_dir() / name).exists()
     assert name in remove_stale_segments()
     assert not (shm_dir() / name).exists()
-
-
-def test_loader_crashes_change_no_sample_and_fail_no_step(
-    supervisor: ShadowLoaderSupervisor,
-    tmp_path: Path,
-    trainers: list[Trainers],
-) -> None:
-    """Acceptance: SIGKILL the loader process twice under 2 gloo trainers that wait for it (no local
-    fallback): the supervisor restarts it, and every step trains on exactly the clean run's samples."""
-    run = tmp_path / "run"
-    job = Trainers(
-        run,
-        supervisor.config,
-        world=2,
-        micro_batch=4,
-        steps=30,
-        shm=supervisor.name,
-        extra=["--no-fallback", "--pause-at", "8", "--pause-at", "19"],
-    )
-    trainers.append(job)
-    for step in (8, 19):
-        job.wait_paused(step)
-        victim = supervisor.loader_pid
-        assert victim is not None
-        os.kill(victim, signal.SIGKILL)
-        (run / f"go-{step}").touch()  # the trainers run on at once, into the outage
-        assert wait_for(lambda dead=victim: supervisor.loader_pid not in (None, dead), 30)
-    assert job.wait() == [0, 0], job.logs()
-    assert supervisor.restarts == 2
-    assert int(supervisor.segment.header[H.INCARNATION]) == 3  # type: ignore[union-attr]
-    lines = journal(run)
-    assert [line["step"] for line in lines] == list(range(1, 31))  # every step once, none failed
-    assert all(line["served_by"] == "shadow" for line in lines)
-    clean = global_ids(supervisor.config, 0, 30 * 8).reshape(30, 8).tolist()
-    assert [line["ids"] for line in lines] == clean
-    assert [committed_steps(run)[s] for s in range(1, 31)] == clean
 
 
 def test_a_segment_is_refused_when_it_is_not_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
