@@ -112,9 +112,11 @@ flakes: $(STAMP)
 	$(BIN)/python tests/support/flakes.py $(TEST) --runs $(RUNS) --load $(LOAD)
 
 # mypy and the unit tests run beside the end-to-end tests, niced, in the CPU those leave idle
-# (tests/support/suite.py; their logs go to .stalwart/test-logs/).
+# (tests/support/suite.py; their logs go to .stalwart/test-logs/). Beside them the unit tests need
+# no third worker: each worker's collection costs 9 CPU-seconds, and the idle time is what they use.
+BESIDE_WORKERS ?= 2
 test: lint install
-	$(BIN)/python tests/support/suite.py --workers $(WORKERS) --e2e-workers $(E2E_WORKERS)
+	$(BIN)/python tests/support/suite.py --workers $(BESIDE_WORKERS) --e2e-workers $(E2E_WORKERS)
 
 clean:
 	rm -rf $(VENV) .stalwart .pytest_cache
