@@ -492,12 +492,13 @@ def test_a_failed_pod_is_replaced_by_the_standby_with_its_ranks(world: World) ->
         victim = incident["node"]
 
         def history() -> str | None:
-            listing = world.describe_events("alpha")
             reasons = [e["reason"] for e in world.events("alpha")]
             # (Phase changes are sampled at each status tick: a restart shorter than a tick shows
             # as its incident and recovery only, so "Restarting" is not required here.)
             wanted = (incident["class"], "NodeEvicted", "HotSwap", "Recovered", "Running")
-            return listing if all(r in reasons for r in wanted) else None
+            # The listing is read after the events that satisfied the wait: events only accumulate,
+            # so it holds them all (read before, it could miss one that came in between).
+            return world.describe_events("alpha") if all(r in reasons for r in wanted) else None
 
         listing = world.wait("the incident history in the Events", history)
         print(listing)
