@@ -46,11 +46,26 @@ def bound_tcp_store(
     torch's TCPStore binds every interface whatever `host_name` says (that is only where clients
     connect); given a socket already listening (`master_listen_fd`, libuv backend) it serves that one.
     The store owns the socket from then on."""
-    import torch.distributed as dist
-
     # Detached: the store closes the descriptor when it goes. If it fails to start, the descriptor is
     # left open (closing it here could close another socket that reused its number).
     fd = listen_on(host, port).detach()
+    return tcp_store_on(fd, host, port, world_size, timeout, wait_for_workers=wait_for_workers)
+
+
+def tcp_store_on(
+    fd: int,
+    host: str,
+    port: int,
+    world_size: int,
+    timeout: datetime.timedelta,
+    *,
+    wait_for_workers: bool = False,
+) -> dist.TCPStore:
+    """torch.distributed's rendezvous server on the socket `fd` already listens on (`host`:`port`,
+    which is where clients connect): one this process opened, or one it inherited, so the port was
+    never free for another process to take. The store owns the descriptor from then on."""
+    import torch.distributed as dist
+
     return dist.TCPStore(
         host,
         port,

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stalwart.dataloader import DataConfig, DeterministicLoader, ShadowLoaderClient
+from stalwart.net import tcp_store_on
 
 
 def latest_checkpoint(root: Path) -> dict | None:
@@ -41,7 +42,7 @@ def join_group(rank: int, world: int) -> None:
     port, timeout = int(os.environ["MASTER_PORT"]), datetime.timedelta(seconds=120)
     fd = os.environ.get("TRAINER_STORE_FD") if rank == 0 else None
     if fd is not None:
-        store = dist.TCPStore("127.0.0.1", port, world, True, timeout=timeout, master_listen_fd=int(fd), use_libuv=True)
+        store = tcp_store_on(int(fd), "127.0.0.1", port, world, timeout)
     else:
         store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
