@@ -16,6 +16,7 @@ import torch
 
 from stalwart.checkpoint import Checkpointer, TrainState, open_storage
 from stalwart.checkpoint.staging import StagingBuffers
+from stalwart.checkpoint.step_guard import Gate
 
 
 def flat(state: dict, prefix: str = "") -> dict[str, torch.Tensor]:  # type: ignore[type-arg]
@@ -41,14 +42,25 @@ def model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimiz
 def test_a_step_right_after_save_never_tears_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
 ) -> None:
-    original = StagingBuffers.stage
+    original_stage, original_wait = StagingBuffers.stage, Gate.wait
+    step_waits = threading.Event()
 
-    def slow_in_the_background(self: StagingBuffers, index, src):  # type: ignore[no-untyped-def]
+    def held_in_the_background(self: StagingBuffers, index, src):  # type: ignore[no-untyped-def]
+        # With overlap, the copy is held until the step is at its gate, so the step surely comes
+        # first however loaded the machine is; without, slowed as before (nothing waits on it).
         if threading.current_thread().name == "ckpt-stage":
-            time.sleep(0.02)
-        return original(self, index, src)
+            if overlap:
+                step_waits.wait(timeout=60)
+            else:
+                time.sleep(0.02)
+        return original_stage(self, index, src)
 
-    monkeypatch.setattr(StagingBuffers, "stage", slow_in_the_background)
+    def waiting(self: Gate) -> None:
+        step_waits.set()
+        original_wait(self)
+
+    monkeypatch.setattr(StagingBuffers, "stage", held_in_the_background)
+    monkeypatch.setattr(Gate, "wait", waiting)
     model, optim = model_and_optimizer(0)
     ckpt = Checkpointer(open_storage(str(tmp_path)), overlap=overlap)
     state = {"train": TrainState(model, optim)}
@@ -63,7 +75,8 @@ def test_a_step_right_after_save_never_tears_the_checkpoint(
     assert not torch.equal(moved["model.0.weight"], before["model.0.weight"])
     assert not torch.equal(moved["model.1.running_mean"], before["model.1.running_mean"])
     if overlap:
-        assert result.step_wait_seconds > 0  # the copy was slow: the step waited for it, and only the step
+        assert result.step_wait_seconds > 0  # the copy was held: the step waited for it, and only the step
+        assert step_waits.is_set()
 
     fresh, fresh_optim = model_and_optimizer(1)
     ckpt.load({"train": TrainState(fresh, fresh_optim)})
