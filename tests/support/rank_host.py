@@ -9,10 +9,11 @@ worker runs (support.ranks starts it once), so the imports are paid once per wor
 
     python rank_host.py LOG
 
-Reads one world per line on stdin (JSON: world, port, cwd, script, args, env); answers
-`pids P0 P1 ...` once its ranks run, then `exit PID CODE` as each rank of any world ends (CODE as
-Popen's returncode: -N for signal N). Rank R logs to CWD/rank-R.log. At the end of stdin it stops
-what still runs and exits.
+Reads one request per line on stdin (JSON), either a world (world, port, cwd, script, args, env:
+rank R logs to CWD/rank-R.log) or one process of a module (module, env, log: a collective-check
+rank, whose environment its caller made, as an agent forks it); answers `pids P0 P1 ...` once they
+run, then `exit PID CODE` as each ends (CODE as Popen's returncode: -N for signal N). At the end of
+stdin it stops what still runs and exits.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stalwart.agents.warm_pool import WarmPool
+from stalwart.agents.warm_pool import READY_WAIT_SECONDS, WarmPool
 from stalwart.processes import ChildProcess, PipeLines, spawn, stop_process
 
 POLL_SECONDS = 0.02
@@ -55,6 +56,15 @@ def start_ranks(pool: WarmPool, request: dict) -> list[ChildProcess]:  # type: i
     return ranks
 
 
+def start_module(pool: WarmPool, request: dict) -> list[ChildProcess]:  # type: ignore[type-arg]
+    module, env, log = request["module"], request["env"], Path(request["log"])
+    proc = pool.launch_module(module, [], env, log, ready_wait=READY_WAIT_SECONDS)
+    if proc is None:
+        with open(log, "ab") as out:
+            proc = spawn([sys.executable, "-m", module], env=env, stdout=out)
+    return [proc]
+
+
 def main() -> int:
     pool = WarmPool(size=1, log=Path(sys.argv[1]))
     requests = PipeLines(sys.stdin.fileno())
@@ -63,7 +73,8 @@ def main() -> int:
         while not requests.closed:  # until the test session closes our stdin (or dies)
             line = requests.read(POLL_SECONDS)
             if line:
-                ranks = start_ranks(pool, json.loads(line))
+                request = json.loads(line)
+                ranks = start_module(pool, request) if "module" in request else start_ranks(pool, request)
                 running += ranks
                 print("pids", *(p.pid for p in ranks), flush=True)
             for proc in [p for p in running if p.poll() is not None]:

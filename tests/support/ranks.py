@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from stalwart.agents.warm_pool import import_time_env
+from stalwart.health.collective_runner import WORKER_MODULE
 from stalwart.net import free_port
 from stalwart.processes import AdoptedProcess, spawn, stop_process
 
@@ -73,7 +75,15 @@ class RankHost:
     def start(self, script: Path, args: list[str], world: int, cwd: Path) -> list[RankProcess]:
         request = {"world": world, "port": free_port(), "cwd": str(cwd), "script": str(script), "args": args}
         request["env"] = torchrun_base_env()  # this test's, as a rank started here would get it
-        with self._start_lock:  # one world starts at a time: the next `pids` line is its
+        return self._request(request)
+
+    def start_module(self, module: str, env: dict[str, str], log: Path) -> RankProcess:
+        """`python -m module` with exactly `env`, forked as an agent forks its check ranks."""
+        [rank] = self._request({"module": module, "env": env, "log": str(log)})
+        return rank
+
+    def _request(self, request: dict[str, object]) -> list[RankProcess]:
+        with self._start_lock:  # one request at a time: the next `pids` line is its
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
@@ -82,7 +92,7 @@ class RankHost:
             except queue.Empty:
                 pids = []
             if not pids:
-                raise AssertionError(f"the rank host started no ranks: {self.log.read_text()[-3000:]}")
+                raise AssertionError(f"the rank host started nothing: {self.log.read_text()[-3000:]}")
             with self._changed:
                 for pid in pids:  # a pid the kernel reused: its old exit is not this rank's
                     self.exits.pop(pid, None)
@@ -153,6 +163,13 @@ def close_shared_host() -> None:
         if _host is not None:
             _host.close()
             _host = None
+
+
+def forked_check_rank(env: dict[str, str], log: Path) -> RankProcess:
+    """A collective-check rank forked by this test process's rank host (a `RankStarter`): the checks'
+    tests pay torch's import once per pytest worker, not once per rank. The host's fork server has
+    the base environment's PYTHON* settings: the rank takes them, or it would have to start cold."""
+    return shared_host().start_module(WORKER_MODULE, {**env, **import_time_env(torchrun_base_env())}, log)
 
 
 class RankWorld:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.ranks import forked_check_rank
+
 from stalwart.health.collective_records import CollectiveCheckReport
 from stalwart.health.collective_runner import run_collective_check
 from stalwart.health.collectives import node_groups
 
 # Generous limits: they bound a broken run, they are not what a passing run takes. The hang test
-# uses a short collective timeout so the hung rank's peer gives up quickly.
+# uses a short collective timeout so the hung rank's peer gives up quickly. The ranks are forked
+# from this worker's rank host, as an agent forks them, except the hang test's: the cold start (the
+# default, what an agent without a fork server does) keeps a test.
 TIMEOUT = 120.0
 COLLECTIVE_TIMEOUT = 15.0
 HANG_COLLECTIVE_TIMEOUT = 2.0
@@ -17,7 +21,13 @@ HANG_COLLECTIVE_TIMEOUT = 2.0
 
 def test_healthy_nodes_pass(tmp_path: Path) -> None:
     report = run_collective_check(
-        tmp_path, nodes=2, procs_per_node=2, timeout=TIMEOUT, collective_timeout=COLLECTIVE_TIMEOUT, numel=4096
+        tmp_path,
+        nodes=2,
+        procs_per_node=2,
+        timeout=TIMEOUT,
+        start=forked_check_rank,
+        collective_timeout=COLLECTIVE_TIMEOUT,
+        numel=4096,
     )
     assert report.passed, report.model_dump_json(indent=1)
     assert [n.passed for n in report.nodes] == [True, True] and report.timed_out_ranks == []
@@ -41,6 +51,7 @@ def test_a_node_with_corrupt_compute_is_flagged(tmp_path: Path) -> None:
         nodes=3,
         procs_per_node=1,
         timeout=TIMEOUT,
+        start=forked_check_rank,
         collective_timeout=COLLECTIVE_TIMEOUT,
         numel=1024,
         rank_env={2: {"STALWART_FAULT_CORRUPT_COMPUTE": "1"}},
@@ -80,6 +91,7 @@ def test_a_slow_starting_rank_is_not_mistaken_for_a_hung_one(tmp_path: Path) -> 
         nodes=2,
         procs_per_node=1,
         timeout=TIMEOUT,
+        start=forked_check_rank,
         collective_timeout=HANG_COLLECTIVE_TIMEOUT,
         numel=1024,
         rank_env={1: {"STALWART_FAULT_SLOW_START_SECONDS": "4"}},
