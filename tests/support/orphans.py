@@ -11,6 +11,9 @@ import uuid
 import psutil
 
 SESSION_TAG = "STALWART_TEST_SESSION"
+# In the environment of a pytest worker's rank host (support.ranks) and so of its fork server: the
+# server forks its spares whenever it likes, in the middle of another test's `stalwart run`.
+RANK_HOST_MARK = "STALWART_TEST_RANK_HOST"
 if "PYTEST_XDIST_WORKER" in os.environ:
     # Each xdist worker checks its own children only (they all inherit the controller's tag).
     os.environ[SESSION_TAG] = uuid.uuid4().hex
@@ -35,6 +38,21 @@ def tagged_processes() -> list[psutil.Process]:
             continue
         try:
             if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(SESSION_TAG) == tag:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def started_since(before: set[int]) -> list[psutil.Process]:
+    """This session's live processes whose pids are not in `before`, less the rank host's: what a
+    command run in between left behind."""
+    out = []
+    for p in tagged_processes():
+        if p.pid in before:
+            continue
+        try:
+            if RANK_HOST_MARK not in p.environ():
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

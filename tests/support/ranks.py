@@ -22,6 +22,7 @@ from stalwart.agents.warm_pool import import_time_env
 from stalwart.health.collective_runner import WORKER_MODULE
 from stalwart.net import free_port
 from stalwart.processes import AdoptedProcess, spawn, stop_process
+from support.orphans import RANK_HOST_MARK
 
 HOST = Path(__file__).with_name("rank_host.py")
 HOST_READY_SECONDS = 300.0  # the fork server's imports, on a loaded machine
@@ -60,7 +61,7 @@ class RankHost:
         with open(self.log, "ab") as log:
             self.proc = spawn(
                 [sys.executable, str(HOST), str(self.log.with_name("fork-server.log"))],
-                env=torchrun_base_env(),
+                env={**torchrun_base_env(), RANK_HOST_MARK: "1"},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from support.orphans import cmdline, tagged_processes
+from support.orphans import cmdline, started_since, tagged_processes
 
 
 def job_variant(
@@ -61,7 +61,7 @@ def run_job(
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60)
     output = proc.stdout + proc.stderr
     assert summary.exists(), output
-    left = [cmdline(p) for p in tagged_processes() if p.pid not in before]
+    left = [cmdline(p) for p in started_since(before)]
     assert not left, f"stalwart run left processes behind: {left}"
     return proc.returncode, json.loads(summary.read_text()), output
 

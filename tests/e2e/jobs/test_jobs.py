@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from support import stalwart_run
-from support.orphans import cmdline, tagged_processes
+from support.orphans import cmdline, started_since, tagged_processes
 from support.paths import REPO
 
 from stalwart.processes import wait_for
@@ -217,9 +217,7 @@ def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, stalwart_cmd: 
             proc.wait()
     assert proc.returncode != 0
     assert "interrupted" in output
-    assert wait_for(lambda: not [p for p in tagged_processes() if p.pid not in before], 20), [
-        cmdline(p) for p in tagged_processes() if p.pid not in before
-    ]
+    assert wait_for(lambda: not started_since(before), 20), [cmdline(p) for p in started_since(before)]
 
 
 def test_preflight_evicts_bad_nodes_before_the_start(tmp_path: Path, stalwart_cmd: list[str]) -> None:
