@@ -115,8 +115,9 @@ flakes: $(STAMP)
 # (tests/support/suite.py; their logs go to .stalwart/test-logs/). Beside them the unit tests need
 # no third worker: each worker's collection costs 9 CPU-seconds, and the idle time is what they use.
 BESIDE_WORKERS ?= 2
+BESIDE_NICE ?= 10
 test: lint install
-	$(BIN)/python tests/support/suite.py --workers $(BESIDE_WORKERS) --e2e-workers $(E2E_WORKERS)
+	$(BIN)/python tests/support/suite.py --workers $(BESIDE_WORKERS) --e2e-workers $(E2E_WORKERS) --nice $(BESIDE_NICE)
 
 clean:
 	rm -rf $(VENV) .stalwart .pytest_cache
