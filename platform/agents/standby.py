@@ -65,7 +65,7 @@ class StandbyDuty:
         self._said: str | None = None
         self._wake = threading.Event()  # something new: the node became a standby, a checkpoint was committed
         self._catalog: PrefixWatch | None = None
-        self.rounds = 0
+        self.rounds = 0  # rounds that ended (tests wait on it)
 
     def start(self, memory_address: str | None) -> None:
         self.memory_address = memory_address
@@ -100,7 +100,10 @@ class StandbyDuty:
             retry = None
             try:
                 if self._follow_catalog():
-                    self._round()
+                    try:
+                        self._round()
+                    finally:
+                        self.rounds += 1
             except (StoreUnavailable, StorageError) as exc:
                 self.log.debug("standby round skipped", fields={"error": str(exc)})
                 retry = RETRY_SECONDS
@@ -122,7 +125,6 @@ class StandbyDuty:
         """O(1) reads: the job's state, a few slot nodes' heartbeats (every rank reports the same
         save, so the first that has the newest checkpoint's loader state is enough) and the running
         generation's assignment, which names every node's memory store."""
-        self.rounds += 1
         state = self.store.get(keys.job_state(self.job.name), JobState)
         if state is None:
             return

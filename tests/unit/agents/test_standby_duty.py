@@ -53,8 +53,8 @@ def test_a_standby_reads_when_it_becomes_one_and_at_each_new_checkpoint(store: S
             keys.node_heartbeat(name, "node-0"), Heartbeat(node="node-0", generation=1, sent_at=1, workers=[worker])
         )
         store.put(keys.checkpoint_entry(name, 20), CheckpointEntry(step=20, uri="mem://x", committed_at=1))
-        assert wait_for(lambda: duty.loader_state(None) == (20, {"position": 640}), timeout=10)
-        assert duty.rounds == 2
+        assert wait_for(lambda: duty.rounds == 2, timeout=10)  # the catalog's new entry: one more round
+        assert duty.loader_state(None) == (20, {"position": 640})
         listed["now"] = False  # promoted
         duty.listing_changed()
         assert wait_for(lambda: duty._catalog is None, timeout=10)  # it no longer watches the catalog
