@@ -124,7 +124,9 @@ def test_one_eviction_request_per_pod_incident(store: Store) -> None:
 
 def test_one_operator_replica_leads(store: Store) -> None:
     name = f"units-{time.monotonic_ns()}"
-    first = OperatorLeadership(store, name, "replica-a", ttl=2)
+    # A long lease: its keepalive thread starved for a second must not hand the lead over before
+    # release() does (which revokes the lease, so the takeover waits for no expiry).
+    first = OperatorLeadership(store, name, "replica-a", ttl=10)
     second = OperatorLeadership(store, name, "replica-b", ttl=2)
     never = threading.Event()
     assert first.acquire_until(never)
