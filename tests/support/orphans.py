@@ -31,28 +31,26 @@ def cmdline(p: psutil.Process) -> str:
 
 def tagged_processes() -> list[psutil.Process]:
     """Live processes (other than this one) started under this test session."""
+    return _tagged(with_rank_host=True)
+
+
+def started_since(before: set[int]) -> list[psutil.Process]:
+    """This session's live processes whose pids are not in `before`, less the rank host's: what a
+    command run in between left behind."""
+    return [p for p in _tagged(with_rank_host=False) if p.pid not in before]
+
+
+def _tagged(with_rank_host: bool) -> list[psutil.Process]:
     tag = os.environ[SESSION_TAG]
     out = []
     for p in psutil.process_iter():
         if p.pid == os.getpid():
             continue
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(SESSION_TAG) == tag:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def started_since(before: set[int]) -> list[psutil.Process]:
-    """This session's live processes whose pids are not in `before`, less the rank host's: what a
-    command run in between left behind."""
-    out = []
-    for p in tagged_processes():
-        if p.pid in before:
-            continue
-        try:
-            if RANK_HOST_MARK not in p.environ():
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = p.environ()
+            if env.get(SESSION_TAG) == tag and (with_rank_host or RANK_HOST_MARK not in env):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
