@@ -48,10 +48,13 @@ SPARE_EXIT_WAIT_SECONDS = 5.0
 # own at start-up (PYTHONPATH, PYTHONHASHSEED, ...): a worker whose environment sets them differently
 # from the server's must start cold to see them.
 IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTHON")
+# Less those torch reads when it compiles, not when it is imported: it writes its default for this one
+# back into os.environ, so a process that compiled once would otherwise differ from one that did not.
+USE_TIME_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV_PREFIXES)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV_PREFIXES) and k not in USE_TIME_ENV}
 
 
 def warm_size(roles: list[Role]) -> int:

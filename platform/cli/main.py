@@ -161,7 +161,10 @@ def controller(
 
     configure("INFO")
     cluster = LocalCluster(job, etcd, workdir, job_dir)
-    phase = JobController(Store(etcd), cluster, job, after_commit=commit_hooks()).run()
+    try:
+        phase = JobController(Store(etcd), cluster, job, after_commit=commit_hooks()).run()
+    finally:
+        cluster.close()
     raise typer.Exit(0 if phase.value in ("Succeeded", "Failed") else 1)
 
 

@@ -13,21 +13,39 @@ safe; it reaps the agents while it runs and exits when its stdin closes (they li
 
 A check rank (a request with an `entry`) leads its own session too, but dies with the zygote, and
 writes its exit code to the request's exit file before it exits: its requester cannot wait for it.
+
+    python -m stalwart.cli.zygote --listen PATH
+        one shared zygote for the local clusters of this machine (STALWART_AGENT_ZYGOTE=PATH): prints
+        "ready", then forks a session zygote per connection, until SIGTERM or SIGINT
+
+Each local cluster otherwise pays the imports once (3.5 CPU-seconds, and its first node waits for
+them): where one machine runs many short jobs (a test suite, a developer's loop) a shared zygote pays
+them once for all. A connection sends a ZygoteSession line; its session zygote, a fork that has the
+imports already, takes the session's folder and log and serves the connection as a spawned zygote
+serves its pipes, and exits when the connection closes (its owner is gone). A session whose
+import-time environment (PYTHON*, TORCH_*, ...) differs from the shared zygote's is refused: its
+forks would not see it, so its owner starts its own zygote. The forks' /proc environment is the
+shared zygote's: start it with an agent's environment (stalwart.cluster.local.agent_env), without
+the control plane's credentials. (This module imports no credentials module: those hold the etcd
+client, which the forks must not.)
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
 import signal
+import socket
 import sys
 import traceback
 from pathlib import Path
+from types import FrameType
 
 from stalwart.agents import warm_start
-from stalwart.agents.warm_pool import prefork_server
-from stalwart.cluster.agent_zygote import ForkRequest
+from stalwart.agents.warm_pool import import_time_env, prefork_server
+from stalwart.cluster.agent_zygote import ForkRequest, ZygoteSession
 from stalwart.processes import PipeLines, die_with_parent
 
 # What the node's fork server imports, and no more: the agent imports the rest (its command, the etcd
@@ -35,6 +53,7 @@ from stalwart.processes import PipeLines, die_with_parent
 # processes import none, .importlinter); those imports are a sixth of a fork server's.
 PRELOAD = warm_start.PRELOAD
 REAP_SECONDS = 1.0
+HELLO_WAIT_SECONDS = 10.0
 
 
 def become(request: ForkRequest, zygote: int) -> int:
@@ -110,10 +129,10 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def serve() -> None:
+def serve(lines: PipeLines) -> None:
+    """Fork what each request line asks for, until the requester closes its end."""
     zygote = os.getpid()
-    _say("ready")
-    lines = PipeLines(sys.stdin.fileno())
+    _say(f"ready {zygote}")
     while True:
         _reap()
         line = lines.read(REAP_SECONDS)
@@ -144,9 +163,90 @@ def serve() -> None:
         _say(str(pid))
 
 
-def main() -> None:
+def listen(path: Path) -> None:
+    """The shared zygote: a session zygote forked per connection to `path`."""
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    umask = os.umask(0o177)  # the socket is its owner's alone
+    try:
+        server.bind(str(path))
+    finally:
+        os.umask(umask)
+    server.listen(64)
+    server.settimeout(REAP_SECONDS)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    _say("ready")
+    try:
+        while True:
+            _reap()
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if os.fork() == 0:
+                code = 1
+                try:
+                    server.close()
+                    code = _session(conn)
+                finally:
+                    os._exit(code)
+            conn.close()
+    except SystemExit:
+        pass
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)
+
+
+def _stop(_signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def _session(conn: socket.socket) -> int:
+    """In a session zygote: take the connection as a spawned zygote takes its pipes, and serve it."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    die_with_parent()  # with the shared zygote, and so with its check ranks
+    conn.setblocking(True)
+    os.dup2(conn.fileno(), 0)
+    os.dup2(conn.fileno(), 1)
+    conn.close()
+    lines = PipeLines(0)
+    hello = lines.read(HELLO_WAIT_SECONDS)
+    try:
+        session = ZygoteSession.model_validate_json(hello or "")
+    except ValueError as exc:
+        _say(f"refused: not a session ({exc.__class__.__name__})")
+        return 1
+    theirs, ours = import_time_env(session.env), import_time_env(dict(os.environ))
+    if theirs != ours:
+        differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
+        _say(f"refused: the import-time environment differs ({', '.join(differ)})")
+        return 1
+    try:
+        os.chdir(session.cwd)
+        fd = os.open(session.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        _say(f"refused: {exc}")
+        return 1
+    os.dup2(fd, 2)
+    os.close(fd)
+    serve(lines)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stalwart.cli.zygote", description=__doc__.split("\n")[0])
+    parser.add_argument("--listen", type=Path, metavar="PATH", help="serve every local cluster that connects here")
+    args = parser.parse_args(argv)
     warm_start.preload(PRELOAD)
-    serve()
+    if args.listen is not None:
+        listen(args.listen)
+    else:
+        serve(PipeLines(sys.stdin.fileno()))
 
 
 if __name__ == "__main__":

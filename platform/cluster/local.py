@@ -191,6 +191,10 @@ class LocalCluster(Cluster):
         for info in self.list_nodes():
             self.stop_node(info.name)
 
+    def close(self) -> None:
+        """Ends the agent zygote (its check ranks with it); the agents it forked live on."""
+        self.zygote.close()
+
 
 def agent_env() -> dict[str, str]:
     """As a pod does not get the operator's environment, an agent (and so its workers) does not get

@@ -6,7 +6,7 @@ import time
 
 from stalwart import worker_contract as contract
 from stalwart.agents.launcher import NodeServices, worker_env
-from stalwart.agents.warm_pool import warm_size
+from stalwart.agents.warm_pool import import_time_env, warm_size
 from stalwart.checkpoint.memory_auth import TOKEN_ENV
 from stalwart.spec import Parallelism, Role, TrainingJob
 from stalwart.store.records import Assignment, NodeAssignment
@@ -154,3 +154,11 @@ def test_no_fork_server_for_a_job_whose_commands_cannot_be_forked() -> None:
     relay = Role(name="relay", command=["python", "-m", "stalwart.rlhf.relay_server"])
     roles = [relay, Role(name="actor", processes_per_node=2, command=["python", "actor.py"])]
     assert warm_size(roles) == 2 and warm_size([relay]) == 0
+
+
+def test_the_import_time_environment_leaves_out_what_torch_reads_only_when_it_compiles() -> None:
+    """torch writes its inductor cache folder back into os.environ the first time it compiles: a
+    process that compiled must not look like one started with other imports (a fork server's workers
+    and a shared zygote's sessions compare these)."""
+    env = {"PYTHONHASHSEED": "0", "TORCH_LOGS": "+dynamo", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "HOME": "/root"}
+    assert import_time_env(env) == {"PYTHONHASHSEED": "0", "TORCH_LOGS": "+dynamo"}
