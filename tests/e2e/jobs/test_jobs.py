@@ -170,9 +170,10 @@ def test_a_slow_rank_gets_its_node_evicted(tmp_path: Path, stalwart_cmd: list[st
     assert verdict["failure_class"] == "slowdown", verdict
     # Named by metric outliers (issue 17): two nodes have no "others", so the ranks are compared.
     assert any("metrics point at node-1" in line for line in incident["evidence"]), incident["evidence"]
-    ranking = [m for m in verdict["metric_ranking"] if m["node"] == "node-1"]
-    assert any(m["rank"] == 3 and m["metric"] == "other_time_s" for m in ranking), verdict["metric_ranking"]
-    assert all(m["node"] == "node-1" for m in verdict["metric_ranking"]), verdict["metric_ranking"]
+    # Rank 3's own-work time leads the ranking. On a loaded machine another rank may follow it far
+    # behind (seen: rank 0 at 5.5 after rank 3 at 31), which names no other node.
+    top = verdict["metric_ranking"][0]
+    assert (top["node"], top["rank"], top["metric"]) == ("node-1", 3, "other_time_s"), verdict["metric_ranking"]
     assert incident["diagnosed_at"] >= incident["detected_at"] >= incident["failed_at"]
 
 
