@@ -7,6 +7,7 @@
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
+#   make durations  make test, recording the tests' durations (tests/durations.json: longest first)
 # The unit tests run on WORKERS pytest-xdist processes (tests/conftest.py keeps each worker's
 # processes, shared memory and data apart); the end-to-end tests on E2E_WORKERS (2: one per core;
 # docs/testing.md has the measurements; E2E_WORKERS=0 runs them in this process).
@@ -37,7 +38,7 @@ xdist        = $(if $(filter 0,$(1)),,-n $(1) --dist loadgroup)
 XDIST       := $(call xdist,$(WORKERS))
 E2E_XDIST   := $(call xdist,$(E2E_WORKERS))
 
-.PHONY: install browser demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
+.PHONY: install browser demo demo-clean test durations test-fast test-e2e lint typecheck format flakes clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Stalwart needs Python 3.11, found " + sys.version.split()[0]'
@@ -118,6 +119,12 @@ BESIDE_WORKERS ?= 2
 BESIDE_NICE ?= 10
 test: lint install
 	$(BIN)/python tests/support/suite.py --workers $(BESIDE_WORKERS) --e2e-workers $(E2E_WORKERS) --nice $(BESIDE_NICE)
+
+# `make test`, recording every test's duration in tests/durations.json: xdist starts the longest
+# work first from it (tests/support/schedule.py). Run it when tests were added or got much longer.
+durations: lint install
+	$(BIN)/python tests/support/suite.py --workers $(BESIDE_WORKERS) --e2e-workers $(E2E_WORKERS) --nice $(BESIDE_NICE) \
+		--record-durations tests/durations.json
 
 clean:
 	rm -rf $(VENV) .stalwart .pytest_cache

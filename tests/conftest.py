@@ -22,7 +22,7 @@ from support.ranks import close_shared_host
 from stalwart.store import Store
 from stalwart.store.etcd_server import EtcdServer
 
-pytest_plugins = ["support.dataloader", "support.cli_invoke"]
+pytest_plugins = ["support.dataloader", "support.cli_invoke", "support.schedule"]
 
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # Under `pytest -n`, workers run jobs with the same names at once: each gets its own folder of

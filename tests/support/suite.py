@@ -111,6 +111,8 @@ def phases(args: argparse.Namespace) -> tuple[list[Phase], Phase]:
     bin_dir = Path(sys.executable).parent
     shm_base = Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm"))
     pytest = [sys.executable, "-m", "pytest"]
+    if args.record_durations is not None:
+        pytest += ["--record-durations", str(args.record_durations)]
     background = [
         Phase("typecheck (mypy)", [str(bin_dir / "mypy")], args.logs / "mypy.log", nice=args.nice),
         Phase(
@@ -136,10 +138,19 @@ def main() -> int:
     parser.add_argument("--e2e-workers", type=int, default=2, help="end-to-end workers (0: in one process)")
     parser.add_argument("--nice", type=int, default=10, help="how much lower the background phases' priority is")
     parser.add_argument("--logs", type=Path, default=REPO / ".stalwart" / "test-logs", help="background logs")
+    parser.add_argument(
+        "--record-durations",
+        metavar="PATH",
+        type=Path,
+        default=None,
+        help="write the tests' durations to PATH (tests/durations.json orders xdist's work: support.schedule)",
+    )
     args = parser.parse_args()
     if args.workers < 0 or args.e2e_workers < 0 or not 0 <= args.nice <= 19:
         parser.error("workers must be 0 or more, and --nice from 0 to 19")
     args.logs = args.logs.resolve()
+    if args.record_durations is not None:
+        args.record_durations = args.record_durations.resolve()
 
     background, e2e = phases(args)
     print(
