@@ -17,7 +17,8 @@ A serial run (no -n) keeps pytest's order: the order only matters for how the un
 The file is a record, not a contract: `make durations` runs `make test`'s suite and writes it again
 (`--record-durations PATH`: this session's tests of at least RECORDED_FROM seconds replace their
 entries, tests that took less leave it). A test added without recording starts after every recorded
-unit; one that takes minutes should be recorded before it lands (docs/testing.md).
+unit, and a run ends with a line naming the unrecorded tests of UNRECORDED_NOTE_FROM seconds or more:
+record those before they land (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ T = TypeVar("T")
 DURATIONS = REPO / "tests" / "durations.json"
 LOCK = REPO / ".stalwart" / "durations.lock"
 RECORDED_FROM = 1.0  # seconds: shorter tests change no schedule and would only churn the file
+UNRECORDED_NOTE_FROM = 10.0  # seconds: an unrecorded test this long is worth a line at the end of a run
 ABOUT = "Recorded test durations in seconds, longest first (tests/support/schedule.py; `make durations`)."
 
 
@@ -54,7 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # the collection's order is the schedule (below)
-    if config.getoption("record_durations") is not None and not hasattr(config, "workerinput"):
+    if not hasattr(config, "workerinput"):
         config.pluginmanager.register(DurationRecorder(config.getoption("record_durations")), "duration-recorder")
 
 
@@ -114,9 +116,10 @@ def merged(before: dict[str, float], session: dict[str, float]) -> dict[str, flo
 
 
 class DurationRecorder:
-    """In the controlling process (xdist's or the only one): sums each test's phases as reported."""
+    """In the controlling process (xdist's or the only one): sums each test's phases as reported,
+    writes them to the record when asked to, and otherwise says which long tests the record lacks."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path = path
         self.seconds: dict[str, float] = defaultdict(float)
 
@@ -124,7 +127,7 @@ class DurationRecorder:
         self.seconds[plain_nodeid(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not self.seconds:
+        if self.path is None or not self.seconds:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         LOCK.parent.mkdir(parents=True, exist_ok=True)
@@ -136,3 +139,22 @@ class DurationRecorder:
             tmp.replace(self.path)
         kept = sum(1 for took in self.seconds.values() if took >= RECORDED_FROM)
         session.config.get_terminal_writer().line(f"durations of {kept} tests recorded in {self.path}")
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.path is not None:
+            return
+        missing = unrecorded(recorded(), self.seconds)
+        if missing:
+            terminalreporter.write_line(
+                f"not in tests/durations.json, so started after the recorded tests under xdist "
+                f"(`make durations` records them): {len(missing)} of {UNRECORDED_NOTE_FROM:.0f} s or more: "
+                + ", ".join(missing[:3])
+                + (" ..." if len(missing) > 3 else ""),
+                yellow=True,
+            )
+
+
+def unrecorded(record: dict[str, float], session: dict[str, float]) -> list[str]:
+    """This session's long tests that the record lacks, longest first: they start late."""
+    long = [(took, nodeid) for nodeid, took in session.items() if took >= UNRECORDED_NOTE_FROM and nodeid not in record]
+    return [nodeid for _, nodeid in sorted(long, reverse=True)]

@@ -3,7 +3,7 @@ that each `make durations` run updates."""
 
 from __future__ import annotations
 
-from support.schedule import longest_first, merged, plain_nodeid
+from support.schedule import longest_first, merged, plain_nodeid, unrecorded
 
 SECONDS = {"m.py::a": 3.0, "m.py::b": 4.0, "x.py::long": 30.0, "y.py::mid": 5.0}
 
@@ -33,3 +33,8 @@ def test_a_session_replaces_its_tests_entries_and_drops_the_ones_now_short() -> 
 def test_the_group_suffix_xdist_gives_a_grouped_test_is_not_part_of_its_id() -> None:
     assert plain_nodeid("tests/e2e/a.py::test_x@tests/e2e/a.py") == "tests/e2e/a.py::test_x"
     assert plain_nodeid("tests/e2e/a.py::test_x[p@q]") == "tests/e2e/a.py::test_x[p@q]"
+
+
+def test_a_run_names_the_long_tests_the_record_lacks_longest_first() -> None:
+    session = {"x.py::long": 31.0, "n.py::new": 12.0, "n.py::newer": 40.0, "n.py::short": 2.0}
+    assert unrecorded(SECONDS, session) == ["n.py::newer", "n.py::new"]
