@@ -542,8 +542,17 @@ class Checkpointer:
             try:
                 m = read_manifest(raw, tier.describe(f"{name}/{MANIFEST_NAME}"))
             except ManifestError as exc:
-                out.append(CheckpointInfo(step=step, tier=tier.name, location=where, created_at=0, total_bytes=0,
-                                          world_size=0, error=str(exc)))  # fmt: skip
+                out.append(
+                    CheckpointInfo(
+                        step=step,
+                        tier=tier.name,
+                        location=where,
+                        created_at=0,
+                        total_bytes=0,
+                        world_size=0,
+                        error=str(exc),
+                    )
+                )
                 continue
             out.append(
                 CheckpointInfo(

@@ -146,14 +146,11 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     store.delete_prefix(keys.job_prefix(JOB))
     workdir = tmp_path_factory.mktemp("console-e2e")
     port = free_port()
-    console_argv = [
-        sys.executable, "-m", "stalwart.cli.main", "console", "--etcd", etcd.endpoint, "--port", str(port),
-        "--trust-proxy", "127.0.0.1/32", "--operator-group", "sre", "--refresh", "1", "--sample-seconds", "1",
-    ]  # fmt: skip
-    run_argv = [
-        sys.executable, "-m", "stalwart.cli.main", "run", str(JOB_FILE), "--etcd", etcd.endpoint,
-        "--workdir", str(workdir / "run"), "--inject", "hang-worker:rank=1,step=30", "--timeout", "3000",
-    ]  # fmt: skip
+    stalwart_cmd = [sys.executable, "-m", "stalwart.cli.main"]
+    console_argv = [*stalwart_cmd, "console", "--etcd", etcd.endpoint, "--port", str(port), "--refresh", "1"]
+    console_argv += ["--trust-proxy", "127.0.0.1/32", "--operator-group", "sre", "--sample-seconds", "1"]
+    run_argv = [*stalwart_cmd, "run", str(JOB_FILE), "--etcd", etcd.endpoint, "--workdir", str(workdir / "run")]
+    run_argv += ["--inject", "hang-worker:rank=1,step=30", "--timeout", "3000"]
     with open(workdir / "console.log", "wb") as console_out:
         console = spawn(console_argv, stdout=console_out)
     run = None
@@ -503,8 +500,13 @@ def test_every_page_renders_for_the_finished_job(world: World, operator: Any) ->
     mark(watching)
     s = state(world.store)
     assert s is not None
-    [victim] = [w for b in read_nodes(world.store, JOB).heartbeats.values() if b.generation == s.generation
-                for w in b.workers if w.rank == 0]  # fmt: skip
+    [victim] = [
+        w
+        for b in read_nodes(world.store, JOB).heartbeats.values()
+        if b.generation == s.generation
+        for w in b.workers
+        if w.rank == 0
+    ]
     os.kill(victim.pid, signal.SIGKILL)  # a counted failure with maxRestarts 0: the job fails
     assert wait_for(lambda: (st := state(world.store)) is not None and st.phase.terminal, 600, interval=0.5)
     watching.locator(".summary .phase-failed").wait_for()  # the open page saw the end without a reload

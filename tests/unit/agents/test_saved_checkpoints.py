@@ -68,9 +68,15 @@ def test_report_save_carries_what_the_catalog_shows(monkeypatch: pytest.MonkeyPa
     sent: list[ProgressReport] = []
     monkeypatch.setattr(worker_sdk, "_send", sent.append)
     result = SimpleNamespace(
-        step=10, committed=True, stall_seconds=0.1, total_seconds=1.0, bytes_written=5, total_bytes=20,
-        tiers=["memory", "file"], location="/ckpt/step-0000000010",
-    )  # fmt: skip
+        step=10,
+        committed=True,
+        stall_seconds=0.1,
+        total_seconds=1.0,
+        bytes_written=5,
+        total_bytes=20,
+        tiers=["memory", "file"],
+        location="/ckpt/step-0000000010",
+    )
     worker_sdk.report_save(result)  # type: ignore[arg-type]
     del result.total_bytes, result.location  # a checkpointer of one's own may not say these
     worker_sdk.report_save(result)  # type: ignore[arg-type]

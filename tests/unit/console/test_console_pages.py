@@ -295,9 +295,15 @@ def test_a_check_shows_each_nodes_verdict_and_a_suspension_its_stretch(app, reco
         finished_at=NOW - 10,
     )
     entry = AuditEntry(
-        id="audit-check-1", job=LIVE, action="check", reason="nightly", actor="olga", via="proxy", at=NOW - 20,
+        id="audit-check-1",
+        job=LIVE,
+        action="check",
+        reason="nightly",
+        actor="olga",
+        via="proxy",
+        at=NOW - 20,
         request_id=request.id,
-    )  # fmt: skip
+    )
     state = records.get(keys.job_state(LIVE), JobState)
     assert state is not None
     state.suspensions = [Suspension(started_at=NOW - 100, ended_at=NOW - 60)]
