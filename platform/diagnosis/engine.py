@@ -12,7 +12,7 @@ from typing import cast
 
 from stalwart.diagnosis.hang import analyze_stacks
 from stalwart.diagnosis.log_classify import classify_crash
-from stalwart.diagnosis.metric_outliers import MetricFindings, metric_outliers
+from stalwart.diagnosis.metric_outliers import NAMED_SCORE, MetricFindings, metric_outliers
 from stalwart.diagnosis.models import Blame, EvidenceBundle, RankStack, Topology, Verdict
 from stalwart.diagnosis.parallel_groups import Layout, build_layout
 from stalwart.diagnosis.slowdown import analyze_rounds
@@ -93,16 +93,22 @@ def _slowdown(bundle: EvidenceBundle, layout: Layout, with_rounds: bool) -> Verd
     stack_scores = dict(rf.node_scores) if rf else {}
     if mf.metrics_seen:  # stacks are a lead, metrics the measurement: a lead the metrics do not back counts half
         stack_scores = {n: s if n in mf.node_scores else s * 0.5 for n, s in stack_scores.items()}
-    scores = combine(stack_scores, mf.node_scores)
+    # Metrics name a node alone at NAMED_SCORE; weaker, they only back the stacks' lead (a loaded
+    # host's jitter can keep one metric barely out for a few windows).
+    metric_scores = {n: s for n, s in mf.node_scores.items() if s >= NAMED_SCORE or n in stack_scores}
+    scores = combine(stack_scores, metric_scores)
     reasons = {n: [*(rf.reasons.get(n, []) if rf else []), *mf.reasons.get(n, [])] for n in scores}
     parts = []
     if rf is not None:
         parts.append(rf.summary)
     if bundle.metrics:
-        named = sorted(mf.node_scores, key=lambda n: -mf.node_scores[n])
+        named = sorted(metric_scores, key=lambda n: -metric_scores[n])
+        leaning = sorted(set(mf.node_scores) - set(metric_scores), key=lambda n: -mf.node_scores[n])
         parts.append(
             f"metrics point at {', '.join(named[:3])}"
             if named
+            else f"metrics lean towards {', '.join(leaning[:3])}, below {NAMED_SCORE:g} alone"
+            if leaning
             else f"no node is a persistent outlier in {mf.metrics_seen} metric(s)"
         )
     top = max(scores.values(), default=0.0)

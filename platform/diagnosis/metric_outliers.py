@@ -90,6 +90,12 @@ LOCAL_PHASES = STEP_SCALED - WAIT_INCLUSIVE
 LEAD_WEIGHT = 0.5
 _WORD = {"high": "above", "low": "below", "both": "away from"}
 FULL_RUN_FACTOR = 2  # a metric out for 2 x persist windows in a row counts fully
+# Metrics alone name a node at this score: one out for FULL_RUN_FACTOR x persist windows in a row,
+# or two out together. Below it they are a lead, worth acting on only beside another.
+NAMED_SCORE = 0.6
+# Readings that are one measurement under two names: a throughput is the tokens (samples) of a
+# step over its time, so a slow node is out in both, and that is one metric's evidence, not two.
+FAMILY = {"tokens_per_second": "step_time_s", "samples_per_second": "step_time_s"}
 
 
 @dataclass(frozen=True)
@@ -226,7 +232,7 @@ def _weight(scores: Sequence[MetricScore], full_run: int, local_culprit: bool) -
             w = 0.0
         elif local_culprit and m.metric not in LOCAL_PHASES:
             w *= LEAD_WEIGHT
-        key = m.metric.replace("_max_s", "_s")
+        key = FAMILY.get(m.metric, m.metric.replace("_max_s", "_s"))
         family[key] = max(family.get(key, 0.0), w)
     return sum(family.values())
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
-from stalwart.controller.metric_windows import series_of
+from stalwart.controller.metric_windows import by_step, series_of
 from stalwart.controller.policy import Classified
 from stalwart.controller.ranks import slot_roles
 from stalwart.spec.model import FailureEvent
@@ -28,7 +28,6 @@ from stalwart.spec.model import FailureEvent
 PACE_METRICS = ("step_time_s", "tokens_per_second")
 WARMUP_SAMPLES = 2
 MIN_NODES = 3  # fewer, and there are no "others" to compare with
-FLAG_SCORE = 0.6  # a metric out for twice the persistence, or two metrics out together
 # A rank is stalled when its last progress is older than this many of the job's recent step times
 # (and than STALL_BEATS heartbeats: progress is seen no faster than the heartbeats carry it).
 STALL_STEPS = 3.0
@@ -99,20 +98,33 @@ def _generation_window(vectors: Sequence[Mapping[str, Any]], since: float) -> li
 
 
 def _outliers(role: str, windows: Mapping[str, Sequence[Mapping[str, Any]]], now: float) -> list[Finding]:
-    from stalwart.diagnosis.metric_outliers import metric_outliers
+    from stalwart.diagnosis.metric_outliers import NAMED_SCORE, metric_outliers
     from stalwart.diagnosis.models import NodeMetrics
 
+    stepped = by_step(windows) or windows  # the same step side by side: sampled at different moments
     metrics = []
-    for node, window in sorted(windows.items()):
+    for node, window in sorted(stepped.items()):
         series = {k: v for k, v in series_of(window).items() if k in PACE_METRICS}
         metrics.append(NodeMetrics(node=node, series=series))
     found = metric_outliers(metrics)
     out: list[Finding] = []
     for node, score in sorted(found.node_scores.items()):
-        if score < FLAG_SCORE:
+        if score < NAMED_SCORE:
             continue
         evidence = [f"{node} is a persistent outlier among the {len(windows)} {role} nodes (score {score:.2f})"]
         evidence += found.reasons.get(node, [])
+        evidence.append(_pace_line(windows))
         what = Classified(FailureEvent.SLOWDOWN, [node], evidence, runbook="slowdown")
         out.append(Failure(what, failed_at=now, detected_at=now))
     return out
+
+
+def _pace_line(windows: Mapping[str, Sequence[Mapping[str, Any]]], samples: int = 10) -> str:
+    """Each node's median step time over its last samples: what on-call compares first."""
+    medians = []
+    for node, window in sorted(windows.items()):
+        times = sorted(t for v in window[-samples:] if isinstance(t := v.get("step_time_s"), int | float))
+        steps = [v.get("step") for v in window[-samples:]]
+        medians.append(f"{node} {times[len(times) // 2]:.3f}s" if times else f"{node} -")
+        medians[-1] += f" (steps {steps[0]}-{steps[-1]})"
+    return f"median step time over the last {samples} samples: " + ", ".join(medians)

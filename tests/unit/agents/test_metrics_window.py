@@ -14,7 +14,13 @@ from stalwart.store.records import PhaseTimes, StackReport, WorkerState, WorkerS
 
 
 def worker(
-    rank: int, data: float, compute: float = 0.2, comm: float = 0.05, optimizer: float = 0.02, step_time: float = 0.4
+    rank: int,
+    data: float,
+    compute: float = 0.2,
+    comm: float = 0.05,
+    optimizer: float = 0.02,
+    step_time: float = 0.4,
+    step: int = 10,
 ) -> WorkerStatus:
     return WorkerStatus(
         local_rank=rank % 2,
@@ -22,7 +28,7 @@ def worker(
         pid=100 + rank,
         state=WorkerState.RUNNING,
         started_at=0.0,
-        step=10,
+        step=step,
         step_time=step_time,
         phases=PhaseTimes(data=data, compute=compute, optimizer=optimizer, comm=comm, other=0.01),
     )
@@ -52,15 +58,17 @@ def windows(culprit_phase: str) -> list[StackReport]:
     reports = []
     for n in range(4):
         history = MetricsHistory()
-        for t in range(20):
+        for t in range(20):  # a heartbeat a step
             slow = t >= 5
-            step = 2.3 if slow else 0.4
+            step_time = 2.3 if slow else 0.4
             compute = 2.0 if slow and n == 0 else 0.2
             comm = 2.0 if slow and n in (1, 3) else 0.05
             optimizer = 0.12 if n == 0 else 0.02
             ranks = []
             for rank in (2 * n, 2 * n + 1):
-                w = worker(rank, data=0.01, compute=compute, comm=comm, optimizer=optimizer, step_time=step)
+                w = worker(
+                    rank, data=0.01, compute=compute, comm=comm, optimizer=optimizer, step_time=step_time, step=t
+                )
                 if slow and rank == 4:
                     assert w.phases is not None
                     setattr(w.phases, culprit_phase, 2.0)

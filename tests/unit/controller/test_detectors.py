@@ -3,6 +3,8 @@ and that a finding acted on is not reported again."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from support.controller_harness import Harness, worker
 
@@ -363,6 +365,58 @@ def test_a_node_whose_own_pace_is_an_outlier_among_its_role_is_evicted() -> None
     [incident] = h.incidents()
     assert incident.failure_class.value == "Slowdown" and incident.suspects == ["node-2"]
     assert incident.evidence[0].startswith("node-2 is a persistent outlier among the 4 rollout nodes")
+
+
+def _stepping(
+    h: Harness, steps: int, sampled: dict[str, Callable[[int], bool]], took: Callable[[str, int], float]
+) -> None:
+    """A step every half second; each node's agent sends a heartbeat at the steps `sampled` says,
+    carrying that step and the time it took there."""
+    for k in range(1, steps + 1):
+        h.clock.advance(0.5)
+        for i, node in enumerate(sampled):
+            if not sampled[node](k):
+                continue
+            t = took(node, k)
+            vector = {"node": node, "at": h.clock.now, "step": k, "workers_running": 2, "step_time_s": t}
+            vector["tokens_per_second"] = 2 * 128 / t
+            ranks = [worker(r, step=k, step_time=t, last_progress_at=h.clock.now) for r in (2 * i, 2 * i + 1)]
+            h.beat(node, 1, ranks, vector=vector)
+        h.tick()
+
+
+def test_synchronous_nodes_sampled_at_different_steps_are_no_outliers() -> None:
+    """Every node of a synchronous job takes the same time for a step, and the first steps are slow
+    (warm-up). node-1's agent, starved on a loaded host, samples every other step only: side by side
+    by position its samples reach back to the slow steps while the others' are recent, and it read as
+    a node 2.4 times slower (a 3-D job lost two healthy nodes so). By step, they agree."""
+    h = Harness(roles=[{"name": "trainer", "replicas": 4, "processesPerNode": 2, "command": ["python", "t.py"]}])
+    h.running(slots=("node-0", "node-1", "node-2", "node-3"), next_node_index=4)
+    every = {n: (lambda k: True) for n in ("node-0", "node-2", "node-3")}
+    _stepping(h, 40, {**every, "node-1": lambda k: k % 2 == 0}, lambda node, k: 0.4 + 3.0 * 0.8**k)
+    assert h.incidents() == []
+
+
+def test_a_node_that_falls_behind_in_steps_is_compared_step_by_step() -> None:
+    """Nodes that step on their own (rollouts): node-2 takes three times as long per step, so it is
+    at step 13 when the others are at 40; its steps against theirs name it."""
+    h = Harness(roles=[{"name": "rollout", "replicas": 4, "processesPerNode": 2, "command": ["python", "r.py"]}])
+    h.running(slots=("node-0", "node-1", "node-2", "node-3"), next_node_index=4)
+    pace = {"node-0": 1, "node-1": 1, "node-2": 3, "node-3": 1}
+    # node-2's k-th heartbeat carries its step k // 3 (the harness's clock counts the others' steps).
+    for k in range(1, 41):
+        h.clock.advance(0.5)
+        for i, (node, slow) in enumerate(pace.items()):
+            if k % slow:
+                continue
+            step, t = k // slow, 0.1 * slow + 0.001 * (k % 3)
+            vector = {"node": node, "at": h.clock.now, "step": step, "workers_running": 2, "step_time_s": t}
+            ranks = [worker(r, step=step, step_time=t, last_progress_at=h.clock.now) for r in (2 * i, 2 * i + 1)]
+            h.beat(node, 1, ranks, vector=vector)
+        h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "Slowdown" and incident.suspects == ["node-2"]
+    assert incident.evidence[-1].startswith("median step time over the last 10 samples: node-0 0.10"), incident.evidence
 
 
 def test_metric_outliers_do_not_act_while_a_rank_has_stopped() -> None:

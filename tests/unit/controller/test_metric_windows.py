@@ -13,8 +13,9 @@ from stalwart.logs import get_logger
 from stalwart.store.records import Assignment, NodeAssignment, StackReport
 
 
-def vector(node: str, at: float, **metrics: float) -> dict[str, Any]:
-    return {"node": node, "at": at, "step": 7, "workers_running": 2, **metrics}
+def vector(node: str, at: float, **metrics: Any) -> dict[str, Any]:
+    """A heartbeat's vector, a step a second: sample `at` is of step `at`."""
+    return {"node": node, "at": at, "step": int(at), "workers_running": 2, **metrics}
 
 
 DUMP = """Thread 4242 (idle): "MainThread"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stalwart.diagnosis import EvidenceBundle, NodeMetrics, diagnose
-from stalwart.diagnosis.metric_outliers import OutlierConfig, metric_outliers
+from stalwart.diagnosis.metric_outliers import NAMED_SCORE, OutlierConfig, metric_outliers
 
 
 def fleet(n: int, samples: int, seed: int = 0, **overrides: dict[int, list[float | None]]) -> list[NodeMetrics]:
@@ -143,3 +143,24 @@ def test_a_victim_waiting_in_a_collective_is_not_an_outlier_the_slow_rank_is() -
     assert any(m.rank == 5 and m.metric == "data_time_s" for m in f.ranking)
     v = diagnose(EvidenceBundle(job="m", kind="slowdown", metrics=metrics))
     assert v.flagged == ["node-2"], v.suspects
+
+
+def test_a_throughput_is_its_step_times_evidence_not_a_second_metric() -> None:
+    """tokens/s is a step's tokens over its time: a node out in both for a few windows has shown one
+    thing for a few windows, not two things (which would name it)."""
+    steps: list[float | None] = [1.0] * 22 + [1.6] * 8
+    tps: list[float | None] = [8000.0] * 22 + [5000.0] * 8
+    f = metric_outliers(fleet(8, 30, step_time_s={5: steps}, tokens_per_second={5: tps}))
+    assert {m.metric for m in f.ranking} == {"step_time_s", "tokens_per_second"}
+    assert f.node_scores["node-5"] < NAMED_SCORE
+
+
+@pytest.mark.parametrize(("slow_samples", "named"), [(11, False), (16, True)])
+def test_metrics_alone_name_a_node_in_a_slowdown_only_once_they_persist(slow_samples: int, named: bool) -> None:
+    """One metric barely out for a few windows (a loaded host's jitter on one rank) is a lead, not a
+    verdict; out for twice the persistence it names the node."""
+    slow: list[float | None] = [1.0] * (30 - slow_samples) + [1.3] * slow_samples
+    verdict = diagnose(EvidenceBundle(job="j", kind="slowdown", metrics=fleet(8, 30, step_time_s={2: slow})))
+    assert (verdict.flagged == ["node-2"]) is named, verdict.summary
+    if not named:
+        assert verdict.failure_class == "none" and "metrics lean towards node-2" in verdict.summary, verdict.summary

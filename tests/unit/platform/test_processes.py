@@ -15,9 +15,11 @@ SLEEPER = [sys.executable, "-c", "import time\nfor _ in range(600): time.sleep(0
 
 
 def test_the_orphan_check_sees_a_tagged_process() -> None:
+    """Seen as soon as its environment can be read: spawn's trampoline execs the command, and in the
+    middle of that exec /proc shows no environment (under load the moment lasts: failed a fresh clone)."""
     proc = spawn(SLEEPER)
     try:
-        assert proc.pid in {p.pid for p in tagged_processes()}
+        assert wait_for(lambda: proc.pid in {p.pid for p in tagged_processes()}, 60)
     finally:
         stop_process(proc, grace=2)
     assert proc.pid not in {p.pid for p in tagged_processes()}
