@@ -139,6 +139,12 @@ def perform(work: Work, ctx: WorkContext) -> WorkResult:
                 interval=work.interval,
                 history=work.history,
             )
+        # What the controller will decide from: on-call reads here why a slowdown evicted nobody.
+        summary = (diagnosis.verdict or {}).get("summary") if diagnosis else None
+        ctx.log.info(
+            "long work finished",
+            fields={"work": work.describe(), "suspects": diagnosis.suspects if diagnosis else [], "summary": summary},
+        )
         return WorkResult(work, ctx.clock.time(), diagnosis=diagnosis)
     except Exception as exc:
         ctx.log.warning("work failed", fields={"work": "/".join(work.key), "error": repr(exc)})

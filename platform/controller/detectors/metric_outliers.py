@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
-from stalwart.controller.metric_windows import by_step, series_of
+from stalwart.controller.metric_windows import MAX_SAMPLES, series_of
 from stalwart.controller.policy import Classified
 from stalwart.controller.ranks import slot_roles
 from stalwart.spec.model import FailureEvent
@@ -95,6 +95,18 @@ def _generation_window(vectors: Sequence[Mapping[str, Any]], since: float) -> li
             continue  # the same step as the sample before: nothing new was measured
         mine.append(v)
     return mine[WARMUP_SAMPLES:]
+
+
+def by_step(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, list[Mapping[str, Any]]] | None:
+    """The nodes' samples side by side by step: for every step any node sampled (the newest
+    MAX_SAMPLES), that node's sample of it, or {} where it has none; None when no sample carries a
+    step. Each node keeps one sample a step, taken whenever its agent's heartbeat came: side by side
+    by position, a starved agent's n-th sample is of an older step than the others' n-th."""
+    mine = {node: {v["step"]: v for v in reversed(w) if isinstance(v.get("step"), int)} for node, w in windows.items()}
+    steps = sorted(set().union(*mine.values()))[-MAX_SAMPLES:]
+    if not steps:
+        return None
+    return {node: [samples.get(step, {}) for step in steps] for node, samples in mine.items()}
 
 
 def _outliers(role: str, windows: Mapping[str, Sequence[Mapping[str, Any]]], now: float) -> list[Finding]:
