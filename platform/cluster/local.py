@@ -15,6 +15,7 @@ import psutil
 
 from stalwart.cluster.agent_zygote import AgentZygote, ForkRequest
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
+from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import ChildProcess, kill_session, signal_session, spawn, wait_for
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
@@ -158,6 +159,7 @@ class LocalCluster(Cluster):
             if name in faults
             for local in range(procs_per_node)
         }
+        reference = compute_digest(torch.device("cpu"), env={})  # CPU processes here: this one knows the answer
         report = run_collective_check(
             self.workdir / "preflight" / time.strftime("%H%M%S"),
             nodes=len(nodes),
@@ -166,10 +168,15 @@ class LocalCluster(Cluster):
             collective_timeout=10.0,
             rank_env=rank_env,
             backend="gloo",
-            # the nodes are CPU processes here, so this process knows the answer
-            reference_digest=compute_digest(torch.device("cpu"), env={}),
+            reference_digest=reference,
             start=self._start_check_rank,
         )
+        answers = {r.compute_digest for r in report.ranks if r.compute_digest}
+        if answers and reference not in answers:  # judged by the ranks' majority instead (collective_runner.judge)
+            get_logger("stalwart.cluster").warning(
+                "the compute check's reference matches no rank",
+                fields={"reference": reference[:12], "ranks": sorted(a[:12] for a in answers)},
+            )
         verdicts = {v.node: v for v in report.nodes}
         return [
             PreflightVerdict(

@@ -64,8 +64,11 @@ def judge(
     """Which nodes failed, and why (pure: tested on constructed reports as well as real runs).
 
     With `reference_digest` (the compute check's result computed where it is known to be right, on
-    the same kind of device), a rank's compute result is judged against it rather than by majority:
-    with two nodes a majority cannot tell which one is wrong.
+    the same kind of device), ranks that disagree are judged against it rather than by majority:
+    with two nodes a majority cannot tell which one is wrong. It only decides between the ranks' own
+    answers: ranks that all agree are right, and a reference that matches none of them is not
+    trusted over their majority (a local cluster computes it in the controller's process, which
+    once got another answer than four agreeing check ranks and evicted both healthy nodes).
     """
     by_rank = {r.rank: r for r in reports}
     nodes = sorted({r.node for r in reports})
@@ -76,9 +79,13 @@ def judge(
     views: list[list[int]] = [r.compute_mismatch_ranks for r in reports if r.phase == "done"]
     mismatched = set(sorted(views, key=len, reverse=True)[0]) if views else set()
     digests = {r.rank: r.compute_digest for r in reports if r.compute_digest}
-    if reference_digest is not None:
+    answers = set(digests.values())
+    decides = reference_digest is not None and len(answers) > 1 and reference_digest in answers
+    if decides:
         mismatched = {rank for rank, d in digests.items() if d != reference_digest}
-    against = "the reference" if reference_digest is not None else "the other ranks'"
+    elif len(answers) == 1:
+        mismatched = set()
+    against = "the reference" if decides else "the other ranks'"
     for rank in sorted(mismatched):
         suspects.add(rank)
         reasons[by_rank[rank].node].append(

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from machine import CpuTimes, probe_seconds
+
 REPO = Path(__file__).resolve().parents[2]
 LOG_TAIL_LINES = 60
 
@@ -158,6 +160,9 @@ def main() -> int:
         f"their output goes to {args.logs}",
         flush=True,
     )
+    # Comparable timings: how fast a core is now, and (at the end) how much of the cores the run had.
+    print(f"[suite] machine: the speed probe took {probe_seconds():.2f} s (tests/support/machine.py)", flush=True)
+    started, cpu_before = time.monotonic(), CpuTimes.now()
     reported: set[str] = set()
     try:
         for phase in [*background, e2e]:
@@ -179,6 +184,10 @@ def main() -> int:
     print(f"\n[suite] {e2e.summary()}")
     for phase in background:
         print(f"[suite] {phase.summary()}")
+    cpu_after = CpuTimes.now()
+    if cpu_before is not None and cpu_after is not None:
+        used = cpu_after.since(cpu_before).describe()
+        print(f"[suite] machine: {time.monotonic() - started:.0f} s, {used}")
     failed = [p for p in [*background, e2e] if p.proc is not None and p.proc.returncode != 0]
     for phase in failed:
         if phase.log is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stalwart.health.collective_records import CheckResult, RankReport
+from stalwart.health.collective_records import CheckResult, NodeVerdict, RankReport
 from stalwart.health.collective_runner import judge
 from stalwart.health.collectives import neighbour_pairs, node_groups, pattern
 from stalwart.health.compute_check import compute_digest, compute_step, disagreeing_ranks
@@ -56,6 +56,33 @@ def test_the_compute_step_is_deterministic_and_corruption_shows() -> None:
     assert disagreeing_ranks({0: clean, 1: clean, 2: corrupt}) == [2]
     assert disagreeing_ranks({0: clean, 1: corrupt}) == [0, 1]  # no majority: both suspect
     assert disagreeing_ranks({0: clean}) == []
+
+
+def _computed(digests: list[str]) -> list[RankReport]:
+    """Finished ranks, one a node, with their compute digests and their majority view of them."""
+    views = disagreeing_ranks(dict(enumerate(digests)))
+    return [
+        RankReport(
+            rank=r, node=r, local_rank=0, phase="done", finished=True, compute_digest=d, compute_mismatch_ranks=views
+        )
+        for r, d in enumerate(digests)
+    ]
+
+
+def test_the_reference_decides_between_the_ranks_answers_and_never_against_all_of_them() -> None:
+    """Two nodes that disagree: the reference says which one computes wrong. Ranks that all agree
+    are right whatever the reference says; a reference that matches none of them is outvoted."""
+
+    def passed(verdicts: list[NodeVerdict]) -> list[bool]:
+        return [v.passed for v in verdicts]
+
+    split = _computed(["good", "bad"])
+    assert passed(judge(split, 1, timed_out=[])) == [False, False]  # no majority: both suspect
+    verdicts = judge(split, 1, timed_out=[], reference_digest="good")
+    assert passed(verdicts) == [True, False] and "differs from the reference" in verdicts[1].reasons[0]
+    assert passed(judge(_computed(["same", "same"]), 1, timed_out=[], reference_digest="other")) == [True, True]
+    verdicts = judge(_computed(["a", "a", "b"]), 1, timed_out=[], reference_digest="c")
+    assert passed(verdicts) == [True, True, False] and "differs from the other ranks'" in verdicts[2].reasons[0]
 
 
 def test_topology_helpers() -> None:
