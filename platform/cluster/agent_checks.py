@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Sequence
 
 from stalwart.cluster.base import PreflightVerdict
-from stalwart.health.collective_records import RankReport
+from stalwart.health.collective_runner import cpu_reference
 from stalwart.health.distributed_check import CheckRequest, NodeCheckReport, judge_shares
 from stalwart.logs import ContextLogger
 from stalwart.processes import wait_for
@@ -24,19 +24,6 @@ from stalwart.store.nodes import read_nodes
 CHECK_TIMEOUT_SECONDS = 120.0  # the agents' whole check, rendezvous included
 COLLECTIVE_TIMEOUT_SECONDS = 10.0
 REPORT_GRACE_SECONDS = 15.0  # beyond the check's timeout, for the agents to write their reports
-
-
-def cpu_reference(ranks: list[RankReport]) -> str | None:
-    """The compute check's right answer when every rank ran on CPU: this process can compute it
-    (with two nodes a majority cannot say which one is wrong). On GPUs the majority decides."""
-    devices = {r.device for r in ranks if r.compute_digest}
-    if devices != {"cpu"}:
-        return None
-    import torch
-
-    from stalwart.health.compute_check import compute_digest
-
-    return compute_digest(torch.device("cpu"), env={})
 
 
 def checks_through_agents(

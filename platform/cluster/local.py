@@ -15,7 +15,6 @@ import psutil
 
 from stalwart.cluster.agent_zygote import AgentZygote, ForkRequest
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
-from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import ChildProcess, kill_session, signal_session, spawn, wait_for
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
@@ -146,10 +145,7 @@ class LocalCluster(Cluster):
 
     def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
         """The checks run as real processes, `procs_per_node` per node, gloo on loopback."""
-        import torch
-
-        from stalwart.health.collective_runner import run_collective_check
-        from stalwart.health.compute_check import compute_digest
+        from stalwart.health.collective_runner import cpu_reference, run_collective_check
 
         # Injected faults (tests, demos): {"node-1": {"STALWART_FAULT_CORRUPT_COMPUTE": "1"}}.
         faults: dict[str, dict[str, str]] = json.loads(os.environ.get(PREFLIGHT_FAULTS_ENV, "{}"))
@@ -159,7 +155,6 @@ class LocalCluster(Cluster):
             if name in faults
             for local in range(procs_per_node)
         }
-        reference = compute_digest(torch.device("cpu"), env={})  # CPU processes here: this one knows the answer
         report = run_collective_check(
             self.workdir / "preflight" / time.strftime("%H%M%S"),
             nodes=len(nodes),
@@ -168,15 +163,9 @@ class LocalCluster(Cluster):
             collective_timeout=10.0,
             rank_env=rank_env,
             backend="gloo",
-            reference_digest=reference,
+            reference=cpu_reference,  # CPU processes here: this one knows the answer
             start=self._start_check_rank,
         )
-        answers = {r.compute_digest for r in report.ranks if r.compute_digest}
-        if answers and reference not in answers:  # judged by the ranks' majority instead (collective_runner.judge)
-            get_logger("stalwart.cluster").warning(
-                "the compute check's reference matches no rank",
-                fields={"reference": reference[:12], "ranks": sorted(a[:12] for a in answers)},
-            )
         verdicts = {v.node: v for v in report.nodes}
         return [
             PreflightVerdict(

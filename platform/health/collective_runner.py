@@ -44,6 +44,22 @@ WORKER_ENTRY = f"{WORKER_MODULE}:main"  # the same, for a process forked from on
 
 # How a rank starts, from its environment and log file: `start_cold` unless its caller has a faster way.
 RankStarter = Callable[[dict[str, str], Path], ChildProcess]
+# The compute check's right answer for these ranks, where it can be known (None where it cannot):
+# asked only when the ranks' answers disagree.
+Reference = Callable[[list[RankReport]], str | None]
+
+
+def cpu_reference(ranks: list[RankReport]) -> str | None:
+    """When every rank ran on CPU, this process can compute the right answer (with two nodes a
+    majority cannot say which one is wrong); on GPUs the majority decides. Imports torch: asked only
+    when the ranks disagree, so a control plane that never sees a disagreement never loads it."""
+    if {r.device for r in ranks if r.compute_digest} != {"cpu"}:
+        return None
+    import torch
+
+    from stalwart.health.compute_check import compute_digest
+
+    return compute_digest(torch.device("cpu"), env={})
 
 
 def start_cold(env: dict[str, str], log: Path) -> ChildProcess:
@@ -59,16 +75,17 @@ def _read_report(path: Path, rank: int, per_node: int) -> RankReport:
 
 
 def judge(
-    reports: list[RankReport], procs_per_node: int, timed_out: list[int], reference_digest: str | None = None
+    reports: list[RankReport], procs_per_node: int, timed_out: list[int], reference: Reference | None = None
 ) -> list[NodeVerdict]:
-    """Which nodes failed, and why (pure: tested on constructed reports as well as real runs).
+    """Which nodes failed, and why (tested on constructed reports as well as real runs).
 
-    With `reference_digest` (the compute check's result computed where it is known to be right, on
-    the same kind of device), ranks that disagree are judged against it rather than by majority:
-    with two nodes a majority cannot tell which one is wrong. It only decides between the ranks' own
-    answers: ranks that all agree are right, and a reference that matches none of them is not
-    trusted over their majority (a local cluster computes it in the controller's process, which
-    once got another answer than four agreeing check ranks and evicted both healthy nodes).
+    With a `reference` (the compute check's result computed where it is known to be right, on the
+    same kind of device), ranks that disagree are judged against it rather than by majority: with
+    two nodes a majority cannot tell which one is wrong. It only decides between the ranks' own
+    answers: ranks that all agree are right (the reference is not even asked), and a reference that
+    matches none of them is not trusted over their majority (a local cluster computed it in the
+    controller's process, got another answer than four agreeing check ranks, and had both healthy
+    nodes evicted).
     """
     by_rank = {r.rank: r for r in reports}
     nodes = sorted({r.node for r in reports})
@@ -80,9 +97,10 @@ def judge(
     mismatched = set(sorted(views, key=len, reverse=True)[0]) if views else set()
     digests = {r.rank: r.compute_digest for r in reports if r.compute_digest}
     answers = set(digests.values())
-    decides = reference_digest is not None and len(answers) > 1 and reference_digest in answers
+    right = reference(reports) if reference is not None and len(answers) > 1 else None
+    decides = right is not None and right in answers
     if decides:
-        mismatched = {rank for rank, d in digests.items() if d != reference_digest}
+        mismatched = {rank for rank, d in digests.items() if d != right}
     elif len(answers) == 1:
         mismatched = set()
     against = "the reference" if decides else "the other ranks'"
@@ -227,10 +245,10 @@ def assemble(
     *,
     backend: str,
     started_at: float,
-    reference_digest: str | None = None,
+    reference: Reference | None = None,
 ) -> CollectiveCheckReport:
     """Judge every rank's report (however they were gathered) into the run's report."""
-    verdicts = judge(reports, procs_per_node, timed_out, reference_digest)
+    verdicts = judge(reports, procs_per_node, timed_out, reference)
     passed = (
         all(v.passed for v in verdicts)
         and all(r.finished and r.phase == "done" for r in reports)
@@ -259,7 +277,7 @@ def run_collective_check(
     numel: int = 1 << 16,
     rank_env: Mapping[int, Mapping[str, str]] | None = None,
     master_port: int | None = None,
-    reference_digest: str | None = None,
+    reference: Reference | None = None,
     start: RankStarter = start_cold,
 ) -> CollectiveCheckReport:
     """Run the checks on `nodes` x `procs_per_node` local processes; never longer than `timeout`.
@@ -287,7 +305,7 @@ def run_collective_check(
         outcome.exit_codes,
         backend=backend,
         started_at=started,
-        reference_digest=reference_digest,
+        reference=reference,
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import Field
 
 from stalwart.health.collective_records import CollectiveCheckReport, RankReport
-from stalwart.health.collective_runner import RankStarter, assemble, run_ranks, start_cold
+from stalwart.health.collective_runner import RankStarter, Reference, assemble, run_ranks, start_cold
 from stalwart.store.records import Record
 
 NO_REPORT = "its agent sent no report"
@@ -97,7 +97,7 @@ def run_share(
 def judge_shares(
     request: CheckRequest,
     reports: Mapping[str, NodeCheckReport],
-    reference_digest: Callable[[list[RankReport]], str | None] = lambda _: None,
+    reference: Reference | None = None,
 ) -> tuple[CollectiveCheckReport, dict[str, list[str]]]:
     """Every node's share judged together, as one local run would be. A node that sent no report
     (its agent is gone, or hung) counts as ranks that never started: the hung participant.
@@ -126,6 +126,6 @@ def judge_shares(
         exit_codes,
         backend=request.backend,
         started_at=request.requested_at,
-        reference_digest=reference_digest(ranks),
+        reference=reference,
     )
     return report, notes

@@ -78,10 +78,10 @@ def test_the_reference_decides_between_the_ranks_answers_and_never_against_all_o
 
     split = _computed(["good", "bad"])
     assert passed(judge(split, 1, timed_out=[])) == [False, False]  # no majority: both suspect
-    verdicts = judge(split, 1, timed_out=[], reference_digest="good")
+    verdicts = judge(split, 1, timed_out=[], reference=lambda _: "good")
     assert passed(verdicts) == [True, False] and "differs from the reference" in verdicts[1].reasons[0]
-    assert passed(judge(_computed(["same", "same"]), 1, timed_out=[], reference_digest="other")) == [True, True]
-    verdicts = judge(_computed(["a", "a", "b"]), 1, timed_out=[], reference_digest="c")
+    assert passed(judge(_computed(["same", "same"]), 1, timed_out=[], reference=lambda _: "other")) == [True, True]
+    verdicts = judge(_computed(["a", "a", "b"]), 1, timed_out=[], reference=lambda _: "c")
     assert passed(verdicts) == [True, True, False] and "differs from the other ranks'" in verdicts[2].reasons[0]
 
 
