@@ -17,7 +17,7 @@ PREFIXES = ("/stalwart/v1/jobs/j/nodes/node-0/command", "/stalwart/v1/jobs/j/sta
 def test_watches_resume_after_etcd_restarts_and_miss_nothing(tmp_path: Path) -> None:
     seen: list[tuple[str, bytes | None]] = []
     with EtcdServer(tmp_path / "etcd") as etcd:
-        writer, watcher = Store(etcd.endpoint, timeout=2.0), Store(etcd.endpoint, timeout=2.0)
+        writer, watcher = Store(etcd.endpoint, timeout=30.0), Store(etcd.endpoint, timeout=30.0)
         try:
             watches = [watcher.watch_prefix(p, lambda k, v: seen.append((k, v))) for p in PREFIXES]
             writer.put(PREFIXES[0], "before")
