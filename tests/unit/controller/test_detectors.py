@@ -368,19 +368,20 @@ def test_a_node_whose_own_pace_is_an_outlier_among_its_role_is_evicted() -> None
 
 
 def _stepping(
-    h: Harness, steps: int, sampled: dict[str, Callable[[int], bool]], took: Callable[[str, int], float]
+    h: Harness, ticks: int, step_at: dict[str, Callable[[int], int | None]], took: Callable[[str, int], float]
 ) -> None:
-    """A step every half second; each node's agent sends a heartbeat at the steps `sampled` says,
-    carrying that step and the time it took there."""
-    for k in range(1, steps + 1):
+    """A heartbeat time every half second: at tick k, each node's agent sends a heartbeat carrying
+    the step `step_at` says (None: no heartbeat this time) and the time that step took."""
+    for k in range(1, ticks + 1):
         h.clock.advance(0.5)
-        for i, node in enumerate(sampled):
-            if not sampled[node](k):
+        for i, (node, at) in enumerate(step_at.items()):
+            step = at(k)
+            if step is None:
                 continue
-            t = took(node, k)
-            vector = {"node": node, "at": h.clock.now, "step": k, "workers_running": 2, "step_time_s": t}
+            t = took(node, step)
+            vector = {"node": node, "at": h.clock.now, "step": step, "workers_running": 2, "step_time_s": t}
             vector["tokens_per_second"] = 2 * 128 / t
-            ranks = [worker(r, step=k, step_time=t, last_progress_at=h.clock.now) for r in (2 * i, 2 * i + 1)]
+            ranks = [worker(r, step=step, step_time=t, last_progress_at=h.clock.now) for r in (2 * i, 2 * i + 1)]
             h.beat(node, 1, ranks, vector=vector)
         h.tick()
 
@@ -392,8 +393,9 @@ def test_synchronous_nodes_sampled_at_different_steps_are_no_outliers() -> None:
     a node 2.4 times slower (a 3-D job lost two healthy nodes so). By step, they agree."""
     h = Harness(roles=[{"name": "trainer", "replicas": 4, "processesPerNode": 2, "command": ["python", "t.py"]}])
     h.running(slots=("node-0", "node-1", "node-2", "node-3"), next_node_index=4)
-    every = {n: (lambda k: True) for n in ("node-0", "node-2", "node-3")}
-    _stepping(h, 40, {**every, "node-1": lambda k: k % 2 == 0}, lambda node, k: 0.4 + 3.0 * 0.8**k)
+    every = {n: (lambda k: k) for n in ("node-0", "node-2", "node-3")}
+    starved = {"node-1": lambda k: k if k % 2 == 0 else None}
+    _stepping(h, 40, {**every, **starved}, lambda node, step: 0.4 + 3.0 * 0.8**step)
     assert h.incidents() == []
 
 
@@ -402,18 +404,9 @@ def test_a_node_that_falls_behind_in_steps_is_compared_step_by_step() -> None:
     at step 13 when the others are at 40; its steps against theirs name it."""
     h = Harness(roles=[{"name": "rollout", "replicas": 4, "processesPerNode": 2, "command": ["python", "r.py"]}])
     h.running(slots=("node-0", "node-1", "node-2", "node-3"), next_node_index=4)
-    pace = {"node-0": 1, "node-1": 1, "node-2": 3, "node-3": 1}
-    # node-2's k-th heartbeat carries its step k // 3 (the harness's clock counts the others' steps).
-    for k in range(1, 41):
-        h.clock.advance(0.5)
-        for i, (node, slow) in enumerate(pace.items()):
-            if k % slow:
-                continue
-            step, t = k // slow, 0.1 * slow + 0.001 * (k % 3)
-            vector = {"node": node, "at": h.clock.now, "step": step, "workers_running": 2, "step_time_s": t}
-            ranks = [worker(r, step=step, step_time=t, last_progress_at=h.clock.now) for r in (2 * i, 2 * i + 1)]
-            h.beat(node, 1, ranks, vector=vector)
-        h.tick()
+    every = {n: (lambda k: k) for n in ("node-0", "node-1", "node-3")}
+    behind = {"node-2": lambda k: k // 3 if k % 3 == 0 else None}  # a step every third tick
+    _stepping(h, 40, {**every, **behind}, lambda node, step: (0.3 if node == "node-2" else 0.1) + 0.001 * (step % 3))
     [incident] = h.incidents()
     assert incident.failure_class.value == "Slowdown" and incident.suspects == ["node-2"]
     assert incident.evidence[-1].startswith("median step time over the last 10 samples: node-0 0.10"), incident.evidence
