@@ -12,13 +12,14 @@ tests run one at a time (no -n) on an otherwise quiet machine.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.machine import CpuTimes
 
 REPORT = Path(".stalwart/cpu-report.json")
 SHOWN = 15
@@ -27,11 +28,9 @@ _rows: list[tuple[str, float, float]] = []
 
 
 def machine_cpu_seconds() -> float:
-    """CPU time every core has spent busy since boot (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as stat:
-        ticks = [int(v) for v in stat.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle, iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    """CPU time every core has spent busy since boot, the host's steal included."""
+    times = CpuTimes.now()
+    return times.busy + times.steal if times is not None else 0.0
 
 
 @pytest.hookimpl(hookwrapper=True)

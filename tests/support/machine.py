@@ -9,6 +9,7 @@ then; the cores' accounting over the run says how much of them the suite had.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,8 @@ class CpuTimes:
     steal: float
 
     @classmethod
-    def parse(cls, text: str, ticks_per_second: int = 100) -> CpuTimes:
+    def parse(cls, text: str, ticks_per_second: int | None = None) -> CpuTimes:
+        ticks_per_second = ticks_per_second or os.sysconf("SC_CLK_TCK")
         fields = [int(x) for x in text.splitlines()[0].split()[1:]]
         fields += [0] * (STEAL_FIELD + 1 - len(fields))
 
