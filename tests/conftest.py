@@ -18,6 +18,7 @@ import pytest
 from support.orphans import cmdline, tagged_processes
 from support.paths import REPO
 from support.ranks import close_shared_host
+from support.schedule import shared_groups
 
 from stalwart.store import Store
 from stalwart.store.etcd_server import EtcdServer
@@ -42,17 +43,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = item.path.relative_to(REPO / "tests").parts
         if parts[0] in ("unit", "e2e"):
             item.add_marker(parts[0])
-        if _shares_a_module_fixture(item):
-            # `pytest -n N --dist loadgroup` (make test) keeps a module's tests on one worker when they
-            # share one run (a module-scoped fixture), and spreads every other test on its own.
-            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))
+    # `pytest -n N --dist loadgroup` (make test) keeps the tests that share one run (a module-scoped
+    # fixture) on one worker, and spreads every other test on its own (support.schedule.shared_groups).
+    for item, group in zip(items, shared_groups([_shared_fixtures(item) for item in items]), strict=True):
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
-def _shares_a_module_fixture(item: pytest.Item) -> bool:
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """`where::name` of each fixture the test shares with others: one instance of a module-scoped
+    (or class-scoped) fixture serves its module, one of a package-scoped fixture its package."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
-        return False
-    return any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values() for d in defs)
+        return []
+    keys = []
+    for name, defs in info.name2fixturedefs.items():
+        scopes = {d.scope for d in defs}
+        if "package" in scopes:
+            keys.append(f"{item.path.parent.relative_to(REPO)}::{name}")
+        elif scopes & {"module", "class"}:
+            keys.append(f"{item.path.relative_to(REPO)}::{name}")
+    return sorted(keys)
 
 
 @pytest.fixture(scope="session", autouse=True)

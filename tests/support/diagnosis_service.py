@@ -47,11 +47,13 @@ def start_service(tmp: Path, *args: str, token: str | None = None) -> Service:
         if proc.poll() is not None:
             return True
         try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            return http.get(f"{url}/healthz").status_code == 200
         except httpx.HTTPError:
             return False
 
-    if not wait_for(up, 120, 0.2) or proc.poll() is not None:
+    with httpx.Client(timeout=1) as http:  # one client for the polls: each `httpx.get` builds a TLS context
+        started = wait_for(up, 120, 0.2)
+    if not started or proc.poll() is not None:
         stop_process(proc, grace=2)
         pytest.fail(f"the diagnosis service did not come up:\n{log.read_text()[-3000:]}")
     return Service(proc, url, token, log)

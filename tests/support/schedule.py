@@ -103,6 +103,37 @@ def longest_first(
     return [item for name in sorted(units, key=lambda name: -cost[name]) for item in units[name]]
 
 
+def shared_groups(keys: list[list[str]]) -> list[str | None]:
+    """Each test's xdist group, from the `where::fixture` keys of the module-scoped fixtures it uses:
+    tests linked by a fixture, directly or through each other, share a group (one worker sets the
+    fixture up once), named after the fixtures; a test with none has no group (None). A module with
+    two independent runs (the 3-D layout's faults run and its replay run) is two groups, which two
+    workers run at once, not one group that one worker runs in turn."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for item_keys in keys:
+        for key in item_keys:
+            parent.setdefault(key, key)
+        for key in item_keys[1:]:
+            parent[root(key)] = root(item_keys[0])
+    members: dict[str, list[str]] = {}
+    for key in parent:
+        members.setdefault(root(key), []).append(key)
+    names = {top: _group_name(sorted(group)) for top, group in members.items()}
+    return [names[root(item_keys[0])] if item_keys else None for item_keys in keys]
+
+
+def _group_name(keys: list[str]) -> str:
+    """`module::fixture+fixture`, from keys `module::fixture` (a group's keys share their module)."""
+    return keys[0].partition("::")[0] + "::" + "+".join(key.partition("::")[2] for key in keys)
+
+
 def merged(before: dict[str, float], session: dict[str, float]) -> dict[str, float]:
     """The record after a session: its tests of RECORDED_FROM seconds or more replace their entries,
     its shorter ones leave it, tests it did not run keep theirs; longest first."""

@@ -159,11 +159,13 @@ def world(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
         def serving() -> bool:
             try:
-                return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+                return http.get(f"{base}/healthz").status_code == 200
             except httpx.HTTPError:
                 return console.poll() is not None
 
-        assert wait_for(serving, 60, interval=0.2) and console.poll() is None, (workdir / "console.log").read_text()
+        with httpx.Client(timeout=2) as http:  # one client for the polls: each `httpx.get` builds a TLS context
+            up = wait_for(serving, 60, interval=0.2)
+        assert up and console.poll() is None, (workdir / "console.log").read_text()
         with open(workdir / "run.out", "wb") as run_out:
             run = spawn(run_argv, stdout=run_out)
         yield World(store, base, workdir / "run.out", etcd.endpoint)

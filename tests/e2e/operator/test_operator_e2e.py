@@ -954,24 +954,30 @@ def test_a_second_operator_replica_stands_by(world: World) -> None:
     }
     with open(world.log.with_name("operator-1.log"), "ab") as out:
         second = spawn([sys.executable, "-m", "stalwart_operator"], env=env, stdout=out)
+    http = httpx.Client(timeout=2)  # one client: each `httpx.get` builds a TLS context
     try:
 
         def get(port: str | int, path: str) -> int:
             try:
-                return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2).status_code
+                return http.get(f"http://127.0.0.1:{port}{path}").status_code
             except httpx.HTTPError:
                 return 0
 
-        world.wait("the standby's probes", lambda: get(probe, "/healthz") == 200)
+        # Its probes answer from its start; it says it stands by after its first try at the lease.
+        standby_log = world.log.with_name("operator-1.log")
+        world.wait(
+            "the standby's probes and its first election attempt",
+            lambda: get(probe, "/healthz") == 200 and "standing by" in standby_log.read_text(),
+        )
         assert get(probe, "/readyz") == 503
         assert get(world.env["STALWART_PROBE_PORT"], "/readyz") == 200
-        assert "standing by" in world.log.with_name("operator-1.log").read_text()
         # The job metrics come from the leader only; the standby answers with its own liveness.
-        standby = httpx.get(f"http://127.0.0.1:{env['STALWART_JOB_METRICS_PORT']}/metrics", timeout=5).text
+        standby = http.get(f"http://127.0.0.1:{env['STALWART_JOB_METRICS_PORT']}/metrics", timeout=5).text
         assert "stalwart_job_exporter_leader 0.0" in standby and "stalwart_job_phase" not in standby
-        leader = httpx.get(f"http://127.0.0.1:{world.env['STALWART_JOB_METRICS_PORT']}/metrics", timeout=5).text
+        leader = http.get(f"http://127.0.0.1:{world.env['STALWART_JOB_METRICS_PORT']}/metrics", timeout=5).text
         assert "stalwart_job_exporter_leader 1.0" in leader and 'training_job="default.' in leader
     finally:
+        http.close()
         assert stop_process(second, grace=10.0) == 0
 
 

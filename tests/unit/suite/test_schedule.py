@@ -3,7 +3,7 @@ that each `make durations` run updates."""
 
 from __future__ import annotations
 
-from support.schedule import longest_first, merged, plain_nodeid, unrecorded
+from support.schedule import longest_first, merged, plain_nodeid, shared_groups, unrecorded
 
 SECONDS = {"m.py::a": 3.0, "m.py::b": 4.0, "x.py::long": 30.0, "y.py::mid": 5.0}
 
@@ -38,3 +38,29 @@ def test_the_group_suffix_xdist_gives_a_grouped_test_is_not_part_of_its_id() -> 
 def test_a_run_names_the_long_tests_the_record_lacks_longest_first() -> None:
     session = {"x.py::long": 31.0, "n.py::new": 12.0, "n.py::newer": 40.0, "n.py::short": 2.0}
     assert unrecorded(SECONDS, session) == ["n.py::newer", "n.py::new"]
+
+
+def test_tests_linked_by_a_module_fixture_share_a_group_and_independent_runs_do_not() -> None:
+    keys = [
+        ["m.py::faults_run"],
+        ["m.py::replay_run"],
+        [],
+        ["m.py::faults_run"],
+        ["n.py::app", "n.py::records"],  # links app's tests with records' tests
+        ["n.py::records"],
+        ["n.py::app"],
+    ]
+    assert shared_groups(keys) == [
+        "m.py::faults_run",
+        "m.py::replay_run",
+        None,
+        "m.py::faults_run",
+        "n.py::app+records",
+        "n.py::app+records",
+        "n.py::app+records",
+    ]
+
+
+def test_a_chain_of_fixtures_makes_one_group_whatever_the_order() -> None:
+    keys = [["m.py::a"], ["m.py::c"], ["m.py::b", "m.py::c"], ["m.py::a", "m.py::b"]]
+    assert set(shared_groups(keys)) == {"m.py::a+b+c"}
