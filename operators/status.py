@@ -533,9 +533,10 @@ def build_status(
         else:
             omitted += 1
 
+    roles = state.slot_roles()
     for rank, name in enumerate(state.slots):
         pod = pods.get(name)
-        role = state.role_of(name) or (slot_roles[rank] if rank < len(slot_roles) else None)
+        role = roles.get(name) or (slot_roles[rank] if rank < len(slot_roles) else None)
         node = NodeStatus(
             name=name,
             rank=rank,

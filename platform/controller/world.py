@@ -62,9 +62,10 @@ def startable(state: JobState) -> list[str]:
     return [*state.slots, *([] if recovering else state.standbys)]
 
 
-def node_role(state: JobState, node: str) -> str | None:
-    """The role a node to start serves: its slot's, or the pool it waits in."""
-    return state.role_of(node) or state.standby_roles.get(node)
+def node_role(state: JobState, node: str, slot_roles: dict[str, str] | None = None) -> str | None:
+    """The role a node to start serves: its slot's, or the pool it waits in. `slot_roles`:
+    `state.slot_roles()`, computed once by a caller that asks for many nodes."""
+    return (state.slot_roles() if slot_roles is None else slot_roles).get(node) or state.standby_roles.get(node)
 
 
 def reconcile(plan: Plan, obs: Observation) -> None:
@@ -82,6 +83,7 @@ def reconcile(plan: Plan, obs: Observation) -> None:
     for name in sorted(obs.cluster):
         if name not in wanted:
             plan.effect(StopNode(name))
+    slot_roles = state.slot_roles()
     for name in startable(state):
         if name not in obs.cluster:
-            plan.effect(StartNode(name, standby=name in state.standbys, role=node_role(state, name)))
+            plan.effect(StartNode(name, standby=name in state.standbys, role=node_role(state, name, slot_roles)))
