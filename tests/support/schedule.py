@@ -1,6 +1,7 @@
-"""Longest first: under pytest-xdist the work units (a module whose tests share one run, or a single
-test) start in the order of their recorded durations, longest first, so that the run ends on short
-tests on both workers instead of one worker finishing a 40-second test while the other idles.
+"""Longest first: under pytest-xdist the work units (the tests that share one run, a module-scoped
+fixture: `shared_groups`; or a single test) start in the order of their recorded durations, longest
+first, so that the run ends on short tests on both workers instead of one worker finishing a
+40-second test while the other idles.
 
 xdist hands each worker the next unit of its queue as it frees up, and builds that queue in the
 workers' collection order unless told to reorder it (`--loadscope-reorder`, its default, puts the
