@@ -80,7 +80,17 @@ def hung(store: Store, run_output: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def live(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
+def live_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """The live run's own etcd. The session's keeps every job its tests ran, and `node uncordon NODE`
+    finds the node's job by itself only where no other job has a node of that name (seen: the
+    stuck-rank test's e2e-tiny, run before this module on the same worker)."""
+    with EtcdServer(tmp_path_factory.mktemp("cli-etcd") / "data") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def live(live_etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
+    etcd = live_etcd
     store = Store(etcd.endpoint)
     store.delete_prefix(keys.job_prefix(JOB))
     workdir = tmp_path_factory.mktemp("cli-live")

@@ -72,3 +72,4 @@ def test_stacks_show_the_rank_that_differs(tmp_path: Path, store: Store, stalwar
         except subprocess.TimeoutExpired:
             run.kill()
             run.communicate()
+        store.delete_prefix(keys.job_prefix("e2e-tiny"))  # the session's etcd serves the worker's next tests
