@@ -3,7 +3,7 @@
 #   make test   installs what it needs, then runs the checks (ruff, mypy, import contracts) and every test
 #               (mypy and the unit tests beside the end-to-end tests: tests/support/suite.py)
 # While working:
-#   make test-fast  the unit tests (tests/unit): 45 s to 75 s, as fast as the machine is that day
+#   make test-fast  the unit tests (tests/unit): 45 s to 76 s, as fast as the machine is that day
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
