@@ -222,8 +222,12 @@ class JobState(Record):
         return {node: r.name for r in self.roles.values() for node in self.role_slots(r.name)}
 
     def role_of(self, node: str) -> str | None:
-        """The role whose slot `node` holds (None: not a slot, or a state without roles)."""
-        return self.slot_roles().get(node)
+        """The role whose slot `node` holds (None: not a slot, or a state without roles). For one
+        node; a loop over many uses `slot_roles`."""
+        if node not in self.slots:
+            return None
+        index = self.slots.index(node)
+        return next((r.name for r in self.roles.values() if r.first_slot <= index < r.first_slot + r.nodes), None)
 
     def running_generation(self, node: str) -> int:
         """The generation whose assignment `node` runs (roles restarted alone run newer ones)."""
