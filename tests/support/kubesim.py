@@ -283,18 +283,16 @@ class Kubelet:
 
     def _sync(self) -> None:
         pods = raw(self.core.list_pod_for_all_namespaces(_preload_content=False))["items"]
-        # The Nodes only when a pod waits to be scheduled: listing them every tick made this loop
-        # half of the emulated API server's requests, and the server's thread a fifth of the
-        # operator module's CPU.
-        nodes: dict[str, Any] = {}
-        load: dict[str, int] = {}  # running or pending pods per machine
-        if any(not (pod.get("spec") or {}).get("nodeName") for pod in pods):
-            nodes = {n["metadata"]["name"]: n for n in raw(self.core.list_node(_preload_content=False))["items"]}
-            load = dict.fromkeys(nodes, 0)
-            for pod in pods:
-                machine = (pod.get("spec") or {}).get("nodeName")
-                if machine in load and (pod.get("status") or {}).get("phase") in (None, "Pending", "Running"):
-                    load[machine] += 1
+        nodes = {n["metadata"]["name"]: n for n in raw(self.core.list_node(_preload_content=False))["items"]}
+        load = dict.fromkeys(nodes, 0)  # running or pending pods per machine
+        for pod in pods:
+            machine = (pod.get("spec") or {}).get("nodeName")
+            if machine in load and (pod.get("status") or {}).get("phase") in (
+                None,
+                "Pending",
+                "Running",
+            ):
+                load[machine] += 1
         live = set()
         for pod in pods:
             meta, spec, status = (
