@@ -80,10 +80,14 @@ def unit_of(item: pytest.Item) -> str:
 
 
 def plain_nodeid(nodeid: str) -> str:
-    """xdist's loadgroup appends `@group` to a grouped test's id in the workers (an `@` inside a
-    parameter's brackets is the test's own)."""
-    head, at, tail = nodeid.rpartition("@")
-    return head if at and "]" not in tail and "::" not in tail else nodeid
+    """xdist's loadgroup appends `@group` to a grouped test's id in the workers. The test's own id
+    ends at its name (an identifier) or at its parameters' closing bracket (an `@` may be inside
+    them); a group's name may hold `::` (`module::fixture`, `shared_groups`) but no bracket."""
+    head, sep, names = nodeid.partition("::")
+    name_end = len(head) + len(sep) + min((i for i in (names.find("["), names.find("@")) if i >= 0), default=len(names))
+    start = nodeid.rfind("]") + 1 if nodeid.startswith("[", name_end) else name_end
+    at = nodeid.find("@", start)
+    return nodeid[:at] if at >= 0 else nodeid
 
 
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py has put each module-scoped run in its group

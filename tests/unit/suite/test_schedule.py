@@ -33,6 +33,10 @@ def test_a_session_replaces_its_tests_entries_and_drops_the_ones_now_short() -> 
 def test_the_group_suffix_xdist_gives_a_grouped_test_is_not_part_of_its_id() -> None:
     assert plain_nodeid("tests/e2e/a.py::test_x@tests/e2e/a.py") == "tests/e2e/a.py::test_x"
     assert plain_nodeid("tests/e2e/a.py::test_x[p@q]") == "tests/e2e/a.py::test_x[p@q]"
+    # shared_groups names a group `module::fixture`: its `::` is not part of the test's id
+    assert plain_nodeid("tests/e2e/a.py::test_x@tests/e2e/a.py::run+world") == "tests/e2e/a.py::test_x"
+    assert plain_nodeid("tests/e2e/a.py::test_x[p@q]@tests/e2e/a.py::run") == "tests/e2e/a.py::test_x[p@q]"
+    assert plain_nodeid("tests/e2e/a.py::TestA::test_x@tests/e2e/a.py::run") == "tests/e2e/a.py::TestA::test_x"
 
 
 def test_a_run_names_the_long_tests_the_record_lacks_longest_first() -> None:
