@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,15 +15,13 @@ import pytest
 
 from stalwart.dataloader import DataConfig, Milestone, ShadowLoaderSupervisor, SourceSpec, build_shards
 from stalwart.dataloader.shm_layout import shm_dir
-from stalwart.net import listen_on
-from stalwart.processes import spawn, stop_process, wait_for
+from stalwart.processes import stop_process, wait_for
 from support.paths import REPO
+from support.ranks import RankProcess, shared_host
 
 CORPUS = REPO / "tests" / "data" / "dataloader" / "corpus"
 TRAINER = REPO / "tests" / "data" / "dataloader" / "trainer.py"
 SOURCES = ("prose", "code", "numbers")
-# The environment variable naming the listening socket rank 0 serves the rendezvous store on.
-STORE_FD_ENV = "TRAINER_STORE_FD"
 SEQ_LEN = 32
 SWITCH_AT = 400  # a curriculum milestone: the mixture changes at this global sample
 
@@ -72,7 +68,9 @@ def sup_path(sup: ShadowLoaderSupervisor) -> Path:
 
 # ------------------------------------------------------------------------------------- trainers
 class Trainers:
-    """One incarnation of a data-parallel job: `world` trainer processes joined by gloo."""
+    """One incarnation of a data-parallel job: `world` trainer processes joined by gloo, forked by
+    this test process's rank host (support.ranks) as an agent forks its workers: torch's import is
+    paid once per pytest worker, not once per trainer (about 2 CPU-seconds each)."""
 
     def __init__(
         self,
@@ -90,45 +88,21 @@ class Trainers:
         config_path = run_dir / "data.json"
         config_path.write_text(config.dumps())
         self.run_dir = run_dir
-        # The store's port listens before any rank starts, and rank 0 inherits the socket: a port
-        # that was only free a moment ago (another worker's listener, or a client connecting to
-        # itself while nothing listened) once left both ranks waiting in their rendezvous.
-        store = listen_on("127.0.0.1", 0)
-        port = store.getsockname()[1]
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self._logs = []
-        for rank in range(world):
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": "1",
-                **({STORE_FD_ENV: str(store.fileno())} if rank == 0 else {}),
-            }
-            argv = [
-                sys.executable,
-                str(TRAINER),
-                "--config",
-                str(config_path),
-                "--run-dir",
-                str(run_dir),
-                "--steps",
-                str(steps),
-                "--ckpt-every",
-                str(ckpt_every),
-                "--micro-batch",
-                str(micro_batch),
-                *(["--shm", shm] if shm else []),
-                *extra,
-            ]
-            log = open(run_dir / f"rank{rank}.log", "ab")
-            self._logs.append(log)
-            fds = (store.fileno(),) if rank == 0 else ()
-            self.procs.append(spawn(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, pass_fds=fds))
-        store.close()  # rank 0 has it now
+        args = [
+            "--config",
+            str(config_path),
+            "--run-dir",
+            str(run_dir),
+            "--steps",
+            str(steps),
+            "--ckpt-every",
+            str(ckpt_every),
+            "--micro-batch",
+            str(micro_batch),
+            *(["--shm", shm] if shm else []),
+            *extra,
+        ]
+        self.procs: list[RankProcess] = shared_host().start(TRAINER, args, world, cwd=run_dir)
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.run_dir.glob("rank*.log")))
@@ -149,7 +123,6 @@ class Trainers:
                 pass
         for p in self.procs:
             p.wait(timeout=30)
-        self.close()
 
     def wait(self, timeout: float = 120.0) -> list[int]:
         try:
@@ -161,12 +134,6 @@ class Trainers:
     def stop(self) -> None:
         for p in self.procs:
             stop_process(p, grace=2.0)
-        self.close()
-
-    def close(self) -> None:
-        for log in self._logs:
-            log.close()
-        self._logs = []
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from stalwart.dataloader import DataConfig, DeterministicLoader, ShadowLoaderClient
-from stalwart.net import tcp_store_on
 
 
 def latest_checkpoint(root: Path) -> dict | None:
@@ -36,16 +35,11 @@ def write_atomic(path: Path, payload: object) -> None:
     os.replace(tmp, path)
 
 
-def join_group(rank: int, world: int) -> None:
-    """gloo over a store on MASTER_PORT; rank 0 serves it on the listening socket the test handed it
-    (TRAINER_STORE_FD), so the port cannot be lost between the test choosing it and rank 0 binding it."""
-    port, timeout = int(os.environ["MASTER_PORT"]), datetime.timedelta(seconds=120)
-    fd = os.environ.get("TRAINER_STORE_FD") if rank == 0 else None
-    if fd is not None:
-        store = tcp_store_on(int(fd), "127.0.0.1", port, world, timeout)
-    else:
-        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+def join_group() -> None:
+    """gloo over torch's env:// rendezvous. Forked by the tests' rank host (support.ranks), as an agent
+    forks a worker, rank 0's store already listens (TORCHELASTIC_USE_AGENT_STORE); started cold, rank 0
+    serves it itself."""
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=120))
 
 
 def main() -> None:
@@ -62,7 +56,7 @@ def main() -> None:
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    join_group(rank, world)
+    join_group()
     config = DataConfig.loads(args.config.read_text())
     if args.shm:
         loader = ShadowLoaderClient(
