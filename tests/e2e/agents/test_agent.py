@@ -23,7 +23,9 @@ from stalwart.store.records import AgentAction, AgentCommand, Assignment, Heartb
 WORKERS = REPO / "tests" / "data" / "workers"
 
 
-def job_doc(name: str, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
+def job_doc(name: str, env: dict[str, str], warm: bool) -> dict:  # type: ignore[type-arg]
+    """The test worker imports no torch: a fork server (warmWorkers, the default) would import it for
+    nothing, so only the tests of the default path's environment and of a killed agent keep it."""
     return {
         "apiVersion": "stalwart.dev/v1alpha1",
         "kind": "TrainingJob",
@@ -39,19 +41,28 @@ def job_doc(name: str, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
                     "env": env,
                 }
             ],
-            "faultTolerance": {"heartbeatIntervalSeconds": 0.5, "leaseTtlSeconds": 2, "stopGraceSeconds": 2},
+            "faultTolerance": {
+                "heartbeatIntervalSeconds": 0.5,
+                "leaseTtlSeconds": 2,
+                "stopGraceSeconds": 2,
+                "warmWorkers": warm,
+            },
         },
     }
 
 
 class AgentUnderTest:
-    def __init__(self, store: Store, tmp: Path, stalwart_cmd: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, store: Store, tmp: Path, stalwart_cmd: list[str], env: dict[str, str] | None = None, warm: bool = False
+    ) -> None:
         self.store = store
         self.job = f"agent-{uuid.uuid4().hex[:6]}"
         self.node = "node-0"
         self.out = tmp / "out"
         self.out.mkdir()
-        store.put(keys.job_spec(self.job), json.dumps(job_doc(self.job, {"OUT_DIR": str(self.out), **(env or {})})))
+        store.put(
+            keys.job_spec(self.job), json.dumps(job_doc(self.job, {"OUT_DIR": str(self.out), **(env or {})}, warm))
+        )
         argv = [
             *stalwart_cmd,
             "agent",
@@ -103,8 +114,8 @@ class AgentUnderTest:
 def make_agent(store: Store, tmp_path: Path, stalwart_cmd: list[str]) -> Iterator:  # type: ignore[type-arg]
     agents: list[AgentUnderTest] = []
 
-    def make(env: dict[str, str] | None = None) -> AgentUnderTest:
-        agents.append(AgentUnderTest(store, tmp_path, stalwart_cmd, env))
+    def make(env: dict[str, str] | None = None, warm: bool = False) -> AgentUnderTest:
+        agents.append(AgentUnderTest(store, tmp_path, stalwart_cmd, env, warm))
         return agents[-1]
 
     yield make
@@ -113,7 +124,7 @@ def make_agent(store: Store, tmp_path: Path, stalwart_cmd: list[str]) -> Iterato
 
 
 def test_workers_get_the_torchrun_environment_and_report_progress(make_agent) -> None:  # type: ignore[no-untyped-def]
-    agent = make_agent()
+    agent = make_agent(warm=True)
     agent.command(1)
     assert wait_for(lambda: len(list(agent.out.glob("*.json"))) == 2, 60)
     env = agent.worker_env(1, 1)
@@ -170,7 +181,7 @@ def test_sigterm_stops_workers_and_releases_the_lease_at_once(make_agent) -> Non
 
 
 def test_workers_die_with_a_killed_agent(make_agent) -> None:  # type: ignore[no-untyped-def]
-    agent = make_agent()
+    agent = make_agent(warm=True)
     agent.command(1)
     assert wait_for(lambda: len(list(agent.out.glob("*.json"))) == 2, 60)
     pids = [agent.worker_env(r, 1)["pid"] for r in (0, 1)]

@@ -36,7 +36,8 @@ def start_agent(store: Store, tmp: Path, stalwart_cmd: list[str], procs: int, co
                     "env": env,
                 }
             ],
-            "faultTolerance": {"heartbeatIntervalSeconds": 0.5, "leaseTtlSeconds": 3},
+            # The test workers import no torch: a fork server would import it for nothing.
+            "faultTolerance": {"heartbeatIntervalSeconds": 0.5, "leaseTtlSeconds": 3, "warmWorkers": False},
         },
     }
     store.put(keys.job_spec(job), json.dumps(doc))

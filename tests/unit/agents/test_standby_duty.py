@@ -38,7 +38,7 @@ def test_a_standby_reads_when_it_becomes_one_and_at_each_new_checkpoint(store: S
         duty.listing_changed()  # not a standby: nothing is read
         listed["now"] = True
         duty.listing_changed()
-        assert wait_for(lambda: duty.rounds == 1, timeout=10)
+        assert wait_for(lambda: duty.rounds == 1, timeout=60)
         # A checkpoint is committed: the slot's heartbeat carries its loader state, the catalog its entry.
         worker = WorkerStatus(
             local_rank=0,
@@ -53,11 +53,11 @@ def test_a_standby_reads_when_it_becomes_one_and_at_each_new_checkpoint(store: S
             keys.node_heartbeat(name, "node-0"), Heartbeat(node="node-0", generation=1, sent_at=1, workers=[worker])
         )
         store.put(keys.checkpoint_entry(name, 20), CheckpointEntry(step=20, uri="mem://x", committed_at=1))
-        assert wait_for(lambda: duty.rounds == 2, timeout=10)  # the catalog's new entry: one more round
+        assert wait_for(lambda: duty.rounds == 2, timeout=60)  # the catalog's new entry: one more round
         assert duty.loader_state(None) == (20, {"position": 640})
         listed["now"] = False  # promoted
         duty.listing_changed()
-        assert wait_for(lambda: duty._catalog is None, timeout=10)  # it no longer watches the catalog
+        assert wait_for(lambda: duty._catalog is None, timeout=60)  # it no longer watches the catalog
         store.put(keys.checkpoint_entry(name, 30), CheckpointEntry(step=30, uri="mem://x", committed_at=2))
         assert duty.rounds == 2
     finally:

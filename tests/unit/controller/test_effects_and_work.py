@@ -61,6 +61,6 @@ def test_the_thread_runner_runs_each_key_once_and_wakes_the_loop() -> None:
     runner.launch(work)
     assert runner.in_flight() == frozenset({work.key}) and runner.take() == []
     release.set()
-    assert wait_for(wake.is_set, 5)
+    assert wait_for(wake.is_set, 60)
     [result] = runner.take()
     assert result.key == work.key and runner.in_flight() == frozenset() and runner.take() == []

@@ -174,7 +174,7 @@ def test_the_view_over_a_real_etcd_sees_a_lease_lapse(store: Store) -> None:
         view.refresh()
         assert set(view.registrations) == {"node-0"}
         store.revoke_lease(lease.id)
-        assert wait_for(lambda: view.refresh() is not None and not view.registrations, timeout=10)
+        assert wait_for(lambda: view.refresh() is not None and not view.registrations, timeout=60)
     finally:
         view.close()
         store.delete_prefix(keys.job_prefix(job))

@@ -123,7 +123,7 @@ def test_without_a_loader_the_client_computes_the_same_batches_itself(data_confi
     ).start(watch=False)
     try:
         os.kill(sup.loader_pid, signal.SIGKILL)  # type: ignore[arg-type]
-        assert wait_for(lambda: sup.loader_pid is None, 10)
+        assert wait_for(lambda: sup.loader_pid is None, 60)
         strict = client(sup, 0, dp_size=1, local_fallback=False, wait_timeout=0.3)
         with pytest.raises(ShadowLoaderUnavailable, match="delivered nothing"):
             strict.next_batch()

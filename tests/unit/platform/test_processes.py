@@ -52,7 +52,7 @@ def test_a_child_dies_with_its_parent() -> None:
 def test_stop_process_takes_the_whole_group() -> None:
     code = f"import subprocess, time\nsubprocess.Popen({SLEEPER!r})\nfor _ in range(600): time.sleep(0.1)\n"
     proc = spawn([sys.executable, "-c", code])
-    assert wait_for(lambda: len(psutil.Process(proc.pid).children(recursive=True)) >= 1, 10)
+    assert wait_for(lambda: len(psutil.Process(proc.pid).children(recursive=True)) >= 1, 60)
     grandchildren = psutil.Process(proc.pid).children(recursive=True)
     stop_process(proc, grace=2)
     assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in grandchildren)

@@ -60,13 +60,13 @@ def test_the_mirror_reports_changes_and_keeps_the_writes_it_was_told_of(store: S
         store.put(prefix + "b", "2")
         store.delete(prefix + "a")
         changes: dict[str, bytes | None] = {}
-        assert wait_for(lambda: changes.update(mirror.take()) or len(changes) == 2, timeout=10)
+        assert wait_for(lambda: changes.update(mirror.take()) or len(changes) == 2, timeout=60)
         assert changes == {prefix + "b": b"2", prefix + "a": None}
         # A write this process made is known at once; its own event, and older ones, change nothing.
         revision = store.put(prefix + "c", "mine")
         mirror.note(prefix + "c", b"mine", revision)
         assert mirror.take() == {prefix + "c": b"mine"}
-        assert wait_for(lambda: mirror.events >= 3, timeout=10)
+        assert wait_for(lambda: mirror.events >= 3, timeout=60)
         mirror._on_change(prefix + "c", b"older", revision - 1)
         assert mirror.take() in ({}, {prefix + "c": b"mine"}) and mirror.keys() == {prefix + "b", prefix + "c"}
     finally:
@@ -92,12 +92,12 @@ def test_a_broken_watch_whose_revision_was_compacted_reads_the_prefix_again(stor
         store._client.compact(revision)  # etcd forgets the changes the watch missed
         watch._broke(watch)  # the store's resume thread creates it again: compacted, so it reads again
         changes: dict[str, bytes | None] = {}
-        assert wait_for(lambda: changes.update(mirror.take()) or mirror.resyncs == 1, timeout=10)
+        assert wait_for(lambda: changes.update(mirror.take()) or mirror.resyncs == 1, timeout=60)
         changes.update(mirror.take())
         assert changes == {prefix + "goes": None, prefix + "new": b"2", prefix + "stays": b"3"}
         assert watch.resynced == 1
         store.put(prefix + "later", "4")  # and the watch goes on from the read's revision
-        assert wait_for(lambda: changes.update(mirror.take()) or prefix + "later" in changes, timeout=10)
+        assert wait_for(lambda: changes.update(mirror.take()) or prefix + "later" in changes, timeout=60)
     finally:
         mirror.close()
 

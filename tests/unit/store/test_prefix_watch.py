@@ -21,7 +21,7 @@ def test_watches_resume_after_etcd_restarts_and_miss_nothing(tmp_path: Path) -> 
         try:
             watches = [watcher.watch_prefix(p, lambda k, v: seen.append((k, v))) for p in PREFIXES]
             writer.put(PREFIXES[0], "before")
-            assert wait_for(lambda: len(seen) == 1, timeout=10)
+            assert wait_for(lambda: len(seen) == 1, timeout=60)
             assert etcd.proc is not None
             etcd.proc.send_signal(signal.SIGKILL)
             etcd.proc.wait(timeout=30)
@@ -33,7 +33,7 @@ def test_watches_resume_after_etcd_restarts_and_miss_nothing(tmp_path: Path) -> 
             assert wait_for(lambda: len(seen) == 4, timeout=30), seen
             assert wait_for(lambda: all(w.resumed >= 1 for w in watches), timeout=30)
             writer.put(PREFIXES[1], "after")
-            assert wait_for(lambda: len(seen) == 5, timeout=10)
+            assert wait_for(lambda: len(seen) == 5, timeout=60)
             assert sorted(seen[1:4], key=str) == sorted(
                 [(PREFIXES[1], b"while-resuming"), (PREFIXES[2] + "a", b"x"), (PREFIXES[0], None)], key=str
             )
