@@ -1,9 +1,16 @@
 """Capturing a worker's Python stacks on demand, for hang diagnosis.
 
-First `py-spy dump` (with `--native` where it works), which needs nothing from the worker; then,
-where py-spy is missing or not permitted (ptrace), the worker SDK's faulthandler: the SDK registers
-it on SIGUSR1 to write every thread's stack to stderr, which is the worker's log file, so the dump
-is the new part of that file. Every attempt is bounded in time, and the text in size.
+First `py-spy dump`, which needs nothing from the worker; then, where py-spy is missing or not
+permitted (ptrace), the worker SDK's faulthandler: the SDK registers it on SIGUSR1 to write every
+thread's stack to stderr, which is the worker's log file, so the dump is the new part of that file.
+Every attempt is bounded in time, and the text in size.
+
+py-spy's plain dump takes milliseconds. `--native` symbolizes every native frame: half a
+CPU-second per dump of a process with torch's libraries loaded, and more with CUDA's. So it is taken
+only where the plain dump's Python frames do not already show the rank waiting in a collective or a
+pipeline transfer (stalwart.diagnosis.stack_state): a rank inside the backward (DDP's all-reduce
+runs from autograd's hooks), a CUDA synchronization or any C++ call shows its wait only in native
+frames. A rank whose Python frames name its collective gets the same verdict either way.
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ from pathlib import Path
 from pydantic import Field
 
 from stalwart.agents.worker_sdk import STACK_DUMP_SIGNAL
+from stalwart.diagnosis.stack_parse import parse_stack
+from stalwart.diagnosis.stack_state import classify
 from stalwart.processes import spawn, stop_process
 from stalwart.store.records import Record
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_BYTES = 64 * 1024
-NATIVE_SHARE = 0.5  # of a capture's time budget, the most `py-spy dump --native` may take
 _POLL = 0.05
 _DUMP_START = re.compile(r"^(Thread|Current thread) 0x[0-9a-f]+ \(most recent call first\):", re.MULTILINE)
 
@@ -140,6 +148,12 @@ def _faulthandler(pid: int, log_path: Path | None, timeout: float) -> str:
     return text[m.start() :]
 
 
+def native_tells_more(text: str) -> bool:
+    """Whether `py-spy dump --native` could say more about where the rank is than this plain dump:
+    unless its Python frames already show it waiting in communication."""
+    return not classify(parse_stack(text)).state.waiting
+
+
 def capture_stack(
     pid: int,
     *,
@@ -151,35 +165,31 @@ def capture_stack(
     methods: Sequence[str] = ("py-spy", "faulthandler"),
     py_spy: str | None = None,
 ) -> StackDump:
-    """One worker's stacks, by the first method that works within `timeout` seconds overall."""
+    """One worker's stacks, by the first method that works within `timeout` seconds overall; with
+    `native`, py-spy's native frames too where they tell more (`native_tells_more`)."""
     deadline = time.monotonic() + timeout
     attempts: list[str] = []
     path = Path(log_path) if log_path is not None else None
     if not Path(f"/proc/{pid}").exists():
         return StackDump(rank=rank, pid=pid, method=StackMethod.NONE, error=f"no process {pid}")
-    plan: list[tuple[StackMethod, bool]] = []
-    if "py-spy" in methods:
-        plan += [(StackMethod.PY_SPY_NATIVE, True)] if native else []
-        plan += [(StackMethod.PY_SPY, False)]
-    if "faulthandler" in methods:
-        plan += [(StackMethod.FAULTHANDLER, False)]
+    plan = [
+        m for m, name in ((StackMethod.PY_SPY, "py-spy"), (StackMethod.FAULTHANDLER, "faulthandler")) if name in methods
+    ]
     binary = py_spy or find_py_spy()
-    for i, (method, use_native) in enumerate(plan):
+    for method in plan:
         left = deadline - time.monotonic()
         if left <= 0:
             attempts.append(f"{method.value}: no time left")
             continue
-        if use_native and i < len(plan) - 1:
-            # Leave the cheaper methods time of their own: on a loaded machine `--native` (symbolizing
-            # every native frame) can take the whole budget and leave the rank with no stack at all.
-            left = min(left, NATIVE_SHARE * timeout)
         try:
             if method is StackMethod.FAULTHANDLER:
                 text = _faulthandler(pid, path, left)
             else:
                 if binary is None or not Path(binary).exists():
                     raise FileNotFoundError("py-spy is not installed")
-                text = _py_spy(binary, pid, use_native, left)
+                text = _py_spy(binary, pid, False, left)
+                if native and native_tells_more(text):
+                    method, text = _with_native(binary, pid, text, deadline, attempts)
         except (OSError, RuntimeError, TimeoutError) as exc:
             attempts.append(f"{method.value}: {exc}")
             continue
@@ -188,6 +198,19 @@ def capture_stack(
     return StackDump(
         rank=rank, pid=pid, method=StackMethod.NONE, error="; ".join(attempts) or "no method", attempts=attempts
     )
+
+
+def _with_native(binary: str, pid: int, plain: str, deadline: float, attempts: list[str]) -> tuple[StackMethod, str]:
+    """The native dump, or the plain one already in hand where it fails or no time is left."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        attempts.append(f"{StackMethod.PY_SPY_NATIVE.value}: no time left")
+        return StackMethod.PY_SPY, plain
+    try:
+        return StackMethod.PY_SPY_NATIVE, _py_spy(binary, pid, True, left)
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        attempts.append(f"{StackMethod.PY_SPY_NATIVE.value}: {exc}")
+        return StackMethod.PY_SPY, plain
 
 
 def capture_stacks(

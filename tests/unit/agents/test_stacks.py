@@ -67,7 +67,48 @@ def test_the_faulthandler_fallback_reads_the_new_part_of_the_log(worker: Worker)
 def test_without_py_spy_it_falls_back(worker: Worker, tmp_path: Path) -> None:
     dump = capture_stack(worker.proc.pid, log_path=worker.log_path, timeout=20, py_spy=str(tmp_path / "no-py-spy"))
     assert dump.method is StackMethod.FAULTHANDLER and FUNCTION in dump.text
-    assert [a.split(":")[0] for a in dump.attempts] == ["py-spy-native", "py-spy"]
+    assert [a.split(":")[0] for a in dump.attempts] == ["py-spy"]
+
+
+def test_a_rank_that_is_not_waiting_gets_its_native_frames_too(worker: Worker) -> None:
+    """The stuck function sleeps: its Python frames show no wait, so `--native` is tried as well."""
+    if find_py_spy() is None:
+        pytest.skip("py-spy is not installed")
+    dump = capture_stack(worker.proc.pid, log_path=worker.log_path, timeout=20, methods=("py-spy",))
+    assert FUNCTION in dump.text, dump.attempts
+    # Whether --native works depends on the sandbox; where it fails, the plain dump stands and says why.
+    assert dump.method is StackMethod.PY_SPY_NATIVE or [a.split(":")[0] for a in dump.attempts] == ["py-spy-native"]
+
+
+PLAIN_IN_ALL_REDUCE = """Thread 4242 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2501)
+    wrapper (torch/distributed/c10d_logger.py:81)
+    train_step (pretrain_tiny.py:120)
+    main (pretrain_tiny.py:150)
+    <module> (pretrain_tiny.py:181)
+"""
+PLAIN_IN_BACKWARD = """Thread 4242 (active): "MainThread"
+    _engine_run_backward (torch/autograd/graph.py:823)
+    backward (torch/autograd/__init__.py:347)
+    backward (torch/_tensor.py:581)
+    main (pretrain_tiny.py:130)
+    <module> (pretrain_tiny.py:181)
+"""
+PLAIN_IN_DATA = """Thread 4242 (active): "MainThread"
+    next_batch (shadow_client.py:210)
+    main (pretrain_tiny.py:120)
+    <module> (pretrain_tiny.py:181)
+"""
+
+
+def test_native_frames_are_wanted_only_where_the_python_frames_show_no_wait() -> None:
+    """In a collective, the Python frames say it all; in the backward (DDP's all-reduce runs from
+    autograd's hooks) only the native frames show whether the rank computes or waits."""
+    from stalwart.agents.stacks import native_tells_more
+
+    assert not native_tells_more(PLAIN_IN_ALL_REDUCE)
+    assert native_tells_more(PLAIN_IN_BACKWARD)
+    assert native_tells_more(PLAIN_IN_DATA)
 
 
 def test_dumps_are_truncated(worker: Worker) -> None:
