@@ -289,11 +289,20 @@ def test_every_page_renders_for_the_live_job(world: World, operator: Any) -> Non
     assert 1 <= len(entries) <= 2 and all(c.step % 10 == 0 for c in entries), entries
     assert all(c.tiers and c.uri.endswith(f"step-{c.step:010d}") for c in entries), entries
     assert any("file" in c.tiers for c in entries) and all(c.bytes for c in entries if "file" in c.tiers), entries
-    page.reload()
+    # The page, once every row it shows has its size: a newer step may have entered since, in memory
+    # first (about a second a checkpoint here), its file and size a moment later.
     rows = page.locator("section.card:has(h2:text-is('Checkpoints')) tbody tr")
-    rows.first.wait_for()
-    shown = [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
-    assert 1 <= len(shown) <= 2 and all(int(r[0]) % 10 == 0 and "B" in r[2] for r in shown), shown
+    seen: list[list[list[str]]] = []
+
+    def sizes_shown() -> bool:
+        page.reload()
+        rows.first.wait_for()
+        seen.append(rows.evaluate_all("rows => rows.map(r => [...r.cells].map(c => c.innerText.trim()))"))
+        return all("B" in r[2] for r in seen[-1])
+
+    assert wait_for(sizes_shown, 600, interval=0.5), seen[-3:]
+    shown = seen[-1]
+    assert 1 <= len(shown) <= 2 and all(int(r[0]) % 10 == 0 for r in shown), shown
     assert all("file" in r[1] or "memory" in r[1] for r in shown) and any("file" in r[1] for r in shown), shown
     # `stalwart status` names the newest of them.
     status = CliRunner().invoke(app, ["status", JOB, "-o", "json", "--etcd", world.endpoint])
