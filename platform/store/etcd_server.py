@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from stalwart.store.etcd_auth import PLAIN, EtcdAuth
 # job, ample for a watch that resumes after an outage (one that finds its revision compacted reads
 # its prefix again: prefix_mirror.py).
 AUTO_COMPACTION_REVISIONS = 100_000
+PORT_IN_USE = "address already in use"  # in etcd's log, when it cannot listen
+PORT_RETRY_SECONDS = 0.5
 
 
 def find_etcd_binary() -> str:
@@ -115,15 +118,33 @@ class EtcdServer:
         return argv
 
     def start(self, timeout: float = 30.0) -> EtcdServer:
+        """Start it and wait until it answers. Started again on its ports (after it died), it may
+        find one taken for a moment: a client reconnecting while nothing listened can be given that
+        very port as its own (Linux lets a connection's ephemeral port equal the port it connects to,
+        and the socket then connects to itself) until its connection fails. So a start that fails
+        only on a port in use is tried again, within `timeout`."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            if self._spawn_and_wait(max(0.1, deadline - time.monotonic())):
+                return self
+            said = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            self.stop()
+            if PORT_IN_USE not in said or time.monotonic() + PORT_RETRY_SECONDS >= deadline:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"etcd did not start on {self.endpoint}; its log says:\n{tail}")
+            time.sleep(PORT_RETRY_SECONDS)
+
+    def _spawn_and_wait(self, timeout: float) -> bool:
+        """Whether the etcd it spawns answers within `timeout` (False as soon as it exits)."""
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
-        log = open(self.log_path, "ab")
-        self.proc = spawn(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            proc = self.proc = spawn(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT)
         store = Store(self.endpoint, timeout=1.0, auth=self.client)
 
         def ready() -> bool:
-            if self.proc is not None and self.proc.poll() is not None:
+            if proc.poll() is not None:
                 return True
             try:
                 store.ping()
@@ -135,11 +156,7 @@ class EtcdServer:
             up = wait_for(ready, timeout, interval=0.1)
         finally:
             store.close()
-        if self.proc.poll() is not None or not up:
-            self.stop()
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"etcd did not start on {self.endpoint}; its log says:\n{tail}")
-        return self
+        return up and proc.poll() is None
 
     def enable_auth(self, root_password: str, users: Mapping[str, tuple[str, str]] | None = None) -> None:
         """Turn etcd's users and roles on: `root` with this password, and each user (name ->

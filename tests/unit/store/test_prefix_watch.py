@@ -5,6 +5,8 @@ back is delivered, once."""
 from __future__ import annotations
 
 import signal
+import socket
+import threading
 from pathlib import Path
 
 from stalwart.processes import wait_for
@@ -41,3 +43,34 @@ def test_watches_resume_after_etcd_restarts_and_miss_nothing(tmp_path: Path) -> 
         finally:
             watcher.close()
             writer.close()
+
+
+def test_a_restart_that_finds_its_port_taken_for_a_moment_tries_again(tmp_path: Path) -> None:
+    """Restarted on its ports, etcd may find one held by a client that reconnected while nothing
+    listened and was given that port as its own: the start tries again until the port is free."""
+    with EtcdServer(tmp_path / "etcd") as etcd:
+        assert etcd.proc is not None
+        etcd.proc.send_signal(signal.SIGKILL)
+        etcd.proc.wait(timeout=30)
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind((etcd.host, etcd.client_port))
+        squatter.listen()
+
+        def release_once_refused() -> None:  # the state: etcd said the port was in use
+            wait_for(lambda: etcd.log_path.read_text(errors="replace").count("address already in use") >= 1, 120)
+            squatter.close()
+
+        releaser = threading.Thread(target=release_once_refused)
+        releaser.start()
+        try:
+            etcd.start(timeout=120)
+        finally:
+            releaser.join(timeout=130)
+            squatter.close()
+        store = Store(etcd.endpoint)
+        try:
+            store.put("/after-restart", "1")
+            assert store.get_raw("/after-restart") == b"1"
+        finally:
+            store.close()
