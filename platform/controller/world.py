@@ -65,7 +65,8 @@ def startable(state: JobState) -> list[str]:
 def node_role(state: JobState, node: str, slot_roles: dict[str, str] | None = None) -> str | None:
     """The role a node to start serves: its slot's, or the pool it waits in. `slot_roles`:
     `state.slot_roles()`, computed once by a caller that asks for many nodes."""
-    return (state.slot_roles() if slot_roles is None else slot_roles).get(node) or state.standby_roles.get(node)
+    slot_role = state.role_of(node) if slot_roles is None else slot_roles.get(node)
+    return slot_role or state.standby_roles.get(node)
 
 
 def reconcile(plan: Plan, obs: Observation) -> None:

@@ -73,13 +73,10 @@ class RankHost:
         self._start_lock = threading.Lock()
         threading.Thread(target=self._read, name=f"rank-host-{self.proc.pid}", daemon=True).start()
 
-    def start(
-        self, script: Path, args: list[str], world: int, cwd: Path, env: dict[str, str] | None = None
-    ) -> list[RankProcess]:
-        """`world` ranks of `python script args` in `cwd` (rank R logs to cwd/rank-R.log), with this
-        test's environment (a rank started here would get it) plus `env`."""
+    def start(self, script: Path, args: list[str], world: int, cwd: Path) -> list[RankProcess]:
+        """`world` ranks of `python script args` in `cwd` (rank R logs to cwd/rank-R.log)."""
         request = {"world": world, "port": free_port(), "cwd": str(cwd), "script": str(script), "args": args}
-        request["env"] = {**torchrun_base_env(), **(env or {})}
+        request["env"] = torchrun_base_env()  # this test's, as a rank started here would get it
         return self._request(request)
 
     def start_module(self, module: str, env: dict[str, str], log: Path) -> RankProcess:
