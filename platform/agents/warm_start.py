@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import errno
 import gc
 import importlib
 import os
 import random
 import runpy
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -76,6 +78,10 @@ PRELOAD = (
 
 RENDEZVOUS_WAIT_SECONDS = 10.0
 RENDEZVOUS_POLL_SECONDS = 0.01
+# How long rank 0 tries again to listen on a port that is taken: a rank polling a port nobody listens
+# on yet can be given that very port as its own and connect to itself (TCP's simultaneous open on
+# loopback), which holds the port until the poller sees it and lets go, a moment later.
+RENDEZVOUS_BIND_SECONDS = 2.0
 # torch's env:// rendezvous connects every rank as a client when this says True (torchelastic's
 # agent store): rank 0's script then uses the store this process serves on MASTER_ADDR alone.
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
@@ -113,10 +119,26 @@ def wait_for_rendezvous(env: dict[str, str]) -> None:
     deadline = time.monotonic() + RENDEZVOUS_WAIT_SECONDS
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((addr, int(port)), timeout=1.0):
-                return
+            with socket.create_connection((addr, int(port)), timeout=1.0) as conn:
+                if not connected_to_itself(conn):
+                    return
+                let_go(conn)
         except OSError:
-            time.sleep(RENDEZVOUS_POLL_SECONDS)
+            pass
+        time.sleep(RENDEZVOUS_POLL_SECONDS)
+
+
+def connected_to_itself(conn: socket.socket) -> bool:
+    """A loopback connect to a port nobody listens on can be given that port as its own source port,
+    and then connects to itself: that is not rank 0's store, and it holds the port rank 0 must bind."""
+    return bool(conn.getsockname() == conn.getpeername())
+
+
+def let_go(conn: socket.socket) -> None:
+    """Close with a reset rather than a FIN: a socket closed the usual way keeps its port in TIME_WAIT
+    for a minute, and rank 0 could not bind it (SO_REUSEADDR helps only when both sockets set it)."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
 
 
 def serve_rendezvous(env: dict[str, str]) -> None:
@@ -128,13 +150,25 @@ def serve_rendezvous(env: dict[str, str]) -> None:
     if env.get("RANK") != "0" or not addr or not port.isdigit() or AGENT_STORE_ENV in env:
         return
     try:
-        world = int(env.get("WORLD_SIZE", "1"))
-        _rendezvous_store = bound_tcp_store(addr, int(port), world, STORE_TIMEOUT)
+        _rendezvous_store = _bind_store(addr, int(port), int(env.get("WORLD_SIZE", "1")))
     except (OSError, ValueError, RuntimeError) as exc:
         # The script's own rendezvous runs next and reports its own errors (a port in use, say).
         print(f"stalwart: no rendezvous store on {addr}:{port} alone ({exc}); torch serves its own", file=sys.stderr)
         return
     os.environ[AGENT_STORE_ENV] = "True"
+
+
+def _bind_store(addr: str, port: int, world: int) -> Any:
+    """The store on addr:port, trying again for a moment while the port is in use (see
+    RENDEZVOUS_BIND_SECONDS): a port that stays taken is the script's to report."""
+    deadline = time.monotonic() + RENDEZVOUS_BIND_SECONDS
+    while True:
+        try:
+            return bound_tcp_store(addr, port, world, STORE_TIMEOUT)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() + RENDEZVOUS_POLL_SECONDS >= deadline:
+                raise
+        time.sleep(RENDEZVOUS_POLL_SECONDS)
 
 
 def apply_thread_count(env: dict[str, str]) -> None:

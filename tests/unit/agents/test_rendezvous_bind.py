@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from typing import Any
 
 import psutil
 import pytest
@@ -70,6 +71,7 @@ def test_other_ranks_and_unusable_addresses_leave_torch_alone(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv(warm_start.AGENT_STORE_ENV, raising=False)
+    monkeypatch.setattr(warm_start, "RENDEZVOUS_BIND_SECONDS", 0.0)  # a port that stays taken
     warm_start.serve_rendezvous({"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
     assert warm_start.AGENT_STORE_ENV not in os.environ
     with socket.socket() as taken:
@@ -81,3 +83,48 @@ def test_other_ranks_and_unusable_addresses_leave_torch_alone(
         )
     assert warm_start.AGENT_STORE_ENV not in os.environ  # the script's own rendezvous reports the error
     assert "no rendezvous store on 127.0.0.1" in capsys.readouterr().err
+
+
+def connected_to_itself() -> socket.socket:
+    """What a rank polling a port nobody listens on can get: that port as its own, connected to itself."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.connect(sock.getsockname())
+    return sock
+
+
+def test_a_connection_to_itself_is_not_rank_0() -> None:
+    with connected_to_itself() as itself:
+        assert warm_start.connected_to_itself(itself)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as conn:
+            assert not warm_start.connected_to_itself(conn)
+
+
+def test_rank_0_binds_once_a_rank_connected_to_itself_lets_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(warm_start.AGENT_STORE_ENV, raising=False)
+    monkeypatch.setattr(warm_start, "_rendezvous_store", None)
+    blocker = connected_to_itself()
+    port = blocker.getsockname()[1]
+    tries: list[int] = []
+    real = warm_start.bound_tcp_store
+
+    def bind_then_let_go(*args: Any, **kwargs: Any) -> Any:
+        tries.append(port)
+        try:
+            return real(*args, **kwargs)
+        except OSError:
+            warm_start.let_go(blocker)  # as wait_for_rendezvous does when it reached itself
+            raise
+
+    monkeypatch.setattr(warm_start, "bound_tcp_store", bind_then_let_go)
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    try:
+        warm_start.serve_rendezvous(env)
+        assert len(tries) == 2 and listening(port) == ["127.0.0.1"]
+        assert os.environ[warm_start.AGENT_STORE_ENV] == "True"
+    finally:
+        blocker.close()
+        monkeypatch.setattr(warm_start, "_rendezvous_store", None)
