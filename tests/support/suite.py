@@ -1,10 +1,13 @@
 """`make test`'s runner: the type check and the unit tests run beside the end-to-end tests, at a
-lower CPU priority, instead of before them.
+lower CPU priority, instead of before them; once the unit tests are done, a third lane runs the
+end-to-end tests that mostly wait (LATE).
 
 The end-to-end tests leave about a tenth of the two cores idle (their jobs wait on leases, hang
 floors and step delays), which is about what mypy and the unit tests need: run beside them, niced,
 they take that idle time instead of a minute and a half of their own, and take little from the
-end-to-end tests when both want the CPU (docs/testing.md has the measurements).
+end-to-end tests when both want the CPU (docs/testing.md has the measurements). After the unit
+tests, the two end-to-end workers alone left a fifth of the cores idle: the late lane's tests,
+which wait more than they compute, take it, and the two workers have that much less to do.
 
     .venv/bin/python tests/support/suite.py --workers 3 --e2e-workers 2
 
@@ -31,6 +34,17 @@ from machine import CpuTimes, probe_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_TAIL_LINES = 60
+# End-to-end modules that mostly wait (on leases, outages, timeouts, sleeping ranks): run alone they
+# used 0.3-0.8 CPU-seconds a second (docs/testing.md, session 20). The late lane runs them, in one
+# process at the usual priority, once the unit tests are done; the end-to-end workers skip them.
+LATE = (
+    "tests/e2e/jobs/test_etcd_outage.py",
+    "tests/e2e/agents/test_agent_zygote.py",
+    "tests/e2e/agents/test_fork_server.py",
+    "tests/e2e/health/test_health_collectives.py",
+    "tests/e2e/diagnosis/test_stuck_rank.py",
+    "tests/e2e/checkpoint/test_checkpoint_safety.py",
+)
 
 
 @dataclass
@@ -42,6 +56,7 @@ class Phase:
     log: Path | None  # None: the terminal
     nice: int = 0
     shm_dir: Path | None = None
+    after: Phase | None = None  # starts once that phase has ended
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     ended: float | None = None
@@ -110,6 +125,7 @@ def xdist_args(workers: int) -> list[str]:
 
 
 def phases(args: argparse.Namespace) -> tuple[list[Phase], Phase]:
+    """The background phases (mypy, the unit tests, the late lane after them) and the end-to-end one."""
     bin_dir = Path(sys.executable).parent
     shm_base = Path(os.environ.get("STALWART_SHM_DIR", "/dev/shm"))
     pytest = [sys.executable, "-m", "pytest"]
@@ -125,13 +141,20 @@ def phases(args: argparse.Namespace) -> tuple[list[Phase], Phase]:
             shm_dir=shm_base / "stalwart-suite-unit",
         ),
     ]
+    late = Phase(
+        "end-to-end tests that wait (the late lane)",
+        [*pytest, *LATE, "-q"],
+        args.logs / "e2e-late.log",
+        shm_dir=shm_base / "stalwart-suite-e2e-late",
+        after=background[1],
+    )
     e2e = Phase(
         "end-to-end tests",
-        [*pytest, "tests/e2e", *xdist_args(args.e2e_workers)],
+        [*pytest, "tests/e2e", *(f"--ignore={path}" for path in LATE), *xdist_args(args.e2e_workers)],
         None,
         shm_dir=shm_base / "stalwart-suite-e2e",
     )
-    return background, e2e
+    return [*background, late], e2e
 
 
 def main() -> int:
@@ -166,15 +189,17 @@ def main() -> int:
     reported: set[str] = set()
     try:
         for phase in [*background, e2e]:
-            phase.start()
-        while e2e.poll() is None:  # bounded by the end-to-end tests' own timeouts
+            if phase.after is None:
+                phase.start()
+        # Bounded by the tests' own timeouts: every phase ends, and a phase waits only for an earlier one.
+        while any(phase.proc is None or phase.poll() is None for phase in [*background, e2e]):
             for phase in background:
-                if phase.name not in reported and phase.poll() is not None:
+                if phase.proc is None and phase.after is not None and phase.after.ended is not None:
+                    phase.start()
+                elif phase.proc is not None and phase.name not in reported and phase.poll() is not None:
                     reported.add(phase.name)
                     print(f"\n[suite] {phase.summary()}", flush=True)
             time.sleep(1.0)
-        for phase in background:
-            phase.wait()
     except KeyboardInterrupt:
         for phase in [e2e, *background]:
             phase.stop()
