@@ -37,6 +37,20 @@ def listen_on(host: str, port: int, backlog: int = 1024) -> socket.socket:
     return sock
 
 
+def inherited_listener(fd: int) -> socket.socket:
+    """The listening TCP socket open on descriptor `fd`, handed over by the process that bound it
+    (`--listen-fd`: a port chosen by binding it cannot be taken by another process before the
+    server starts, as a port chosen free and bound later can). ValueError when it is not one."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ValueError(f"--listen-fd {fd}: {exc.strerror or exc}") from None
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise ValueError(f"--listen-fd {fd} is not a listening TCP socket")
+    return sock
+
+
 def bound_tcp_store(
     host: str, port: int, world_size: int, timeout: datetime.timedelta, *, wait_for_workers: bool = False
 ) -> dist.TCPStore:

@@ -25,12 +25,14 @@ import ipaddress
 import json
 import os
 import re
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from stalwart.checkpoint.memory_auth import TOKEN_ENV, TOKEN_HEADER_PREFIX
+from stalwart.net import inherited_listener
 
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
 _OFFSET = re.compile(r"\d{1,19}")
@@ -274,13 +276,29 @@ def check_bind_address(host: str, allow_all: bool) -> None:
         )
 
 
-def serve(host: str, port: int, capacity_bytes: int, token: str, *, allow_all_interfaces: bool = False) -> Server:
+def serve(
+    host: str,
+    port: int,
+    capacity_bytes: int,
+    token: str,
+    *,
+    allow_all_interfaces: bool = False,
+    listening: socket.socket | None = None,
+) -> Server:
+    """The store on host:port, or on `listening`, a socket already listening there (handed over by
+    the agent, which chose the port by binding it: no other process can take it in between)."""
     if not token:
         raise ValueError("the memory store needs a token")
     check_bind_address(host, allow_all_interfaces)
     bound = {"store": MemoryStore(capacity_bytes), "token": token.encode()}
     handler = type("BoundHandler", (Handler,), bound)
-    server = Server((host, port), handler)
+    if listening is None:
+        server = Server((host, port), handler)
+    else:
+        server = Server((host, port), handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = listening
+        server.server_address = listening.getsockname()[:2]
     server.daemon_threads = True
     return server
 
@@ -294,7 +312,11 @@ def _read_token(args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Stalwart host-memory checkpoint store")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int)
+    where.add_argument(
+        "--listen-fd", type=int, help="serve on this inherited socket, already listening on --host (the agent's way)"
+    )
     parser.add_argument("--capacity-gib", type=float, default=16.0)
     parser.add_argument("--token-file", help=f"file holding the job's token (default: ${TOKEN_ENV})")
     parser.add_argument("--allow-all-interfaces", action="store_true", help="allow --host 0.0.0.0 or ::")
@@ -303,17 +325,20 @@ def main() -> None:
         token = _read_token(args)
         if not token:
             raise ValueError(f"no token: set {TOKEN_ENV} or pass --token-file")
+        listening = inherited_listener(args.listen_fd) if args.listen_fd is not None else None
         server = serve(
             args.host,
-            args.port,
+            args.port or 0,
             int(args.capacity_gib * (1 << 30)),
             token,
             allow_all_interfaces=args.allow_all_interfaces,
+            listening=listening,
         )
     except (OSError, ValueError) as exc:
         print(f"memory store: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"memory store listening on {args.host}:{args.port}", flush=True)
+    host, port = server.server_address[:2]
+    print(f"memory store listening on {host!s}:{port}", flush=True)
     server.serve_forever()
 
 

@@ -44,6 +44,7 @@ from stalwart.diagnosis.http_guard import BearerAuth, RequestTimer, Scope
 from stalwart.diagnosis.models import EvidenceBundle, Verdict
 from stalwart.diagnosis.problems import validation_problem
 from stalwart.diagnosis.worker_pool import Admission, Busy, WorkerLost, WorkerPool
+from stalwart.net import inherited_listener
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, check_token
@@ -333,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Stalwart's diagnosis service")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (not every interface)")
     parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument(
+        "--listen-fd", type=int, default=None, help="serve on this inherited socket, already listening on --host"
+    )
     parser.add_argument("--etcd", default=None, help="HOST:PORT of etcd, for the incident endpoints")
     parser.add_argument(
         "--token-file", default=None, help=f"a file holding the bearer token (else ${DIAGNOSIS_TOKEN_ENV})"
@@ -364,6 +368,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--max-concurrent must be at least 1 and --max-queued at least 0")
     try:
         token = read_token(args)
+        sockets = [inherited_listener(args.listen_fd)] if args.listen_fd is not None else None
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -386,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _already_stopped)
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         if store is not None:
             store.close()

@@ -28,7 +28,7 @@ from stalwart.faults import (
     preflight_fault_env,
 )
 from stalwart.logs import configure, get_logger
-from stalwart.net import free_port
+from stalwart.net import listen_on
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
 from stalwart.runner.etcd_outage import EtcdOutage
@@ -151,21 +151,17 @@ class LocalRun:
 
     def _start_diagnosis(self, store: Store, endpoint: str) -> None:
         """Host the diagnosis service, as a cluster would run it, and publish its URL and token in etcd."""
-        port = self.diagnosis_port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "stalwart.diagnosis.service",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--etcd",
-            endpoint,
-        ]
-        env = {**os.environ, DIAGNOSIS_TOKEN_ENV: self._diagnosis_token}
-        with open(self.workdir / "diagnosis.log", "ab") as log:
-            self.diagnosis = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # The port is chosen by binding it, and the socket handed over (net.inherited_listener).
+        with listen_on("127.0.0.1", 0) as listening:
+            port = self.diagnosis_port = int(listening.getsockname()[1])
+            fd = listening.fileno()
+            argv = [
+                *[sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port)],
+                *["--listen-fd", str(fd), "--etcd", endpoint],
+            ]
+            env = {**os.environ, DIAGNOSIS_TOKEN_ENV: self._diagnosis_token}
+            with open(self.workdir / "diagnosis.log", "ab") as log:
+                self.diagnosis = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=[fd])
         publish_service_token(store, "diagnosis", self._diagnosis_token)
         store.put(
             keys.service("diagnosis"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stalwart.net import free_port
+from stalwart.net import listen_on
 from stalwart.processes import spawn, stop_process, wait_for
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token
 
@@ -33,14 +33,17 @@ class Service:
 def start_service(tmp: Path, *args: str, token: str | None = None) -> Service:
     """Started and answering /healthz; `token` None makes one (the service refuses to start without)."""
     token = token or new_token()
-    port = free_port()
-    log = tmp / f"service-{port}.log"
-    with open(log, "wb") as f:
-        proc = spawn(
-            [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port), *args],
-            env={**os.environ, DIAGNOSIS_TOKEN_ENV: token},
-            stdout=f,
-        )
+    with listen_on("127.0.0.1", 0) as listening:  # handed over, as `stalwart run` does
+        port, fd = listening.getsockname()[1], listening.fileno()
+        log = tmp / f"service-{port}.log"
+        with open(log, "wb") as f:
+            proc = spawn(
+                [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port)]
+                + ["--listen-fd", str(fd), *args],
+                env={**os.environ, DIAGNOSIS_TOKEN_ENV: token},
+                stdout=f,
+                pass_fds=[fd],
+            )
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
