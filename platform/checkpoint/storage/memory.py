@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import threading
 
 from stalwart.checkpoint.memory_auth import TOKEN_ENV, auth_headers, token_from_env
 from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
+
+log = logging.getLogger("stalwart.checkpoint")
 
 CHUNK = 32 << 20  # small writes are gathered up to this before a PUT
 DIRECT = 1 << 20  # a write this large is sent as it is, without a copy
@@ -219,7 +222,15 @@ class MemoryStorage(Storage):
             except StorageError:
                 continue  # a lost node: its peer still answers
             if code == 200:
-                names.update(json.loads(body))
+                try:
+                    listed = json.loads(body)
+                except ValueError:
+                    listed = None
+                if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+                    # Not a memory store's answer (another program on that port): as if the node were lost.
+                    log.warning("not a memory store's answer", extra={"context": {"store": ep.address}})
+                    continue
+                names.update(listed)
         return sorted(names)
 
     def delete_dir(self, name: str) -> None:

@@ -196,3 +196,36 @@ def test_a_standby_mirrors_the_newest_committed_checkpoint_into_its_own_store() 
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+def test_a_program_that_is_not_a_memory_store_counts_as_a_lost_store() -> None:
+    """A node's store address answered by another program (its port taken before the store bound
+    it): its answer is not read as the checkpoint list; the other stores' lists stand."""
+    import http.server
+    import threading
+
+    from stalwart.checkpoint.memory_server import serve
+    from stalwart.checkpoint.storage.memory import MemoryStorage
+
+    class Empty(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    store = serve("127.0.0.1", 0, 1 << 20, TOKEN)
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Empty)
+    threads = [threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True) for s in (store, other)]
+    for t in threads:
+        t.start()
+    try:
+        good, bad = (f"127.0.0.1:{s.server_address[1]}" for s in (store, other))
+        MemoryStorage(good, None, "job", token=TOKEN).write_bytes("step-0000000010/x", b"x")
+        assert MemoryStorage(bad, good, "job", token=TOKEN).list_dirs() == ["step-0000000010"]
+    finally:
+        for s in (store, other):
+            s.shutdown()
+            s.server_close()
