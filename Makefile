@@ -1,7 +1,8 @@
 # Two commands on a fresh machine:
 #   make demo   installs what it needs, then runs the example job with an injected worker crash
 #   make test   installs what it needs, then runs the checks (ruff, mypy, import contracts) and every test
-#               (mypy and the unit tests beside the end-to-end tests: tests/support/suite.py)
+#               (mypy and the unit tests beside the end-to-end tests, then the tests that mostly wait:
+#               tests/support/suite.py)
 # While working:
 #   make test-fast  the unit tests (tests/unit): 45 s to 76 s, as fast as the machine is that day
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
@@ -115,6 +116,7 @@ flakes: $(STAMP)
 # mypy and the unit tests run beside the end-to-end tests, niced, in the CPU those leave idle
 # (tests/support/suite.py; their logs go to .stalwart/test-logs/). Beside them the unit tests need
 # no third worker: each worker's collection costs 9 CPU-seconds, and the idle time is what they use.
+# Once they are done, a late lane runs the end-to-end modules that mostly wait (suite.py's LATE).
 BESIDE_WORKERS ?= 2
 BESIDE_NICE ?= 10
 test: lint install
