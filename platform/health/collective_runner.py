@@ -104,10 +104,13 @@ def judge(
     elif len(answers) == 1:
         mismatched = set()
     against = "the reference" if decides else "the other ranks'"
+    # Where a reference was asked and did not decide, say what it gave: a tie then evicts both sides.
+    asked = reference is not None and len(answers) > 1 and not decides
+    said = f"; the reference gave {right[:12] if right else 'nothing'}" if asked else ""
     for rank in sorted(mismatched):
         suspects.add(rank)
         reasons[by_rank[rank].node].append(
-            f"rank {rank}: compute result differs from {against} (digest {str(digests.get(rank))[:12]})"
+            f"rank {rank}: compute result differs from {against} (digest {str(digests.get(rank))[:12]}{said})"
         )
 
     # Hangs: unfinished ranks while others finished, or the ranks at the earliest phase.

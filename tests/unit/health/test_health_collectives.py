@@ -83,6 +83,10 @@ def test_the_reference_decides_between_the_ranks_answers_and_never_against_all_o
     assert passed(judge(_computed(["same", "same"]), 1, timed_out=[], reference=lambda _: "other")) == [True, True]
     verdicts = judge(_computed(["a", "a", "b"]), 1, timed_out=[], reference=lambda _: "c")
     assert passed(verdicts) == [True, True, False] and "differs from the other ranks'" in verdicts[2].reasons[0]
+    assert "the reference gave c" in verdicts[2].reasons[0]  # what it said, when it did not decide
+    tie = judge(split, 1, timed_out=[], reference=lambda _: None)
+    assert passed(tie) == [False, False] and all("the reference gave nothing" in v.reasons[0] for v in tie)
+    assert "reference" not in judge(split, 1, timed_out=[])[0].reasons[0]  # none was asked
 
 
 def test_topology_helpers() -> None:
