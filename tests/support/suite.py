@@ -98,7 +98,9 @@ class Phase:
         return code
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None:  # never started (the late lane, interrupted before its turn)
+            return
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)  # pytest stops its workers and fixtures on SIGINT
             try:
                 self.proc.wait(timeout=60)

@@ -47,3 +47,11 @@ def test_every_pytest_lane_records_its_durations(suite: ModuleType, tmp_path: Pa
     pytest_lanes = [argv for argv in lanes(suite, tmp_path, record).values() if "pytest" in argv]
     assert len(pytest_lanes) == 3
     assert all(argv[argv.index("--record-durations") + 1] == str(record) for argv in pytest_lanes)
+
+
+def test_stopping_a_lane_that_never_started_does_nothing(suite: ModuleType, tmp_path: Path) -> None:
+    args = argparse.Namespace(workers=2, e2e_workers=2, nice=10, logs=tmp_path, record_durations=None)
+    background, _ = suite.phases(args)
+    late = background[-1]
+    late.stop()  # an interrupt before the unit tests ended
+    assert late.proc is None and late.ended is None
