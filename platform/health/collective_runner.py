@@ -97,7 +97,8 @@ def judge(
     mismatched = set(sorted(views, key=len, reverse=True)[0]) if views else set()
     digests = {r.rank: r.compute_digest for r in reports if r.compute_digest}
     answers = set(digests.values())
-    right = reference(reports) if reference is not None and len(answers) > 1 else None
+    asked = reference if len(answers) > 1 else None  # the ranks disagree: the reference decides
+    right = asked(reports) if asked is not None else None
     decides = right is not None and right in answers
     if decides:
         mismatched = {rank for rank, d in digests.items() if d != right}
@@ -105,8 +106,7 @@ def judge(
         mismatched = set()
     against = "the reference" if decides else "the other ranks'"
     # Where a reference was asked and did not decide, say what it gave: a tie then evicts both sides.
-    asked = reference is not None and len(answers) > 1 and not decides
-    said = f"; the reference gave {right[:12] if right else 'nothing'}" if asked else ""
+    said = f"; the reference gave {right[:12] if right else 'nothing'}" if asked is not None and not decides else ""
     for rank in sorted(mismatched):
         suspects.add(rank)
         reasons[by_rank[rank].node].append(
