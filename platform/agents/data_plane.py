@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.memory_auth import TOKEN_ENV
+from stalwart.handover import spawn_listening
 from stalwart.logs import ContextLogger
-from stalwart.net import listen_on
-from stalwart.processes import spawn, stop_process
+from stalwart.processes import stop_process
 from stalwart.spec import DataSettings, TrainingJob
 from stalwart.spec.topology import Topology
 from stalwart.store.records import Assignment, NodeAssignment
@@ -167,33 +167,26 @@ class DataPlane:
         checkpoint = self.job.spec.checkpoint
         if not checkpoint.memory:
             return
-        # The port is chosen by binding it, and the listening socket handed to the store: a port
-        # chosen free and bound later by the store could be taken in between (seen under a loaded
-        # test suite: the workers then asked another program for their checkpoints).
-        try:
-            listening = listen_on(self.address, 0)
-        except OSError as exc:
-            raise DataPlaneError(f"cannot listen for the memory store on {self.address}: {exc}") from None
-        with listening:
-            port = int(listening.getsockname()[1])
-            argv = [
-                sys.executable,
-                "-m",
-                "stalwart.checkpoint.memory_server",
-                "--host",
-                self.address,
-                "--listen-fd",
-                str(listening.fileno()),
-                "--capacity-gib",
-                str(checkpoint.memory_capacity_gib),
-            ]
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_dir / "memory-store.log", "ab") as log:
-                # The token by environment: argv is public. The store listens on the node's address only.
-                env = {**os.environ, TOKEN_ENV: self.token()}
-                self.memory_store = spawn(
-                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=[listening.fileno()]
+        argv = [
+            sys.executable,
+            "-m",
+            "stalwart.checkpoint.memory_server",
+            "--host",
+            self.address,
+            "--capacity-gib",
+            str(checkpoint.memory_capacity_gib),
+        ]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / "memory-store.log", "ab") as log:
+            # The token by environment: argv is public. The store listens on the node's address only,
+            # on a port bound here and handed over (spawn_listening).
+            env = {**os.environ, TOKEN_ENV: self.token()}
+            try:
+                self.memory_store, port = spawn_listening(
+                    argv, self.address, stdout=log, stderr=subprocess.STDOUT, env=env
                 )
+            except OSError as exc:
+                raise DataPlaneError(f"cannot listen for the memory store on {self.address}: {exc}") from None
         self.memory_port = port
 
     @property

@@ -27,8 +27,8 @@ from stalwart.faults import (
     node_fault_env,
     preflight_fault_env,
 )
+from stalwart.handover import spawn_listening
 from stalwart.logs import configure, get_logger
-from stalwart.net import listen_on
 from stalwart.processes import spawn, stop_process
 from stalwart.runner.display import ProgressView, summary_view
 from stalwart.runner.etcd_outage import EtcdOutage
@@ -151,17 +151,11 @@ class LocalRun:
 
     def _start_diagnosis(self, store: Store, endpoint: str) -> None:
         """Host the diagnosis service, as a cluster would run it, and publish its URL and token in etcd."""
-        # The port is chosen by binding it, and the socket handed over (net.inherited_listener).
-        with listen_on("127.0.0.1", 0) as listening:
-            port = self.diagnosis_port = int(listening.getsockname()[1])
-            fd = listening.fileno()
-            argv = [
-                *[sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port)],
-                *["--listen-fd", str(fd), "--etcd", endpoint],
-            ]
-            env = {**os.environ, DIAGNOSIS_TOKEN_ENV: self._diagnosis_token}
-            with open(self.workdir / "diagnosis.log", "ab") as log:
-                self.diagnosis = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=[fd])
+        argv = [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--etcd", endpoint]
+        env = {**os.environ, DIAGNOSIS_TOKEN_ENV: self._diagnosis_token}
+        with open(self.workdir / "diagnosis.log", "ab") as log:
+            self.diagnosis, port = spawn_listening(argv, "127.0.0.1", env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.diagnosis_port = port
         publish_service_token(store, "diagnosis", self._diagnosis_token)
         store.put(
             keys.service("diagnosis"),

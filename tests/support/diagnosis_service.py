@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stalwart.net import listen_on
-from stalwart.processes import spawn, stop_process, wait_for
+from stalwart.handover import spawn_listening
+from stalwart.processes import stop_process, wait_for
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token
 
 
@@ -33,17 +34,15 @@ class Service:
 def start_service(tmp: Path, *args: str, token: str | None = None) -> Service:
     """Started and answering /healthz; `token` None makes one (the service refuses to start without)."""
     token = token or new_token()
-    with listen_on("127.0.0.1", 0) as listening:  # handed over, as `stalwart run` does
-        port, fd = listening.getsockname()[1], listening.fileno()
-        log = tmp / f"service-{port}.log"
-        with open(log, "wb") as f:
-            proc = spawn(
-                [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", "--port", str(port)]
-                + ["--listen-fd", str(fd), *args],
-                env={**os.environ, DIAGNOSIS_TOKEN_ENV: token},
-                stdout=f,
-                pass_fds=[fd],
-            )
+    fd, name = tempfile.mkstemp(prefix="service-", suffix=".log", dir=tmp)
+    log = Path(name)
+    with os.fdopen(fd, "wb") as f:  # on a port bound here and handed over, as `stalwart run` does
+        proc, port = spawn_listening(
+            [sys.executable, "-m", "stalwart.diagnosis.service", "--host", "127.0.0.1", *args],
+            "127.0.0.1",
+            env={**os.environ, DIAGNOSIS_TOKEN_ENV: token},
+            stdout=f,
+        )
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:

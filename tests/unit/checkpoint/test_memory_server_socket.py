@@ -11,25 +11,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stalwart.net import listen_on
-from stalwart.processes import spawn, stop_process
+from stalwart.handover import spawn_listening
+from stalwart.processes import stop_process
 
 TOKEN = "the-job-token"
 STORE = [sys.executable, "-m", "stalwart.checkpoint.memory_server", "--capacity-gib", "0.1"]
 
 
 def test_the_store_serves_on_the_socket_it_was_handed(tmp_path: Path) -> None:
-    listening = listen_on("127.0.0.1", 0)
-    port = listening.getsockname()[1]
     log = tmp_path / "store.log"
-    with open(log, "wb") as out:
-        proc = spawn(
-            [*STORE, "--listen-fd", str(listening.fileno())],
+    with open(log, "wb") as out:  # as the agent starts it
+        proc, port = spawn_listening(
+            [*STORE, "--host", "127.0.0.1"],
+            "127.0.0.1",
             env={**os.environ, "STALWART_CHECKPOINT_TOKEN": TOKEN},
             stdout=out,
-            pass_fds=[listening.fileno()],
         )
-    listening.close()  # the store holds its own copy: the port stays taken
     try:
         # The socket listened before the store started: a request waits in its backlog, never refused.
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
