@@ -85,7 +85,7 @@ def judge(
     answers: ranks that all agree are right (the reference is not even asked), and a reference that
     matches none of them is not trusted over their majority (a local cluster computed it in the
     controller's process, got another answer than four agreeing check ranks, and had both healthy
-    nodes evicted).
+    nodes evicted, while the check still summed floats in an order MKL chose; it is exact now).
     """
     by_rank = {r.rank: r for r in reports}
     nodes = sorted({r.node for r in reports})

@@ -1,9 +1,16 @@
 """A deterministic compute check: one training step of a fixed-weight model on a fixed input.
 
-Every rank computes the same thing, so every rank's result must be bitwise identical (on the same
-hardware and software); a rank that differs has a GPU that computes wrong without saying so (silent
-data corruption). The weights and input are closed-form functions of their index, not random, so
-no RNG state or library version can change them.
+Every rank computes the same thing, so every rank's result must be bitwise identical; a rank that
+differs has a device that computes wrong without saying so (silent data corruption). The weights and
+input are closed-form functions of their index, not random, so no RNG state or library version can
+change them.
+
+The arithmetic is exact: every value is a small multiple of a power of two, the loss is a sum, the
+learning rate a power of two and the activation a ReLU, so every product and every partial sum fits
+in float32's 24-bit mantissa. The result then does not depend on the order a kernel adds in, its
+blocking, its threads or its inputs' memory alignment (MKL's float results do, unless `MKL_CBWR` is
+set): a controller's process and a check rank get the same bits, which a reference that breaks a
+tie relies on. A unit test checks the bound.
 """
 
 from __future__ import annotations
@@ -18,22 +25,26 @@ import torch
 CORRUPT_ENV = "STALWART_FAULT_CORRUPT_COMPUTE"  # fault injection: "1" flips a bit in this rank's result
 
 IN, HIDDEN, OUT, BATCH = 64, 128, 32, 16
-LR = 0.1
+LR = 2.0**-6  # a power of two: the update is exact
+STEP = 2.0**-3  # the weights and inputs are multiples of this, from -2 to 2 of them
 
 
-def _fixed(shape: tuple[int, ...], phase: float, device: torch.device) -> torch.Tensor:
+def fixed(shape: tuple[int, ...], phase: int, device: torch.device) -> torch.Tensor:
+    """Integers from -2 to 2 times STEP, spread by a quadratic in the index (no period shorter than
+    the tensor's rows)."""
     n = 1
     for s in shape:
         n *= s
-    idx = torch.arange(n, dtype=torch.float64)
-    return (torch.sin(idx * 0.37 + phase) * 0.1).to(torch.float32).reshape(shape).to(device)
+    idx = torch.arange(n, dtype=torch.int64)
+    k = (idx * idx * 7 + idx * 3 + phase * 13) % 5 - 2
+    return (k.to(torch.float32) * STEP).reshape(shape).to(device)
 
 
 def reference_model(device: torch.device) -> torch.nn.Sequential:
-    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.GELU(), torch.nn.Linear(HIDDEN, OUT))
+    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT))
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
-            p.copy_(_fixed(tuple(p.shape), float(i), torch.device("cpu")))
+            p.copy_(fixed(tuple(p.shape), i, torch.device("cpu")))
     return model.to(device)
 
 
@@ -43,10 +54,10 @@ def compute_step(device: torch.device, corrupt: bool = False) -> torch.Tensor:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     model = reference_model(device)
-    x = _fixed((BATCH, IN), 10.0, device)
-    target = _fixed((BATCH, OUT), 20.0, device)
+    x = fixed((BATCH, IN), 10, device)
+    target = fixed((BATCH, OUT), 20, device)
     out = model(x)
-    loss = torch.nn.functional.mse_loss(out, target)
+    loss = torch.nn.functional.mse_loss(out, target, reduction="sum")  # gradient 2 * (out - target): exact
     loss.backward()
     with torch.no_grad():
         # Plain SGD by hand (what torch.optim.SGD does without momentum): torch.optim's first step

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from stalwart.health.collective_records import CheckResult, NodeVerdict, RankReport
 from stalwart.health.collective_runner import judge
 from stalwart.health.collectives import neighbour_pairs, node_groups, pattern
-from stalwart.health.compute_check import compute_digest, compute_step, disagreeing_ranks
+from stalwart.health.compute_check import (
+    BATCH,
+    IN,
+    LR,
+    OUT,
+    compute_digest,
+    compute_step,
+    disagreeing_ranks,
+    fixed,
+    reference_model,
+)
 
 # Generous limits: they bound a broken run, they are not what a passing run takes. The hang test
 # uses a short collective timeout so the hung rank's peer gives up quickly.
@@ -56,6 +68,44 @@ def test_the_compute_step_is_deterministic_and_corruption_shows() -> None:
     assert disagreeing_ranks({0: clean, 1: clean, 2: corrupt}) == [2]
     assert disagreeing_ranks({0: clean, 1: corrupt}) == [0, 1]  # no majority: both suspect
     assert disagreeing_ranks({0: clean}) == []
+
+
+def _finest_step_bits(t: torch.Tensor) -> int:
+    """The k of the finest power of two 2**-k that every entry is a whole multiple of."""
+    nonzero = t.double().abs()[t != 0]
+    return next(k for k in range(64) if torch.equal(nonzero * 2.0**k, torch.round(nonzero * 2.0**k)))
+
+
+def _bits_for_any_order(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mantissa bits that every partial sum of a @ b needs, whatever order a kernel adds in: the sum
+    of the terms' magnitudes, counted in the finest step of their products."""
+    magnitude = (a.double().abs() @ b.double().abs()).max().item()
+    return math.log2(magnitude * 2.0 ** (_finest_step_bits(a) + _finest_step_bits(b)) + 1)
+
+
+def test_the_compute_step_is_exact_so_no_kernel_order_can_change_its_bits() -> None:
+    """A controller's process and a check rank once got different bits for the same step (MKL's sums
+    depend on alignment); exact arithmetic makes the reference that breaks a tie trustworthy."""
+    cpu = torch.device("cpu")
+    model = reference_model(cpu).double()
+    w1, b1, w2, b2 = model.parameters()
+    x, target = fixed((BATCH, IN), 10, cpu).double(), fixed((BATCH, OUT), 20, cpu).double()
+    hidden = torch.relu(x @ w1.T + b1)
+    out = hidden @ w2.T + b2
+    grad_out = 2 * (out - target)
+    grad_hidden = (grad_out @ w2) * (hidden > 0)
+    products = [(x, w1.T), (hidden, w2.T), (grad_out.T, hidden), (grad_out, w2), (grad_hidden.T, x)]
+    assert max(_bits_for_any_order(a, b) for a, b in products) < 24  # float32's mantissa
+    grads = [grad_hidden.T @ x, grad_hidden.sum(0), grad_out.T @ hidden, grad_out.sum(0)]
+    stepped = [p.detach() - LR * g for p, g in zip((w1, b1, w2, b2), grads, strict=True)]
+    exact = torch.cat([out.detach().flatten(), *(p.flatten() for p in stepped)])
+    assert torch.equal(compute_step(cpu).double(), exact)  # float32 got the float64 answer, bit for bit
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # another blocking of the same sums
+    try:
+        assert torch.equal(compute_step(cpu).double(), exact)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _computed(digests: list[str]) -> list[RankReport]:
