@@ -2,7 +2,8 @@
 check that no process outlives the test run.
 
 Tests live in `unit/<area>/` (in-process, or small helper processes: etcd, moto, a CLI call) and
-`e2e/<area>/` (real jobs, agents, controllers, operators, multi-rank torch.distributed worlds);
+`e2e/<area>/` (real jobs, agents, controllers, operators, multi-rank torch.distributed worlds, and
+any test that waits out real time: a lease's TTL, a server's restart, a killed service's recovery);
 each folder's tests carry the marker of the same name, so `-m unit` and `-m e2e` select them.
 """
 

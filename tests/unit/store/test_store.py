@@ -1,4 +1,5 @@
-"""The etcd store against a real etcd server: records, leases, watches, races, election."""
+"""The etcd store against a real etcd server: records, leases, watches, races. What waits out a
+lease's TTL (expiry, a leader's takeover) is in tests/e2e/store/test_lease_expiry.py."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import uuid
 
 import pytest
 
-from stalwart.controller.leader import Leadership
 from stalwart.processes import wait_for
-from stalwart.store import LeaseLost, Store, StoreUnavailable
+from stalwart.store import Store, StoreUnavailable
 from stalwart.store.records import AgentAction, AgentCommand, JobPhase, JobState
 
 
@@ -53,17 +53,6 @@ def test_commit_refuses_a_stale_writer(store: Store) -> None:
     assert store.get(key, JobState).generation == 1  # type: ignore[union-attr]
 
 
-def test_a_lapsed_lease_removes_its_keys_and_cannot_be_renewed(store: Store) -> None:
-    key = unique("leased")
-    lease = store.lease(2)
-    store.put(key, "alive", lease=lease)
-    lease.refresh()
-    assert store.get_raw(key) == b"alive"
-    assert wait_for(lambda: store.get_raw(key) is None, timeout=60)
-    with pytest.raises(LeaseLost):
-        lease.refresh()
-
-
 def test_watch_delivers_puts_and_deletes(store: Store) -> None:
     prefix = unique("watch") + "/"
     seen: list[tuple[str, bytes | None]] = []
@@ -74,26 +63,6 @@ def test_watch_delivers_puts_and_deletes(store: Store) -> None:
     assert wait_for(lambda: len(seen) >= 2, timeout=60)
     assert AgentCommand.loads(seen[0][1]) == cmd  # type: ignore[arg-type]
     assert seen[1] == (prefix + "a", None)
-
-
-def test_one_leader_at_a_time_and_takeover_after_its_lease(store: Store) -> None:
-    job = f"lead-{uuid.uuid4().hex[:6]}"
-    # 5 s leases: a keepalive thread starved for a second or two on a loaded machine keeps the lead.
-    first, second = Leadership(store, job, ttl=5), Leadership(store, job, ttl=5)
-    assert first.acquire(timeout=5)
-    assert not second.acquire(timeout=0.5)
-    # A write guarded by leadership lands only for the leader.
-    key = unique("guarded")
-    assert store.commit({key: "x"}, expect_value=first.guard)
-    assert not store.commit({key: "y"}, expect_value=second.guard)
-    # The first leader dies without releasing (its renewals stop, nobody revokes): the second takes
-    # over after the TTL, and the first learns it lost leadership.
-    first._released.set()  # what a SIGKILL does to its keepalive thread
-    first._keeper.join()  # type: ignore[union-attr]
-    assert second.acquire(timeout=15)
-    with pytest.raises(LeaseLost):
-        first._lease.refresh()  # type: ignore[union-attr]
-    second.release()
 
 
 def test_unreachable_etcd_is_a_clear_error() -> None:
