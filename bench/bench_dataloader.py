@@ -451,6 +451,21 @@ def shadow_paced(sup: ShadowLoaderSupervisor, step_s: float, seconds: float) -> 
     return out
 
 
+def shadow_idle(sup: ShadowLoaderSupervisor, seconds: float) -> dict[str, float]:
+    """What the loader costs between steps, when its ring is full and no trainer asks: most of a
+    node's time in a job whose step is longer than the loader's refill."""
+    proc = psutil.Process(sup.loader_pid)
+    client = ShadowLoaderClient(sup.name, lane=0, dp_rank=0, dp_size=1, micro_batch=MICRO_BATCH, config=sup.config)
+    client.next_batch()
+    time.sleep(0.5)  # the ring refills
+    cpu0, t0 = sum(proc.cpu_times()[:2]), time.perf_counter()
+    time.sleep(seconds)
+    wall = time.perf_counter() - t0
+    out = {"seconds": wall, "loader_cpu_percent_of_one_core": 100 * (sum(proc.cpu_times()[:2]) - cpu0) / wall}
+    client.close()
+    return out
+
+
 # ---------------------------------------------------------------------------------------- main
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -524,6 +539,7 @@ def main() -> int:
             }
             results["paced"] = shadow_paced(sup, step_s, 3.0 if args.quick else 8.0)
             results["paced"]["inprocess_s_per_batch"] = inprocess_paced(config, step_s, results["paced"]["steps"])
+            results["idle"] = shadow_idle(sup, 5.0 if args.quick else 20.0)
         finally:
             sup.close()
             dataset.close()
@@ -597,6 +613,10 @@ def print_table(r: dict[str, Any]) -> None:
     print(
         f"  the in-process loader at the same pace: {p['inprocess_s_per_batch'] * 1000:.3f} ms per batch "
         f"({100 * p['inprocess_s_per_batch'] / t['step_s']:.1f}% of a step)"
+    )
+    print(
+        f"  idle (ring full, no trainer asking, {r['idle']['seconds']:.0f} s): "
+        f"loader process CPU {r['idle']['loader_cpu_percent_of_one_core']:.2f}% of one core"
     )
 
 

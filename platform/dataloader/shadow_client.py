@@ -22,6 +22,7 @@ import torch
 from stalwart.dataloader.batch import Batch, ServedBy
 from stalwart.dataloader.config import DataConfig
 from stalwart.dataloader.dataset import TokenDataset
+from stalwart.dataloader.doorbell import bell_path, ring
 from stalwart.dataloader.dp_slice import check_dp, rank_positions
 from stalwart.dataloader.errors import DataError, ShadowLoaderUnavailable
 from stalwart.dataloader.liveness import start_ms
@@ -72,6 +73,7 @@ class ShadowLoaderClient:
             raise
         self.lane_index = lane
         self._lane = self.segment.lanes[lane]
+        self._bell = bell_path(self.segment.path)
         self.dp_rank, self.dp_size, self.micro_batch = dp_rank, dp_size, micro_batch
         self.local_fallback, self.fallback_after, self.wait_timeout = local_fallback, fallback_after, wait_timeout
         self.position = 0
@@ -105,6 +107,7 @@ class ShadowLoaderClient:
         c[C.RESUME_POSITION] = self.position + 1
         c[C.CONSUMED] = seq << 32
         c[C.REQ_SEQ] = seq  # last
+        ring(self._bell)
         self._seq, self._gen, self._k, self._req_position = seq, None, 0, self.position
         self._adopted = False
         self.stats.requests += 1
@@ -135,6 +138,7 @@ class ShadowLoaderClient:
                 if self._gen == self._gen_before:
                     self._mark_adopted()
                 c[C.CONSUMED] = (self._seq << 32) | self._k  # batches we computed ourselves meanwhile
+                ring(self._bell)
             elif int(c[A.HANDLED_SEQ]) >= self._seq:
                 self._request()  # someone else wrote this lane's mailbox after us: ask again
         elif int(c[A.REQ_SEQ]) != self._seq:
@@ -227,6 +231,7 @@ class ShadowLoaderClient:
         self.position += self.global_batch
         if self._gen is not None:
             self._lane.ctrl[C.CONSUMED] = (self._seq << 32) | (self._k & COUNT_MASK)
+            ring(self._bell)  # a slot is free: the loader refills it now, not at its next owner check
         return batch
 
     def __iter__(self) -> ShadowLoaderClient:
@@ -263,6 +268,7 @@ class ShadowLoaderClient:
         if self.segment.header is not None:
             if self._seq:
                 self._lane.ctrl[C.RELEASED_SEQ] = self._seq
+                ring(self._bell)
             del self._lane
             self.segment.close()
             self.dataset.close()

@@ -23,15 +23,17 @@ from types import FrameType
 
 from stalwart.dataloader.config import DataConfig
 from stalwart.dataloader.dataset import TokenDataset
+from stalwart.dataloader.doorbell import Doorbell, bell_path
 from stalwart.dataloader.dp_slice import rank_positions
 from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.liveness import alive
 from stalwart.dataloader.shm_layout import COUNT_MASK, FATAL_GEN, A, C, H, LaneView, S, Segment, batch_crc
 
-OWNER_CHECK_INTERVAL = 0.05
-# With nothing to do, the loop sleeps longer each round, up to 10 ms: a full ring means the trainer
-# has batches for its next steps, so a refill 10 ms late costs it nothing, where waking every 2 ms
-# kept an idle loader at about 2% of a core (a node's loader idles most of a step).
+OWNER_CHECK_INTERVAL = 0.1  # a trainer that died is noticed this late; one that closed rings
+# With nothing to do, the loop sleeps on its doorbell (stalwart.dataloader.doorbell), which every
+# client rings after it changes the segment, until it rings or the owner check is due. Where the
+# doorbell cannot be made, it polls instead, sleeping longer each round up to 10 ms (about 2% of a
+# core when idle, where the doorbell takes a fifth of that).
 IDLE_SLEEP_MIN, IDLE_SLEEP_MAX = 0.0002, 0.01
 
 
@@ -142,6 +144,11 @@ def serve(segment: Segment, should_stop: Callable[[], bool]) -> None:
             lane.set_error(FATAL_GEN, str(exc))
         dataset = None
     servers = [LaneServer(segment, i, dataset) for i in range(segment.n_lanes)] if dataset else []
+    try:
+        bell: Doorbell | None = Doorbell(bell_path(segment.path))
+    except OSError as exc:
+        print(f"shadow loader {segment.name}: no doorbell ({exc}); polling instead", file=sys.stderr, flush=True)
+        bell = None
     idle = IDLE_SLEEP_MIN
     next_owner_check = 0.0
     while not should_stop():
@@ -159,9 +166,13 @@ def serve(segment: Segment, should_stop: Callable[[], bool]) -> None:
         header[H.HEARTBEAT] = int(header[H.HEARTBEAT]) + 1
         if worked:
             idle = IDLE_SLEEP_MIN
+        elif bell is not None:
+            bell.wait(max(0.0, next_owner_check - time.monotonic()))
         else:
             time.sleep(idle)
             idle = min(idle * 2, IDLE_SLEEP_MAX)
+    if bell is not None:
+        bell.close()
     if dataset is not None:
         dataset.close()
 

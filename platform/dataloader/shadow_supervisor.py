@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from stalwart.dataloader.config import DataConfig
 from stalwart.dataloader.dataset import TokenDataset
+from stalwart.dataloader.doorbell import bell_path, ring
 from stalwart.dataloader.dp_slice import check_dp
 from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.liveness import alive
@@ -223,3 +224,4 @@ class ShadowLoaderSupervisor:
             c[C.RESUME_POSITION] = loaded.position + 1
             c[C.CONSUMED] = seq << 32
             c[C.REQ_SEQ] = seq
+            ring(bell_path(self.segment.path))

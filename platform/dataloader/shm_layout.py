@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stalwart.dataloader.doorbell import SUFFIX as BELL_SUFFIX
+from stalwart.dataloader.doorbell import bell_path
 from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.liveness import alive, start_ms
 from stalwart.worker_contract import DATALOADER_SHM
@@ -233,12 +235,17 @@ class Segment:
 
     def unlink(self) -> None:
         self.path.unlink(missing_ok=True)
+        bell_path(self.path).unlink(missing_ok=True)  # the loader's doorbell, made beside it
 
 
 def remove_stale_segments() -> list[str]:
     """Remove shadow-loader segments whose supervisor is dead (e.g. after a node agent was SIGKILLed)."""
     removed = []
     for path in shm_dir().glob(NAME_PREFIX + "*"):
+        if path.name.endswith(BELL_SUFFIX):
+            if not path.with_name(path.name.removesuffix(BELL_SUFFIX)).exists():
+                path.unlink(missing_ok=True)  # its segment is gone: so is its loader
+            continue
         try:
             seg = Segment.attach(path.name)
             dead = not seg.owner_alive()
@@ -251,5 +258,6 @@ def remove_stale_segments() -> list[str]:
                 continue
         if dead:
             path.unlink(missing_ok=True)
+            bell_path(path).unlink(missing_ok=True)
             removed.append(path.name)
     return removed

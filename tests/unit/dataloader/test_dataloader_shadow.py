@@ -25,6 +25,7 @@ from stalwart.dataloader import (
     global_ids,
     remove_stale_segments,
 )
+from stalwart.dataloader.doorbell import bell_path
 from stalwart.dataloader.shard_format import HEADER_SIZE
 from stalwart.dataloader.shm_layout import A, S, Segment, shm_dir
 from stalwart.dataloader.state import state_at
@@ -201,6 +202,7 @@ def test_segment_names_are_unique_per_job_and_node_and_stale_ones_are_reclaimed(
     assert (shm_dir() / name).exists()
     assert name in remove_stale_segments()
     assert not (shm_dir() / name).exists()
+    assert not bell_path(shm_dir() / name).exists()  # its loader's doorbell went with it
 
 
 def test_a_segment_is_refused_when_it_is_not_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
