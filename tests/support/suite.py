@@ -44,6 +44,11 @@ LATE = (
     "tests/e2e/health/test_health_collectives.py",
     "tests/e2e/diagnosis/test_stuck_rank.py",
     "tests/e2e/checkpoint/test_checkpoint_safety.py",
+    # Moved from the unit tests in session 21: each waits out a lease, a restart or a kill.
+    "tests/e2e/store/test_lease_expiry.py",
+    "tests/e2e/store/test_watch_across_etcd_restarts.py",
+    "tests/e2e/runner/test_etcd_supervision.py",
+    "tests/e2e/diagnosis/test_diagnosis_service_guard.py",
 )
 
 
