@@ -54,11 +54,6 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.mark.xfail(
-    reason="seen once in a fresh clone (2026-11-24): rank 1 died of SIGABRT on the full disk instead of "
-    "failing the save; passes alone; open in the closing note",
-    strict=False,
-)
 def test_disk_full_fails_the_save_clearly_and_training_goes_on(tmp_path: Path, tiny_disk: Path) -> None:
     results = run_ranks(WORKER, ["disk_full", str(tmp_path), f"uri={tiny_disk}", "ballast=2000000"], 2, tmp_path)
     for r in results:
