@@ -3,6 +3,7 @@ segment, and that never blocks or fails the client that rings it."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -32,11 +33,14 @@ def test_ringing_with_no_loader_listening_is_a_no_op(tmp_path: Path) -> None:
 
 def test_a_full_pipe_drops_the_ring_and_does_not_block(tmp_path: Path) -> None:
     bell = Doorbell(tmp_path / "full.bell")
+    fd = os.open(bell.path, os.O_RDWR)
     try:
-        for _ in range(70_000):  # past a pipe's 64 KiB
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 4096)  # the smallest pipe: a page
+        for _ in range(5_000):  # past it
             ring(bell.path)
         assert bell.wait(5) and not bell.wait(0)
     finally:
+        os.close(fd)
         bell.close()
 
 
