@@ -28,6 +28,7 @@ from stalwart.dataloader.dp_slice import rank_positions
 from stalwart.dataloader.errors import DataError
 from stalwart.dataloader.liveness import alive
 from stalwart.dataloader.shm_layout import COUNT_MASK, FATAL_GEN, A, C, H, LaneView, S, Segment, batch_crc
+from stalwart.logs import configure, get_logger
 
 OWNER_CHECK_INTERVAL = 0.1  # a trainer that died is noticed this late; one that closed rings
 # With nothing to do, the loop sleeps on its doorbell (stalwart.dataloader.doorbell), which every
@@ -147,7 +148,8 @@ def serve(segment: Segment, should_stop: Callable[[], bool]) -> None:
     try:
         bell: Doorbell | None = Doorbell(bell_path(segment.path))
     except OSError as exc:
-        print(f"shadow loader {segment.name}: no doorbell ({exc}); polling instead", file=sys.stderr, flush=True)
+        log = get_logger("stalwart.dataloader.shadow_process", segment=segment.name)
+        log.warning("no doorbell: polling instead", fields={"error": str(exc)})
         bell = None
     idle = IDLE_SLEEP_MIN
     next_owner_check = 0.0
@@ -189,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    configure("WARNING")  # JSON lines on stderr: the supervisor's log_path, or its own stderr
     segment = Segment.attach(args.segment)
     segment.header[H.LOADER_PID] = os.getpid()
     segment.header[H.INCARNATION] = int(segment.header[H.INCARNATION]) + 1

@@ -27,7 +27,7 @@ from stalwart.dataloader import (
 )
 from stalwart.dataloader.doorbell import bell_path
 from stalwart.dataloader.shard_format import HEADER_SIZE
-from stalwart.dataloader.shm_layout import A, S, Segment, shm_dir
+from stalwart.dataloader.shm_layout import A, S, Segment, segment_name, shm_dir
 from stalwart.dataloader.state import state_at
 from stalwart.processes import wait_for
 
@@ -116,6 +116,26 @@ def test_a_warm_standby_is_prewarmed_from_a_saved_state(supervisor: ShadowLoader
     finally:
         for c in standby:
             c.close()
+
+
+def test_without_its_doorbell_the_loader_polls_and_serves_the_same_batches(
+    data_config: DataConfig, tmp_path: Path
+) -> None:
+    """A file where the loader's named pipe goes: it says so in its log and serves by polling."""
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    bell = bell_path(shm_dir() / segment_name(job, "n"))
+    bell.write_text("in the way")
+    log = tmp_path / "loader.log"
+    sup = ShadowLoaderSupervisor(data_config, job=job, node="n", lanes=1, max_micro_batch=4, log_path=log).start()
+    trainer = client(sup, 0, dp_size=1)
+    try:
+        assert consume([trainer], 12) == global_ids(data_config, 0, 48).tolist()
+        assert trainer.stats.shadow == 12
+        assert "no doorbell: polling instead" in log.read_text()
+    finally:
+        trainer.close()
+        sup.close()
+    assert not bell.exists()  # removed with its segment, whatever it was
 
 
 def test_without_a_loader_the_client_computes_the_same_batches_itself(data_config: DataConfig) -> None:
