@@ -64,7 +64,11 @@ from stalwart.store.records import (
 )
 from stalwart.worker_contract import CHECKPOINT_TOKEN
 
-LOOP_INTERVAL = 0.05  # a command wakes the loop at once (a restart waits for no tick)
+# The loop's pace. A command, a stack or log request and a check request wake it at once (a restart
+# waits for no tick); the rest waits for the next tick: a worker's exit and its reports, log
+# signatures, the fork server's spares. Without workers there is nothing else to watch.
+LOOP_INTERVAL = 0.1  # while workers run
+IDLE_LOOP_INTERVAL = 0.25  # without workers (a standby, a node between generations)
 METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
 
 
@@ -137,9 +141,17 @@ class NodeAgent:
         )
         self._retry: AgentCommand | None = None  # a command etcd's absence interrupted, carried out when it is back
         self.reports = OnDemandReports(
-            store, job, node, self.log, self._workers_now, lambda: self.history.as_records(self.generation)
+            store,
+            job,
+            node,
+            self.log,
+            self._workers_now,
+            lambda: self.history.as_records(self.generation),
+            wake=self._wake.set,
         )
-        self.checks = CheckDuty(store, job, node, self.address, self.node_dir, self.log, self._start_check_rank)
+        self.checks = CheckDuty(
+            store, job, node, self.address, self.node_dir, self.log, self._start_check_rank, wake=self._wake.set
+        )
         self.standby = StandbyDuty(
             store, self.job, node, self.log, lambda: self._listed_standby, self.checkpoint_token.get
         )
@@ -240,7 +252,7 @@ class NodeAgent:
                 dirty = self._tick()
                 if dirty:
                     self.lease_keeper.beat_now()
-                self._wake.wait(LOOP_INTERVAL)
+                self._wake.wait(LOOP_INTERVAL if self.group is not None and self.group.running else IDLE_LOOP_INTERVAL)
             self.log.info("stopping on signal", fields={"signal": self._stop_signal})
             return 0
         except AgentExit as exc:

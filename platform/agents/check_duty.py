@@ -39,9 +39,12 @@ class CheckDuty:
         workdir: Path,
         log: ContextLogger,
         start: RankStarter = start_cold,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
-        """`start` starts a check rank (the agent forks it from its fork server when it can)."""
+        """`start` starts a check rank (the agent forks it from its fork server when it can);
+        `wake()` wakes the loop that calls `serve`."""
         self.store, self.job, self.node, self.address = store, job, node, address
+        self.wake = wake
         self.start = start
         self.workdir = workdir
         self.log = log
@@ -64,6 +67,7 @@ class CheckDuty:
             return
         if self.node in request.nodes:
             self.requests.put(request)
+            self.wake()
 
     def serve(self) -> None:
         """Start the shares asked for since the last call."""

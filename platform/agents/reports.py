@@ -33,10 +33,12 @@ class OnDemandReports:
         log: ContextLogger,
         workers: Callable[[], tuple[int, WorkerGroup | None, WorkerGroup | None]],
         metrics_window: Callable[[], list[dict[str, Any]]],
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         """`workers()` gives (generation, running group, last group); `metrics_window()` the node's
-        recent metric vectors, oldest first."""
+        recent metric vectors, oldest first; `wake()` wakes the loop that calls `serve`."""
         self.store, self.job, self.node, self.log = store, job, node, log
+        self.wake = wake
         self.workers = workers
         self.metrics_window = metrics_window
         self.stack_requests: queue.Queue[StackRequest] = queue.Queue()
@@ -49,10 +51,12 @@ class OnDemandReports:
     def _on_stack_request(self, _key: str, value: bytes | None) -> None:
         if value is not None:
             self.stack_requests.put(StackRequest.loads(value))
+            self.wake()
 
     def _on_log_request(self, _key: str, value: bytes | None) -> None:
         if value is not None:
             self.log_requests.put(LogRequest.loads(value))
+            self.wake()
 
     def serve(self) -> None:
         """Answer what has been asked since the last call."""

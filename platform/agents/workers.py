@@ -126,6 +126,11 @@ class WorkerGroup:
                     proc = spawn(command, env=worker_env, cwd=working_dir, stdout=log)
             self.workers.append(Worker(local_rank, node.first_rank + local_rank, proc, log_path, scanned=earlier))
 
+    @property
+    def running(self) -> bool:
+        """Whether any worker still runs (as of the last poll)."""
+        return any(w.status.state is WorkerState.RUNNING for w in self.workers)
+
     def scan(self) -> list[SignatureMatch]:
         """New signature matches in the running workers' output."""
         return [m for w in self.workers if w.status.state is WorkerState.RUNNING for m in w.scan()]

@@ -22,6 +22,13 @@ any point is replaced by one that reads the same state and carries on: it neithe
 nor loses an incident (every eviction is committed with its incident and its cordon). While a
 recovery moves (a tick committed), the next tick runs at once instead of after TICK_SECONDS.
 
+When ticks run: at once when the watches bring something the controller acts on (a node joined or
+lost its lease, a worker started, saved, exited or matched a log signature, an operator request:
+job_view.py); every TICK_SECONDS while the job's nodes start, stop or are checked, and for
+ALERT_SECONDS after a sign of trouble (a lost lease, an exit, a log signature, a machine fault).
+A job that runs, or stays suspended, with nothing new is ticked every IDLE_TICK_SECONDS, for the
+detectors that act on time passing (hangs, slowdowns, silent nodes).
+
 The stages (JobStage; JobPhase, what users see, groups them) and the transitions between them:
 
                           created
@@ -57,6 +64,7 @@ The stages (JobStage; JobPhase, what users see, groups them) and the transitions
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -76,15 +84,23 @@ from stalwart.controller.work import Runner, ThreadRunner, WorkContext, WorkKey,
 from stalwart.logs import ContextLogger, get_logger
 from stalwart.store import keys
 from stalwart.store.client import MAX_TXN_OPS, LeaseLost, Store, StoreUnavailable
-from stalwart.store.records import JobPhase, JobState, Record
+from stalwart.store.records import JobPhase, JobStage, JobState, Record
 
-TICK_SECONDS = 0.1
+TICK_SECONDS = 0.1  # the most often the loop ticks (a recovery's hurried ticks aside)
+IDLE_TICK_SECONDS = 0.5  # a running or suspended job with nothing new: the time-based detectors' step
+ALERT_SECONDS = 5.0  # ticks stay TICK_SECONDS apart for this long after a sign of trouble
+QUIET_STAGES = frozenset({JobStage.RUNNING, JobStage.SUSPENDED})
 MAX_HURRIED_TICKS = 4  # ticks run back to back while each one commits a step of a recovery
 MAX_DECIDE_ROUNDS = 3  # a decision may ask for more observation (the cluster, then a rendezvous)
 RESULT_TTL_SECONDS = 600.0  # a result no decision read by then is for a stage long gone
 SHUTDOWN_WAIT_SECONDS = 30.0
 ETCD_RETRY_SECONDS = 0.5
 AfterCommit = Callable[[Decision], None]
+
+
+def tick_interval(stage: JobStage | None, alert: bool) -> float:
+    """How long the loop waits for a notice before it ticks anyway (module docstring)."""
+    return IDLE_TICK_SECONDS if stage in QUIET_STAGES and not alert else TICK_SECONDS
 
 
 class NotLeader(RuntimeError):
@@ -122,12 +138,13 @@ class JobController:
         self.store, self.cluster, self.job_name = store, cluster, job_name
         self.clock = clock or SystemClock()
         self.log: ContextLogger = get_logger("stalwart.controller", job=job_name)
-        self.observer = Observer(store, cluster, job_name, self.clock, self.log)
+        self._wake = threading.Event()
+        self._alert_until = -math.inf  # time.monotonic() until which ticks stay TICK_SECONDS apart
+        self.observer = Observer(store, cluster, job_name, self.clock, self.log, notice=self._notice)
         ft = self.observer.spec().spec.fault_tolerance  # raises if the job is not in etcd
         self.etcd_outage = EtcdAbsence(self.log, ft.etcd_outage_seconds)
         self._outage_window = outage_grace(ft)
         self.leader = Leadership(store, job_name, ttl=ft.lease_ttl_seconds)
-        self._wake = threading.Event()
         self._diagnosis_url = diagnosis_url
         context = WorkContext(store, cluster, job_name, self._url, self.log, self.clock)
         self.runner: Runner = runner or ThreadRunner(lambda work: perform(work, context), self._wake)
@@ -149,7 +166,7 @@ class JobController:
             hurried = 0
             while True:
                 self._wake.clear()
-                began = self.clock.time()
+                began, began_mono = self.clock.time(), time.monotonic()
                 try:
                     self._keep_leading()
                     state = self.tick()
@@ -168,12 +185,28 @@ class JobController:
                 # at once by the next step of the recovery, a few times in a row at most.
                 hurried = hurried + 1 if self.committed and hurried < MAX_HURRIED_TICKS else 0
                 if not hurried:
-                    self._wake.wait(TICK_SECONDS)  # a finished piece of work wakes the loop early
+                    self._wait_for_next_tick(state, began_mono)
         except LeaseLost:
             raise NotLeader("leadership lapsed") from None
         finally:
             self.observer.close()
             self.leader.release()
+
+    def _notice(self, trouble: bool) -> None:
+        """Something the controller acts on at once arrived (on a watch's thread); `trouble`: a
+        failure may be unfolding (a peer's loss shows in steps: an exit, a lost lease, a listing)."""
+        if trouble:
+            self._alert_until = time.monotonic() + ALERT_SECONDS
+        self._wake.set()
+
+    def _wait_for_next_tick(self, state: JobState | None, began: float) -> None:
+        """Until a notice or finished work wakes the loop, or the next timed tick is due (module
+        docstring); never sooner than TICK_SECONDS after the last tick began."""
+        stage = None if state is None else state.stage
+        self._wake.wait(tick_interval(stage, alert=time.monotonic() < self._alert_until))
+        rest = TICK_SECONDS - (time.monotonic() - began)
+        if rest > 0:
+            time.sleep(rest)  # a burst of notices (many nodes at once) is one tick, not one each
 
     def _keep_leading(self) -> None:
         """Raises LeaseLost once we no longer lead. A leadership that lapsed because etcd was away

@@ -16,15 +16,27 @@ revision), so the next tick compares what it wants with what it wrote, without r
 without writing it again. The view is read at the controller's start, and again whenever etcd has
 compacted the changes a broken watch missed (prefix_mirror.py); the Observation it gives the core
 is the same as a full read of those prefixes would give.
+
+The view also says when a tick is worth running (`notice(trouble)`, called on the watches' threads):
+a node registered or lost its lease, a heartbeat changed in what the controller acts on at once
+(`heartbeat_budget.significant`: a worker started a generation, saved, exited, matched a log
+signature...), or an operator request came. `trouble` says whether it looks like a failure
+unfolding (a lease lost, a worker exited or matched a signature, a machine fault): the controller
+then watches closely for a while. A heartbeat that only moved progress (step, loss, metrics) is no
+notice: the controller's timed tick reads it, so a job that trains quietly costs the controller a
+tick per IDLE_TICK_SECONDS, not one per heartbeat. Commands (the controller's own writes, echoed
+back) and the catalog are none either.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from stalwart.logs import ContextLogger
 from stalwart.store import keys
 from stalwart.store.client import Store
+from stalwart.store.heartbeat_budget import significant
 from stalwart.store.prefix_mirror import PrefixMirror
 from stalwart.store.records import (
     AgentCommand,
@@ -40,10 +52,19 @@ R = TypeVar("R", bound=Record)
 
 
 class JobView:
-    def __init__(self, store: Store, job: str, log: ContextLogger) -> None:
+    def __init__(
+        self, store: Store, job: str, log: ContextLogger, notice: Callable[[bool], None] | None = None
+    ) -> None:
+        """`notice(trouble)`: something the controller acts on at once arrived (module docstring)."""
         self.job, self.log = job, log
-        self.nodes = PrefixMirror(store, keys.nodes_prefix(job))
-        self.requests_mirror = PrefixMirror(store, keys.requests_prefix(job))
+        self._notice = notice
+        # Per node, what its last heartbeat said; the nodes watch's thread alone uses them.
+        self._significant: dict[str, tuple[Any, ...]] = {}
+        self._trouble: dict[str, tuple[Any, ...]] = {}
+        self.nodes = PrefixMirror(store, keys.nodes_prefix(job), self._on_node_change if notice else None)
+        self.requests_mirror = PrefixMirror(
+            store, keys.requests_prefix(job), (lambda _key, _value: notice(False)) if notice else None
+        )
         self.checkpoints_mirror = PrefixMirror(store, keys.checkpoints_prefix(job))
         self.registrations: dict[str, NodeRegistration] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # nodes whose heartbeat key exists now
@@ -85,6 +106,25 @@ class JobView:
             self._apply(self.catalog, key, key, raw, CheckpointEntry)
         return beats
 
+    def _on_node_change(self, key: str, raw: bytes | None) -> None:
+        assert self._notice is not None
+        parsed = keys.parse_node_key(self.job, key)
+        if parsed is None or parsed[1] == "command":
+            return
+        node, leaf = parsed
+        if leaf != "heartbeat" or raw is None:
+            self._notice(raw is None)  # a node joined, or lost its lease
+            return
+        try:
+            beat = Heartbeat.loads(raw)
+        except ValueError:
+            self._notice(False)  # the tick says what is wrong with it
+            return
+        now, trouble = significant(beat), _trouble(beat)
+        if self._significant.get(node) != now:
+            self._notice(self._trouble.get(node, trouble) != trouble)
+        self._significant[node], self._trouble[node] = now, trouble
+
     def wrote_command(self, node: str, command: AgentCommand, revision: int) -> None:
         """The controller wrote `command` (etcd acknowledged it at `revision`)."""
         self.nodes.note(keys.node_command(self.job, node), command.dumps().encode(), revision)
@@ -108,3 +148,9 @@ class JobView:
             return None
         into[name] = record
         return record
+
+
+def _trouble(beat: Heartbeat) -> tuple[Any, ...]:
+    """What in a heartbeat changes when a failure unfolds: exits, log signatures, machine faults."""
+    workers = tuple((w.rank, w.state.value, w.exit_code, len(w.matches)) for w in beat.workers)
+    return workers, tuple(beat.machine_faults)

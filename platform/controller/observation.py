@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -90,9 +90,19 @@ class Observer:
     also keeps the last heartbeat of every node: a lapsed lease takes the heartbeat key with it),
     and the parsed spec (parsed again only when it changes)."""
 
-    def __init__(self, store: Store, cluster: Cluster, job: str, clock: Clock, log: ContextLogger) -> None:
+    def __init__(
+        self,
+        store: Store,
+        cluster: Cluster,
+        job: str,
+        clock: Clock,
+        log: ContextLogger,
+        notice: Callable[[bool], None] | None = None,
+    ) -> None:
+        """`notice(trouble)`: called (on a watch's thread) when something the controller acts on at
+        once arrives (job_view.py)."""
         self.store, self.cluster, self.job, self.clock, self.log = store, cluster, job, clock, log
-        self.view = JobView(store, job, log)
+        self.view = JobView(store, job, log, notice)
         self._vectors: dict[str, deque[dict[str, Any]]] = {}
         self._spec: tuple[bytes, TrainingJob] | None = None
         self._listed_at = -math.inf

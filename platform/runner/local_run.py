@@ -324,11 +324,12 @@ class LocalRun:
         """One look at the job (faults fired, progress shown, the controller kept alive); True when
         the job is over or the controller cannot be kept up."""
         state = store.get(keys.job_state(self.job.name), JobState)
-        for fired in injector.poll(state, read_nodes(store, self.job.name).heartbeats):
+        nodes = read_nodes(store, self.job.name)
+        for fired in injector.poll(state, nodes.heartbeats):
             verbs = {"hang": "hung", "slow": "slowed", "freeze": "froze", "pause": "paused"}
             verb = verbs.get(fired.fault.split("-")[0], "killed")
             view.note(f"[fault] {fired.fault}: {verb} {fired.target}")
-        snap = snapshot(store, self.job.name) or snap
+        snap = snapshot(store, self.job.name, read=(state, nodes)) or snap
         if time.monotonic() >= self._targets_due:  # nodes come and go: keep Prometheus's list current
             self._write_scrape_targets(store)
             self._targets_due = time.monotonic() + TARGETS_SECONDS

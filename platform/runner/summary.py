@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from stalwart.controller.ettr import ClassMttr, EttrReport, RoleMttr, compute_ettr, mttr_by_class, mttr_by_role
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.nodes import read_nodes
+from stalwart.store.nodes import NodeRecords, read_nodes
 from stalwart.store.records import CheckpointEntry, Incident, JobPhase, JobState, WorkerStatus
 
 
@@ -55,12 +55,19 @@ class JobSnapshot(BaseModel):
     mttr_by_role: list[RoleMttr] = []
 
 
-def snapshot(store: Store, job: str, now: float | None = None) -> JobSnapshot | None:
+def snapshot(
+    store: Store,
+    job: str,
+    now: float | None = None,
+    *,
+    read: tuple[JobState | None, NodeRecords] | None = None,
+) -> JobSnapshot | None:
+    """The job as etcd holds it; `read`: its state and nodes, when the caller has just read them."""
     now = now or time.time()
-    state = store.get(keys.job_state(job), JobState)
+    state, nodes = read if read is not None else (store.get(keys.job_state(job), JobState), None)
     if state is None:
         return None
-    nodes = read_nodes(store, job)
+    nodes = nodes if nodes is not None else read_nodes(store, job)
     beats, registered = nodes.heartbeats, nodes.registrations
     workers = sorted(state.current_workers(beats), key=lambda w: w.rank)
     incidents = sorted(store.get_prefix(keys.incidents_prefix(job), Incident), key=lambda i: i.failed_at)

@@ -13,20 +13,26 @@ client's 4 MiB reply). A mirror pays once, at its start, and then only for what 
 
 `take()` hands the changes since the last call to one consumer (the tick): a key whose value is
 None is gone. A change made locally (`note`, with the revision the write returned) is not undone by
-an older event that arrives after it.
+an older event that arrives after it. `on_change`, when given, hears of each change from etcd as it
+arrives (on the watch's thread), so that a consumer can sleep until something happened instead of
+polling `take()`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from stalwart.store.client import Store
 from stalwart.store.prefix_watch import PrefixWatch
 
 
 class PrefixMirror:
-    def __init__(self, store: Store, prefix: str) -> None:
+    def __init__(self, store: Store, prefix: str, on_change: Callable[[str, bytes | None], None] | None = None) -> None:
+        """`on_change(key, value)` runs on the watch's thread after each change is recorded: it must
+        be quick and must not call back into the mirror's lock holders."""
         self.store, self.prefix = store, prefix
+        self._on_change_hook = on_change
         self._lock = threading.Lock()
         self._revisions: dict[str, int] = {}  # every key present, with its mod revision
         self._changed: dict[str, bytes | None] = {}  # since the last take
@@ -76,6 +82,8 @@ class PrefixMirror:
             else:
                 self._revisions[key] = revision
             self._changed[key] = value
+        if self._on_change_hook is not None:
+            self._on_change_hook(key, value)
 
     def _resync(self) -> int:
         """The whole prefix again (the first read, or after a compaction): every key that differs
@@ -91,4 +99,9 @@ class PrefixMirror:
                 self._changed[key] = value
             if not first:
                 self.resyncs += 1
+        if self._on_change_hook is not None and not first:
+            for key in gone:
+                self._on_change_hook(key, None)
+            for key, value in items:
+                self._on_change_hook(key, value)
         return revision

@@ -13,7 +13,7 @@ from typing import Any
 
 from support.controller_harness import JOB, Harness, worker
 
-from stalwart.controller.controller import commit_chunks
+from stalwart.controller.controller import IDLE_TICK_SECONDS, TICK_SECONDS, commit_chunks, tick_interval
 from stalwart.controller.decision import SendCommand
 from stalwart.controller.job_view import JobView
 from stalwart.logs import get_logger
@@ -22,7 +22,7 @@ from stalwart.spec.model import FailureEvent
 from stalwart.store import Store, keys
 from stalwart.store.client import MAX_TXN_OPS
 from stalwart.store.nodes import read_nodes
-from stalwart.store.records import AgentAction, Cordon, JobStage, NodeRegistration
+from stalwart.store.records import AgentAction, Cordon, Heartbeat, JobStage, NodeRegistration
 
 S = JobStage
 
@@ -178,3 +178,54 @@ def test_the_view_over_a_real_etcd_sees_a_lease_lapse(store: Store) -> None:
     finally:
         view.close()
         store.delete_prefix(keys.job_prefix(job))
+
+
+def test_the_view_notices_what_the_controller_acts_on_and_not_progress(store: Store) -> None:
+    """Over a real etcd: a heartbeat that only moved progress is no notice; a worker's exit is one,
+    and trouble; a node that joins is one, and one that loses its lease is trouble. Each step ends
+    with a write that is a notice, in the same watch, so an absence is checked without waiting."""
+    job = "view-notice"
+    store.delete_prefix(keys.job_prefix(job))
+    notices: list[bool] = []
+    view = JobView(store, job, get_logger("test"), notice=notices.append)
+
+    def beat(node: str, **fields: Any) -> None:
+        store.put(
+            keys.node_heartbeat(job, node),
+            Heartbeat(node=node, generation=1, sent_at=0.0, workers=[worker(0, **fields)]),
+        )
+
+    def registration(node: str) -> None:
+        store.put(
+            keys.node_registration(job, node),
+            NodeRegistration(node=node, job=job, host="h", agent_pid=1, registered_at=0, lease_id=0),
+        )
+
+    def settled(count: int) -> list[bool]:
+        assert wait_for(lambda: len(notices) >= count, timeout=60)
+        return notices[:]
+
+    try:
+        view.refresh()
+        beat("node-0", step=5)
+        registration("marker-1")
+        assert settled(2) == [False, False]  # node-0's first heartbeat, then the marker's join
+        beat("node-0", step=6, loss=1.5)  # progress only
+        registration("marker-2")
+        assert settled(3) == [False, False, False]  # the marker's join alone
+        beat("node-0", step=6, exit_code=1)
+        assert settled(4)[-1] is True  # a worker exited: trouble
+        store.delete(keys.node_registration(job, "marker-1"))
+        assert settled(5)[-1] is True  # a node lost its registration: trouble
+    finally:
+        view.close()
+        store.delete_prefix(keys.job_prefix(job))
+
+
+def test_a_quiet_running_job_is_ticked_at_the_idle_pace_and_everything_else_at_the_tick() -> None:
+    assert tick_interval(S.RUNNING, alert=False) == IDLE_TICK_SECONDS
+    assert tick_interval(S.SUSPENDED, alert=False) == IDLE_TICK_SECONDS
+    assert tick_interval(S.RUNNING, alert=True) == TICK_SECONDS  # trouble is unfolding
+    for stage in (S.STARTING, S.PREFLIGHT, S.RESTARTING, S.CHECKING, S.SUSPENDING):
+        assert tick_interval(stage, alert=False) == TICK_SECONDS
+    assert tick_interval(None, alert=False) == TICK_SECONDS  # no state yet
