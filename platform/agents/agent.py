@@ -65,9 +65,10 @@ from stalwart.store.records import (
 from stalwart.worker_contract import CHECKPOINT_TOKEN
 
 # The loop's pace. A command, a stack or log request and a check request wake it at once (a restart
-# waits for no tick); the rest waits for the next tick: a worker's exit and its reports, log
-# signatures, the fork server's spares. Without workers there is nothing else to watch.
-LOOP_INTERVAL = 0.1  # while workers run
+# waits for no tick); the rest waits for the next tick: a worker's exit and its reports (a crash is
+# seen within LOOP_INTERVAL: the first step of a recovery), log signatures, the fork server's spares.
+# Without workers there is nothing else to watch.
+LOOP_INTERVAL = 0.05  # while workers run
 IDLE_LOOP_INTERVAL = 0.25  # without workers (a standby, a node between generations)
 METRICS_PORT_ENV = "STALWART_METRICS_PORT"  # 0 or unset: any free port (it is in the registration)
 
