@@ -22,8 +22,8 @@ any point is replaced by one that reads the same state and carries on: it neithe
 nor loses an incident (every eviction is committed with its incident and its cordon). While a
 recovery moves (a tick committed), the next tick runs at once instead of after TICK_SECONDS.
 
-When ticks run: at once when the watches bring something the controller acts on (a node joined or
-lost its lease, a worker started, saved, exited or matched a log signature, an operator request:
+When ticks run: at once when the watches bring something that moves the job's stage (a node joined
+or lost its lease, a worker started, exited or matched a log signature, an operator request:
 job_view.py); every TICK_SECONDS while the job's nodes start, stop or are checked, and for
 ALERT_SECONDS after a sign of trouble (a lost lease, an exit, a log signature, a machine fault).
 A job that runs, or stays suspended, with nothing new is ticked every IDLE_TICK_SECONDS, for the

@@ -181,7 +181,7 @@ def test_the_view_over_a_real_etcd_sees_a_lease_lapse(store: Store) -> None:
 
 
 def test_the_view_notices_what_the_controller_acts_on_and_not_progress(store: Store) -> None:
-    """Over a real etcd: a heartbeat that only moved progress is no notice; a worker's exit is one,
+    """Over a real etcd: a heartbeat that only moved progress or saved is no notice; a worker's exit is one,
     and trouble; a node that joins is one, and one that loses its lease is trouble. Each step ends
     with a write that is a notice, in the same watch, so an absence is checked without waiting."""
     job = "view-notice"
@@ -211,6 +211,7 @@ def test_the_view_notices_what_the_controller_acts_on_and_not_progress(store: St
         registration("marker-1")
         assert settled(2) == [False, False]  # node-0's first heartbeat, then the marker's join
         beat("node-0", step=6, loss=1.5)  # progress only
+        beat("node-0", step=10, last_checkpoint_step=10)  # a save: the timed tick reads it
         registration("marker-2")
         assert settled(3) == [False, False, False]  # the marker's join alone
         beat("node-0", step=6, exit_code=1)
