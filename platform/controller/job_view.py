@@ -61,6 +61,7 @@ class JobView:
         # Per node, what its last heartbeat said; the nodes watch's thread alone uses them.
         self._urgent: dict[str, tuple[Any, ...]] = {}
         self._trouble: dict[str, tuple[Any, ...]] = {}
+        self._parsed_beats: dict[str, tuple[bytes, Heartbeat]] = {}  # read by the tick: parsed once
         self.nodes = PrefixMirror(store, keys.nodes_prefix(job), self._on_node_change if notice else None)
         self.requests_mirror = PrefixMirror(
             store, keys.requests_prefix(job), (lambda _key, _value: notice(False)) if notice else None
@@ -94,7 +95,12 @@ class JobView:
             if leaf == "registration":
                 self._apply(self.registrations, node, key, raw, NodeRegistration)
             elif leaf == "heartbeat":
-                beat = self._apply(self.heartbeats, node, key, raw, Heartbeat)
+                parsed_by_watch = self._parsed_beats.get(node)
+                beat: Heartbeat | None
+                if raw is not None and parsed_by_watch is not None and parsed_by_watch[0] is raw:
+                    beat = self.heartbeats[node] = parsed_by_watch[1]  # the watch parsed this very value
+                else:
+                    beat = self._apply(self.heartbeats, node, key, raw, Heartbeat)
                 if beat is not None:
                     self.last_beats[node] = beat
                     beats.append(beat)
@@ -120,6 +126,7 @@ class JobView:
         except ValueError:
             self._notice(False)  # the tick says what is wrong with it
             return
+        self._parsed_beats[node] = (raw, beat)
         urgent, trouble = _urgent(beat), _trouble(beat)
         if self._urgent.get(node) != urgent:
             self._notice(self._trouble.get(node, trouble) != trouble)
