@@ -23,8 +23,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from stalwart.logs import get_logger
 from stalwart.store.client import Store
 from stalwart.store.prefix_watch import PrefixWatch
+
+log = get_logger("stalwart.store.mirror")
 
 
 class PrefixMirror:
@@ -82,8 +85,7 @@ class PrefixMirror:
             else:
                 self._revisions[key] = revision
             self._changed[key] = value
-        if self._on_change_hook is not None:
-            self._on_change_hook(key, value)
+        self._tell(key, value)
 
     def _resync(self) -> int:
         """The whole prefix again (the first read, or after a compaction): every key that differs
@@ -99,9 +101,18 @@ class PrefixMirror:
                 self._changed[key] = value
             if not first:
                 self.resyncs += 1
-        if self._on_change_hook is not None and not first:
+        if not first:
             for key in gone:
-                self._on_change_hook(key, None)
+                self._tell(key, None)
             for key, value in items:
-                self._on_change_hook(key, value)
+                self._tell(key, value)
         return revision
+
+    def _tell(self, key: str, value: bytes | None) -> None:
+        """`on_change`, which must not break the watch's thread (the mirror holds the change anyway)."""
+        if self._on_change_hook is None:
+            return
+        try:
+            self._on_change_hook(key, value)
+        except Exception as exc:
+            log.error("a mirror's change hook failed", fields={"prefix": self.prefix, "key": key, "error": repr(exc)})

@@ -126,3 +126,25 @@ def test_a_watch_that_fell_behind_takes_a_batch_over_the_reply_limit(store: Stor
     finally:
         watch.cancel()
         store.delete_prefix(prefix)
+
+
+def test_the_change_hook_hears_each_change_and_a_failing_one_breaks_nothing(store: Store) -> None:
+    prefix = unique("hook")
+    heard: list[tuple[str, bytes | None]] = []
+
+    def hook(key: str, value: bytes | None) -> None:
+        heard.append((key, value))
+        if value == b"boom":
+            raise RuntimeError("a hook that fails")
+
+    mirror = PrefixMirror(store, prefix, hook)
+    try:
+        mirror.start()
+        store.put(prefix + "a", "boom")
+        store.put(prefix + "b", "2")
+        store.delete(prefix + "a")
+        assert wait_for(lambda: len(heard) == 3, timeout=60)
+        assert heard == [(prefix + "a", b"boom"), (prefix + "b", b"2"), (prefix + "a", None)]
+        assert mirror.take() == {prefix + "a": None, prefix + "b": b"2"}  # the mirror holds them all
+    finally:
+        mirror.close()
