@@ -131,7 +131,7 @@ class KubernetesCluster(Cluster):
     def start_node(self, name: str, role: str | None = None) -> None:
         try:
             manifest = self.pod_manifest(name, role)  # a dict body: the client sends it as it is
-            created = self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)  # type: ignore[arg-type]
+            created = self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)
             self.pods.apply("ADDED", _json(created))
             self.log.info(
                 "pod created",

@@ -114,7 +114,7 @@ class Runtime:
         token = ensure_job_token(self.store, names.job_id(namespace, job.name))
         secret = pods.job_token_secret(job, namespace=namespace, owner_uid=uid, token=token)
         try:
-            self.core.create_namespaced_secret(namespace, secret, _preload_content=False)  # type: ignore[arg-type]
+            self.core.create_namespaced_secret(namespace, secret, _preload_content=False)
         except Exception as exc:
             if not is_status(exc, 409):
                 raise
@@ -148,7 +148,7 @@ class Runtime:
         _create(
             lambda: self.core.create_namespaced_service(
                 namespace,
-                pods.headless_service(job, namespace=namespace, owner_uid=uid, config=self.config),  # type: ignore[arg-type]
+                pods.headless_service(job, namespace=namespace, owner_uid=uid, config=self.config),
                 _preload_content=False,
             )
         )
@@ -246,7 +246,7 @@ class Runtime:
         listed = json.loads(
             self.core.list_namespaced_pod(
                 namespace, label_selector=names.job_selector(name), _preload_content=False
-            ).data  # type: ignore[attr-defined]  # unparsed: a urllib3 response
+            ).data  # unparsed: a urllib3 response
         )
         for pod in listed.get("items", []):
             if ((pod.get("metadata") or {}).get("labels") or {}).get(names.JOB_LABEL) == name:
@@ -346,7 +346,7 @@ class Runtime:
                 event, job=job.name, namespace=namespace, uid=uid, instance=self.config.identity
             )
             try:
-                self.core.create_namespaced_event(namespace, body, _preload_content=False)  # type: ignore[arg-type]
+                self.core.create_namespaced_event(namespace, body, _preload_content=False)
                 count += 1
             except Exception as exc:
                 if not is_status(exc, 409):  # posted before this operator restarted
