@@ -18,9 +18,9 @@ import time
 from stalwart.agents.worker_sdk import install
 install()
 def {FUNCTION}():
+    print("ready", flush=True)  # from inside: once it shows, every stack taken has this frame
     for _ in range(1200):  # bounded: 60 s at most
         time.sleep(0.05)
-print("ready", flush=True)
 {FUNCTION}()
 """
 NO_SDK = STUCK.replace("install()", "pass")
