@@ -18,10 +18,11 @@ compacted the changes a broken watch missed (prefix_mirror.py); the Observation 
 is the same as a full read of those prefixes would give.
 
 The view also says when a tick is worth running (`notice(trouble)`, called on the watches' threads):
-a node registered or lost its lease, a heartbeat changed in what moves the job's stage (`_urgent`:
-the generation, the agent's state, a worker started, exited or matched a log signature, a machine
-fault), or an operator request came. `trouble` says whether it looks like a failure unfolding (a
-lease lost, an exit, a log signature, a machine fault): the controller then watches closely for a
+a node registered or lost its lease, a heartbeat changed in what moves the job's stage
+(`heartbeat_budget.urgent`: the generation, the agent's state, a worker started, exited or matched
+a log signature, a machine fault), or an operator request came. `trouble` says whether it looks like
+a failure unfolding (a lease lost, `heartbeat_budget.trouble`: an exit, a log signature, a machine
+fault): the controller then watches closely for a
 while. Progress (step, loss, metrics) and saved checkpoints are no notice: the controller's timed
 tick reads them, as fresh as the watch has them, so a job that trains quietly costs the controller
 a tick per IDLE_TICK_SECONDS, not one per heartbeat (at 1,000 nodes saving every 10 s, a save
@@ -37,6 +38,7 @@ from typing import Any, TypeVar
 from stalwart.logs import ContextLogger
 from stalwart.store import keys
 from stalwart.store.client import Store
+from stalwart.store.heartbeat_budget import trouble, urgent
 from stalwart.store.prefix_mirror import PrefixMirror
 from stalwart.store.records import (
     AgentCommand,
@@ -127,10 +129,10 @@ class JobView:
             self._notice(False)  # the tick says what is wrong with it
             return
         self._parsed_beats[node] = (raw, beat)
-        urgent, trouble = _urgent(beat), _trouble(beat)
-        if self._urgent.get(node) != urgent:
-            self._notice(self._trouble.get(node, trouble) != trouble)
-        self._urgent[node], self._trouble[node] = urgent, trouble
+        now, signs = urgent(beat), trouble(beat)
+        if self._urgent.get(node) != now:
+            self._notice(self._trouble.get(node, signs) != signs)
+        self._urgent[node], self._trouble[node] = now, signs
 
     def wrote_command(self, node: str, command: AgentCommand, revision: int) -> None:
         """The controller wrote `command` (etcd acknowledged it at `revision`)."""
@@ -155,17 +157,3 @@ class JobView:
             return None
         into[name] = record
         return record
-
-
-def _urgent(beat: Heartbeat) -> tuple[Any, ...]:
-    """What in a heartbeat moves the job's stage: a change here wakes the controller at once."""
-    workers = tuple(
-        (w.rank, w.pid, w.state.value, w.exit_code, w.failure_class, w.first_step, len(w.matches)) for w in beat.workers
-    )
-    return beat.generation, beat.agent_state, tuple(beat.machine_faults), workers
-
-
-def _trouble(beat: Heartbeat) -> tuple[Any, ...]:
-    """What in a heartbeat changes when a failure unfolds: exits, log signatures, machine faults."""
-    workers = tuple((w.rank, w.state.value, w.exit_code, len(w.matches)) for w in beat.workers)
-    return workers, tuple(beat.machine_faults)

@@ -40,26 +40,28 @@ def job_progress_interval(spec: TrainingJobSpec) -> float:
     return progress_interval(spec.fault_tolerance.heartbeat_interval_seconds, spec.node_count)
 
 
-def significant(beat: Heartbeat) -> tuple[Any, ...]:
-    """What in a heartbeat the controller acts on at once: a change here is written at once."""
+def trouble(beat: Heartbeat) -> tuple[Any, ...]:
+    """What in a heartbeat changes when a failure unfolds: exits, log signatures (the newest one's
+    time too: a worker keeps a bounded list of matches), machine faults."""
     workers = tuple(
-        (
-            w.local_rank,
-            w.rank,
-            w.pid,
-            w.state.value,
-            w.exit_code,
-            w.failure_class,
-            w.blame_scope,
-            w.first_step,
-            w.last_checkpoint_step,
-            len(w.matches),
-            w.matches[-1].matched_at if w.matches else None,
-        )
+        (w.rank, w.state.value, w.exit_code, len(w.matches), w.matches[-1].matched_at if w.matches else None)
         for w in beat.workers
     )
+    return workers, tuple(beat.machine_faults)
+
+
+def urgent(beat: Heartbeat) -> tuple[Any, ...]:
+    """What in a heartbeat moves the job's stage: `trouble`, and a new generation, agent state or
+    worker (its process, its verdict, its first step). A change here wakes the controller at once."""
+    workers = tuple((w.local_rank, w.pid, w.failure_class, w.blame_scope, w.first_step) for w in beat.workers)
+    return beat.generation, beat.agent_state, trouble(beat), workers
+
+
+def significant(beat: Heartbeat) -> tuple[Any, ...]:
+    """What in a heartbeat the controller acts on: `urgent`, and the checkpoints saved. A change
+    here is written at once."""
     saves = tuple((s.step, s.generation, tuple(s.tiers), s.total_bytes) for s in beat.checkpoints)
-    return (beat.generation, beat.agent_state, tuple(beat.machine_faults), saves, workers)
+    return urgent(beat), saves, tuple(w.last_checkpoint_step for w in beat.workers)
 
 
 class HeartbeatGate:

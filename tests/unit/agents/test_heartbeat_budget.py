@@ -16,6 +16,9 @@ from stalwart.store.heartbeat_budget import (
     HeartbeatGate,
     job_progress_interval,
     progress_interval,
+    significant,
+    trouble,
+    urgent,
 )
 from stalwart.store.records import Heartbeat, LogMatch, NodeRegistration, SavedCheckpoint, WorkerState, WorkerStatus
 
@@ -75,6 +78,31 @@ def test_a_change_the_controller_acts_on_is_written_at_once(change: dict[str, ob
     gate.wrote(beat(T0), T0)
     assert not gate.due(beat(T0 + 1, step=11), T0 + 1)  # progress alone waits
     assert gate.due(beat(T0 + 1, step=11, **change), T0 + 1)
+
+
+def match(at: float) -> LogMatch:
+    return LogMatch(failure_class="peer_closed", scope="job", severity="error", line="x", line_number=1, matched_at=at)
+
+
+def test_trouble_is_urgent_and_urgent_is_significant_but_saves_and_progress_wake_nobody() -> None:
+    """What the agent writes at once (`significant`) includes what wakes the controller (`urgent`),
+    which includes what makes it watch closely (`trouble`)."""
+    base = beat(T0)
+    kept = [match(T0 + i) for i in range(20)]  # a worker keeps its newest matches, a bounded list
+    cases = {
+        "exit": (beat(T0, state=WorkerState.EXITED, exit_code=1), True, True),
+        "another match at the cap": (beat(T0, matches=[*kept[1:], match(T0 + 99)]), True, True),
+        "restart": (beat(T0, pid=4343), False, True),
+        "first step": (beat(T0, first_step=11), False, True),
+        "a save": (beat(T0, last_checkpoint_step=10), False, False),
+        "progress": (beat(T0 + 5, step=99, loss=0.5), False, False),
+    }
+    at_cap = beat(T0, matches=kept)
+    for name, (changed, is_trouble, is_urgent) in cases.items():
+        before = at_cap if name == "another match at the cap" else base
+        assert (trouble(changed) != trouble(before)) is is_trouble, name
+        assert (urgent(changed) != urgent(before)) is is_urgent, name
+        assert (significant(changed) != significant(before)) is (is_urgent or name == "a save"), name
 
 
 def test_node_level_changes_are_written_at_once() -> None:
