@@ -13,9 +13,8 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
@@ -23,6 +22,9 @@ from pydantic_core import core_schema
 DATA_FILE = "kubernetes-fields.json"
 # The marker the CRD generator replaces with Kubernetes' structural schema of the field.
 SHAPE_KEY = "x-stalwart-kubernetes-field"
+
+if TYPE_CHECKING:
+    import jsonschema
 
 
 @cache
@@ -34,6 +36,10 @@ def kubernetes_fields() -> dict[str, Any]:
 
 @cache
 def _validator(field: str) -> jsonschema.protocols.Validator:
+    # Imported here: most processes parse no pod template, and jsonschema is a tenth of a second of
+    # every CLI command's, controller's and service's start.
+    import jsonschema
+
     data = kubernetes_fields()
     schema = {"$defs": data["$defs"], **data["fields"][field]}
     return jsonschema.Draft202012Validator(schema)
