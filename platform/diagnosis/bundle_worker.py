@@ -103,6 +103,11 @@ def diagnose_body(body: bytes | bytearray, gzipped: bool, max_decoded: int) -> W
         )
 
 
+def ready() -> bool:
+    """Nothing: what the service sends a worker to have it started (WorkerPool.warm)."""
+    return True
+
+
 def init_worker(memory_limit_bytes: int) -> None:
     """In each worker: die with the service (nothing else would stop a worker whose service was
     SIGKILLed), yield the CPU to it, cap its address space, and import the engine before the first

@@ -128,9 +128,11 @@ def create_app(store: Store | None = None, *, token: str | None, limits: Limits 
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        warming = asyncio.create_task(pool.warm())
         try:
             yield
         finally:
+            warming.cancel()
             pool.stop()
 
     app = FastAPI(

@@ -64,8 +64,8 @@ class WorkerPool:
         self._executor: ProcessPoolExecutor | None = None
 
     def _start(self) -> None:
-        """Workers are spawned as bundles arrive, by the event loop's thread (each dies with the
-        thread that started it), so a service that is never asked costs no worker."""
+        """Workers are spawned by the event loop's thread (each dies with the thread that started
+        it): one at the start (`warm`), the others as bundles arrive."""
         self._executor = ProcessPoolExecutor(
             self.size,
             mp_context=multiprocessing.get_context("spawn"),
@@ -85,6 +85,16 @@ class WorkerPool:
                 executor.shutdown(wait=False, cancel_futures=True)
                 self._start()
             raise WorkerLost("a diagnosis worker died while working on this request") from None
+
+    async def warm(self) -> None:
+        """One worker started before the first bundle. Spawning it imports the engine, half a
+        CPU-second at low priority: seconds on a machine busy with training. The first failure's
+        diagnosis, which a recovery waits for, paid that (0.6 s against 0.04 s for the next, on a
+        quiet machine); now the service's start pays it, once."""
+        try:
+            await self.run(bundle_worker.ready)
+        except WorkerLost:
+            pass  # the next bundle starts a new pool, as after any lost worker
 
     def stop(self) -> None:
         if self._executor is not None:

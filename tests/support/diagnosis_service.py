@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from stalwart.handover import spawn_listening
@@ -68,3 +69,9 @@ def running_service(tmp: Path, *args: str) -> Iterator[Service]:
         yield service
     finally:
         stop_process(service.proc, grace=10)
+
+
+def worker_pids(service: Service) -> set[int]:
+    """The service's diagnosis workers (spawned processes)."""
+    kids = psutil.Process(service.proc.pid).children(recursive=True)
+    return {p.pid for p in kids if "spawn_main" in " ".join(p.cmdline())}

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from support.diagnosis_service import Service, running_service, start_service
+from support.diagnosis_service import Service, running_service, start_service, worker_pids
 from support.paths import REPO
 
 from stalwart.diagnosis.client import DiagnosisClient, DiagnosisRejected, diagnose_local
@@ -128,11 +128,6 @@ def test_a_busy_service_turns_bundles_away_and_keeps_answering(narrow: Service, 
     verdict = DiagnosisClient(narrow.url, token=narrow.token).diagnose(case.bundle)
     assert verdict.flagged == ["node-2"]
     assert 'stalwart_diagnosis_rejected_requests_total{status="503"}' in httpx.get(f"{narrow.url}/metrics").text
-
-
-def worker_pids(service: Service) -> set[int]:
-    kids = psutil.Process(service.proc.pid).children(recursive=True)
-    return {p.pid for p in kids if "spawn_main" in " ".join(p.cmdline())}
 
 
 def test_a_slow_body_a_dead_worker_and_a_killed_service(tmp_path: Path, case: CorpusCase) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.diagnosis_service import Service, running_service, start_service
+from support.diagnosis_service import Service, running_service, start_service, worker_pids
 from support.paths import REPO
 
 from stalwart.diagnosis import EvidenceBundle, diagnose
@@ -19,7 +19,7 @@ from stalwart.diagnosis.client import DiagnosisClient, DiagnosisUnavailable, Inc
 from stalwart.diagnosis.corpus import CorpusCase, load_corpus
 from stalwart.diagnosis.corpus_gen import expand_hang
 from stalwart.net import free_port
-from stalwart.processes import stop_process
+from stalwart.processes import stop_process, wait_for
 from stalwart.store import Store, keys
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.records import Incident
@@ -64,6 +64,12 @@ def test_openapi_is_published(service: Service) -> None:
     assert body == {"$ref": "#/components/schemas/EvidenceBundle"}
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert {"401", "403", "413", "503"} <= set(doc["paths"]["/v1/diagnose"]["post"]["responses"])
+
+
+def test_a_worker_is_ready_before_the_first_bundle(tmp_path: Path) -> None:
+    """The first failure's diagnosis does not wait for a worker to start and import the engine."""
+    with running_service(tmp_path) as service:
+        assert wait_for(lambda: len(worker_pids(service)) == 1, 120), service.log.read_text()[-2000:]
 
 
 def test_a_verdict_over_http_equals_the_in_process_one(service: Service, case: CorpusCase) -> None:
