@@ -4,7 +4,7 @@
 #               (mypy and the unit tests beside the end-to-end tests, then the tests that mostly wait:
 #               tests/support/suite.py)
 # While working:
-#   make test-fast  the unit tests (tests/unit): 45 s to 59 s in session 22 (46 s to 69 s in session 21), as fast as the machine is that hour
+#   make test-fast  the unit tests (tests/unit): 43 s to 57 s in session 23 (45 s to 59 s in session 22), as fast as the machine is that hour
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
