@@ -121,6 +121,8 @@ class JobView:
             return
         node, leaf = parsed
         if leaf != "heartbeat" or raw is None:
+            if leaf == "heartbeat":
+                self._parsed_beats.pop(node, None)  # its lease lapsed: no value left to reuse
             self._notice(raw is None)  # a node joined, or lost its lease
             return
         try:
