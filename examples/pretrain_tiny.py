@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # Outside Stalwart (no agent socket) these are no-ops, so the script also runs under plain torchrun.
 from stalwart import worker_contract as contract
-from stalwart.agents.worker_sdk import PeriodicCheckpoints, StepTimer, report_load, since_launch
+from stalwart.agents.worker_sdk import PeriodicCheckpoints, SampleLog, StepTimer, report_load, since_launch
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
 from stalwart.dataloader import DataConfig, SourceSpec, open_loader
 
@@ -98,6 +98,7 @@ def main() -> None:
         default=os.path.join(os.path.dirname(__file__), "data", "shards", "*.stok"),
         help="token shards when not run by Stalwart",
     )
+    parser.add_argument("--sample-log", default=None, help="record each step's sample ids here (an audit)")
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
@@ -145,10 +146,12 @@ def main() -> None:
             flush=True,
         )
 
+    samples = SampleLog(args.sample_log)
     timer = StepTimer()
     for step in range(start + 1, args.steps + 1):
         with timer.phase("data"):
-            data = loader.next_batch().tokens.to(device)
+            batch = loader.next_batch()
+            data = batch.tokens.to(device)
         with timer.phase("compute"):  # forward and backward (DDP's gradient all-reduce included)
             logits = model(data[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
@@ -170,9 +173,11 @@ def main() -> None:
         step_time = timer.report(step, loss=mean_loss, tokens=micro_batch * config.seq_len)
         if rank == 0 and (step % 10 == 0 or step == start + 1):
             print(f"step {step} loss {mean_loss:.4f} step_time {step_time * 1000:.0f}ms", flush=True)
+        samples.write(step, batch.sample_ids.tolist())
         checkpoints.after_step(step)  # every `interval` steps; written while training goes on
 
     checkpoints.finish()
+    samples.close()
     ckpt.close()
     loader.close()
     dist.barrier()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import json
 import math
 import os
 import signal
@@ -34,9 +35,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal, NamedTuple, Protocol
+from pathlib import Path
+from typing import IO, Any, Literal, NamedTuple, Protocol
 
 from stalwart import worker_contract as contract
 from stalwart.agents import fault_hooks
@@ -317,6 +319,50 @@ class PeriodicCheckpoints:
         report_save(result, data_state=self._data_state)  # the engine's timings, for the agent's metrics
         if not result.committed and _ranks()[0] == 0:
             print(f"checkpoint at step {result.step} failed: {result.error}", flush=True)
+
+
+class SampleLog:
+    """An audit of what was trained: one JSON line per step with the ids of the samples this rank
+    trained on, and the generation that trained them, in `folder/rank-N.jsonl`. A job's recoveries
+    skipped and repeated nothing when, keeping each step's newest generation, the steps hold the
+    same samples as a clean run's (`stalwart.agents.worker_sdk.trained_samples`). No folder: no-op."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None) -> None:
+        self._file: IO[str] | None = None
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+            rank = _ranks()[0]
+            self._file = open(os.path.join(folder, f"rank-{rank}.jsonl"), "a", encoding="utf-8")
+        self.generation = contract.int_var(contract.GENERATION) or 0
+
+    def write(self, step: int, sample_ids: Iterable[int]) -> None:
+        if self._file is not None:
+            ids = [int(i) for i in sample_ids]
+            self._file.write(json.dumps({"step": step, "generation": self.generation, "ids": ids}) + "\n")
+            self._file.flush()  # a killed worker leaves every step it finished
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def trained_samples(folder: str | os.PathLike[str]) -> dict[int, list[int]]:
+    """Step -> the sorted ids every rank trained on at that step, as the job's last word on it: a step
+    redone after a restart counts once, from the newest generation that trained it. A line cut short
+    by a killed worker is skipped."""
+    newest: dict[int, int] = {}
+    ids: dict[tuple[int, int], list[int]] = {}
+    for path in sorted(Path(folder).glob("rank-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+                step, generation, sample_ids = int(record["step"]), int(record["generation"]), record["ids"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            newest[step] = max(newest.get(step, generation), generation)
+            ids.setdefault((step, generation), []).extend(int(i) for i in sample_ids)
+    return {step: sorted(ids[(step, generation)]) for step, generation in sorted(newest.items())}
 
 
 class StepTimer:

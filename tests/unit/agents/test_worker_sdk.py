@@ -98,3 +98,22 @@ def test_the_layout_comes_from_the_worker_contract() -> None:
     assert layout({"WORLD_SIZE": "8"}) == (1, 1, 1, 1, 8)
     assert layout({"WORLD_SIZE": "8", "STALWART_TP": "2", "STALWART_PP": "2"}) == (2, 2, 1, 1, 2)
     assert layout({"WORLD_SIZE": "4", "STALWART_TP": "2", "STALWART_DP": "1", "STALWART_PP": "2"}).dp == 1
+
+
+def test_the_sample_log_keeps_each_steps_newest_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generation 1 trains steps 1-3 and dies mid-line; generation 2 resumes at step 3 (its checkpoint
+    was step 2): step 3 counts once, with generation 2's samples."""
+    from stalwart.agents.worker_sdk import SampleLog, trained_samples
+
+    for rank, generation, steps in ((0, 1, (1, 2, 3)), (1, 1, (1, 2, 3)), (0, 2, (3, 4)), (1, 2, (3, 4))):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("STALWART_GENERATION", str(generation))
+        log = SampleLog(tmp_path)
+        for step in steps:
+            offset = 100 * generation if step == 3 else 0
+            log.write(step, [10 * step + rank + offset])
+        log.close()
+    with (tmp_path / "rank-0.jsonl").open("a") as f:
+        f.write('{"step": 4, "gener')  # a worker killed in the middle of a line
+    assert trained_samples(tmp_path) == {1: [10, 11], 2: [20, 21], 3: [230, 231], 4: [40, 41]}
+    SampleLog(None).write(1, [1])  # outside an audit: nothing written, nothing raised
