@@ -1,0 +1,244 @@
+"""Stalwart for a Hugging Face `transformers` Trainer: swap `Trainer` for `StalwartTrainer`.
+
+    trainer = StalwartTrainer(model=model, args=args, data_config=config)  # instead of Trainer(...)
+    trainer.train()
+
+`StalwartTrainer` (or `StalwartTrainerMixin` in front of your own Trainer subclass) does three things:
+
+- feeds the Trainer from Stalwart's deterministic loader (the node's shadow loader under Stalwart),
+  one batch per micro-step, so the data position is exact and rides in every checkpoint;
+- hands each micro-step's loss to `StalwartCallback` (the Trainer logs only every `logging_steps`);
+- adds `StalwartCallback`, which reports every step to the node agent (step, loss, tokens, data /
+  compute / optimizer time; a NaN or infinite loss raises FloatingPointError, so the job rolls back),
+  saves asynchronously through Stalwart's checkpoint engine every CHECKPOINT_INTERVAL steps to the
+  tiers the agent gives, and at the start loads the newest checkpoint a rollback allows: model,
+  optimizer, LR scheduler, RNG, the Trainer's step counter and the loader's position.
+
+Outside Stalwart the reports are no-ops and checkpoints go to `checkpoint_dir` (none if not given),
+so the same script runs under plain torchrun.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from stalwart import worker_contract as contract
+from stalwart.agents.worker_sdk import PeriodicCheckpoints, SampleLog, StepTimer, report_load
+from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
+from stalwart.dataloader import DataConfig, open_loader
+from stalwart.dataloader.batch import BatchLoader
+
+log = logging.getLogger(__name__)
+
+# Scheduler state worth keeping: plain numbers (a LambdaLR's functions are code and stay in the script).
+_SCHEDULER_KEYS = ("last_epoch", "_step_count", "base_lrs", "_last_lr", "_is_initial", "_get_lr_called_within_step")
+
+
+def data_config_from_env(default: DataConfig) -> DataConfig:
+    """The job spec's data section under Stalwart (it arrives in the environment), else `default`."""
+    raw = os.environ.get(contract.DATA_CONFIG)
+    return DataConfig.model_validate_json(raw) if raw else default
+
+
+def checkpoint_tiers(default_dir: str | None) -> list[Any]:
+    """Where checkpoints go: the agent's host-memory tier then its storage, or `default_dir` outside Stalwart."""
+    tiers = []
+    if os.environ.get(contract.CHECKPOINT_MEMORY_URI):
+        tiers.append(open_storage(os.environ[contract.CHECKPOINT_MEMORY_URI]))
+    uri = os.environ.get(contract.CHECKPOINT_URI) or default_dir
+    if uri:
+        tiers.append(open_storage(uri))
+    return tiers
+
+
+class SchedulerState:
+    """An LR scheduler's counters as a Stateful (an `AcceleratedScheduler` is unwrapped)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = getattr(scheduler, "scheduler", scheduler)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.scheduler.state_dict()
+        return {k: state[k] for k in _SCHEDULER_KEYS if k in state}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        merged = {**self.scheduler.state_dict(), **{k: v for k, v in state.items() if k in _SCHEDULER_KEYS}}
+        for key in ("base_lrs", "_last_lr"):  # lists come back as they were saved
+            if key in merged and not isinstance(merged[key], list):
+                merged[key] = list(merged[key])
+        self.scheduler.load_state_dict(merged)
+
+
+class _NoData:
+    """Stands in for a loader when the Trainer is not fed by Stalwart's (no data position to save)."""
+
+    def state_delta(self) -> None:
+        return None
+
+
+class StalwartCallback(TrainerCallback):
+    """Progress, step phases, NaN rollbacks and exact checkpoints for a Trainer (see the module's doc).
+
+    `StalwartTrainerMixin` adds it and feeds it the loader and each micro-step's loss; on its own (a
+    Trainer of your own making) it reports steps and phases and checkpoints model, optimizer,
+    scheduler, RNG and step, but reports no loss and saves no data position.
+    """
+
+    def __init__(self, *, checkpoint_dir: str | None = None, sample_log: str | None = None) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.samples = SampleLog(sample_log)
+        self.timer = StepTimer()
+        self.loader: BatchLoader | None = None
+        self.trainer: Trainer | None = None
+        self.resumed_step = 0
+        self._losses: list[torch.Tensor] = []
+        self._ids: list[int] = []
+        self._tokens = 0
+        self._mark = 0.0
+        self._ckpt: Checkpointer | None = None
+        self._periodic: PeriodicCheckpoints | None = None
+
+    # --- fed by the mixin ---------------------------------------------------------------------
+    def record_batch(self, sample_ids: list[int], tokens: int) -> None:
+        self._ids.extend(sample_ids)
+        self._tokens += tokens
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        self._losses.append(loss.detach())
+
+    # --- Trainer events ------------------------------------------------------------------------
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        tiers = checkpoint_tiers(self.checkpoint_dir)
+        if not tiers:
+            return
+        model, optimizer, scheduler = kwargs["model"], kwargs["optimizer"], kwargs.get("lr_scheduler")
+        keep = contract.int_var(contract.CHECKPOINT_KEEP) or 3
+        self._ckpt = Checkpointer(tiers, retention=RetentionPolicy(keep_last=keep))
+        ckpt_state: dict[str, Any] = {
+            "train": TrainState(model, getattr(optimizer, "optimizer", optimizer)),  # AcceleratedOptimizer's own
+            "rng": RNGState(),
+        }
+        if scheduler is not None:
+            ckpt_state["schedule"] = SchedulerState(scheduler)
+        if self.loader is not None:
+            ckpt_state["data"] = self.loader
+        started = time.perf_counter()
+        try:
+            start = self._ckpt.load(ckpt_state, fallback=True)  # the newest, or the newest a rollback allows
+        except NoCheckpoint:
+            start = 0
+        if start:
+            report_load(start, time.perf_counter() - started, self._ckpt.last_load_tier)
+            state.global_step = start  # the Trainer counts on from the checkpoint's step
+            if self.trainer is not None:  # its loss logging averages over the steps since this one
+                self.trainer._globalstep_last_logged = start
+            log.info("resumed from step %d (tier %s)", start, self._ckpt.last_load_tier)
+        self.resumed_step = start
+        interval = contract.int_var(contract.CHECKPOINT_INTERVAL) or 10
+        loader: Any = self.loader if self.loader is not None else _NoData()
+        self._periodic = PeriodicCheckpoints(self._ckpt, ckpt_state, loader, interval, last_step=state.max_steps)
+        self.timer = StepTimer()  # the first step's time starts now, not at construction
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._mark = time.perf_counter()  # the step's batches are fetched (and timed) just before this
+
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        now = time.perf_counter()
+        self.timer.times["compute"] = now - self._mark  # forward, backward (DDP's all-reduce) and clipping
+        self._mark = now
+
+    def on_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.timer.times["optimizer"] = time.perf_counter() - self._mark
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        step = state.global_step
+        loss = float(torch.stack(self._losses).float().mean()) if self._losses else None
+        # A NaN or infinite loss raises FloatingPointError here (the worker SDK's check): the job rolls back.
+        self.timer.report(step, loss=loss, tokens=self._tokens or None)
+        self.samples.write(step, self._ids)
+        self._losses, self._ids, self._tokens = [], [], 0
+        if self._periodic is not None:
+            self._periodic.after_step(step)  # every CHECKPOINT_INTERVAL steps, written while training goes on
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._periodic is not None:
+            self._periodic.finish()
+        if self._ckpt is not None:
+            self._ckpt.close()
+        if self.loader is not None:
+            self.loader.close()
+            self.loader = None
+        self.samples.close()
+
+
+class StalwartBatches:
+    """What the Trainer iterates: this rank's batches from Stalwart's loader, one per micro-step, as
+    `{"input_ids": tokens, "labels": tokens}` (seq_len + 1 tokens; causal LMs shift labels themselves).
+    Nothing is prefetched, so the loader's position is exactly what the Trainer has consumed."""
+
+    def __init__(self, loader: BatchLoader, callback: StalwartCallback) -> None:
+        self.loader, self.callback = loader, callback
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            with self.callback.timer.phase("data"):
+                batch = self.loader.next_batch()
+            tokens = batch.tokens
+            self.callback.record_batch(batch.sample_ids.tolist(), int(tokens.shape[0] * (tokens.shape[1] - 1)))
+            yield {"input_ids": tokens, "labels": tokens}
+
+
+class StalwartTrainerMixin:
+    """Put in front of a Trainer class: `class MyTrainer(StalwartTrainerMixin, Trainer)`. Takes
+    `data_config` (the loader's; the job spec's replaces it under Stalwart), and optionally
+    `checkpoint_dir` (outside Stalwart) and `sample_log` (a folder for the per-step sample audit)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        data_config: DataConfig,
+        checkpoint_dir: str | None = None,
+        sample_log: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.stalwart = StalwartCallback(checkpoint_dir=checkpoint_dir, sample_log=sample_log)
+        self.stalwart.trainer = self  # type: ignore[assignment]
+        self.stalwart_data_config = data_config_from_env(data_config)
+        self.add_callback(self.stalwart)  # type: ignore[attr-defined]
+
+    def get_train_dataloader(self) -> Any:
+        if self.stalwart.loader is None:
+            trainer_args: TrainingArguments = self.args  # type: ignore[attr-defined]
+            if trainer_args.max_steps <= 0:
+                raise ValueError("StalwartTrainer needs TrainingArguments.max_steps > 0: its data stream has no end")
+            micro_batch = contract.int_var(contract.DATA_MICRO_BATCH) or trainer_args.per_device_train_batch_size
+            self.stalwart.loader = open_loader(
+                self.stalwart_data_config,
+                dp_rank=trainer_args.process_index,
+                dp_size=trainer_args.world_size,
+                micro_batch=micro_batch,
+            )
+        return StalwartBatches(self.stalwart.loader, self.stalwart)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        loss: torch.Tensor = super().training_step(*args, **kwargs)  # type: ignore[misc]
+        self.stalwart.record_loss(loss)
+        return loss
+
+
+class StalwartTrainer(StalwartTrainerMixin, Trainer):
+    """`transformers.Trainer` with Stalwart's data, progress and checkpoints (StalwartTrainerMixin)."""
