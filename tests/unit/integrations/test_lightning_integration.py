@@ -1,0 +1,120 @@
+"""stalwart.integrations.lightning in one process: the Trainer's placement, the data position a
+checkpoint holds while Lightning draws ahead, and a fit resumed from Stalwart's checkpoint that
+continues exactly where an uninterrupted fit goes (losses, samples, Lightning's step counter)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stalwart.dataloader import DataConfig, SourceSpec, build_shards
+from stalwart.integrations.lightning import StalwartCallback, StalwartData, trainer_kwargs
+
+TORCHRUN_4x2 = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "job",
+}
+
+
+def test_a_torchrun_launch_is_ddp_over_its_nodes_and_processes() -> None:
+    kw = trainer_kwargs(TORCHRUN_4x2)
+    assert kw["strategy"] == "ddp" and kw["devices"] == 2 and kw["num_nodes"] == 4
+
+
+def test_a_process_nobody_launched_trains_alone() -> None:
+    assert trainer_kwargs({}) == {"accelerator": trainer_kwargs({})["accelerator"], "devices": 1, "num_nodes": 1}
+
+
+def test_uneven_nodes_are_refused_naming_the_variables() -> None:
+    with pytest.raises(ValueError, match="WORLD_SIZE=8 is not a multiple of LOCAL_WORLD_SIZE=3"):
+        trainer_kwargs({**TORCHRUN_4x2, "LOCAL_WORLD_SIZE": "3"})
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> DataConfig:
+    folder = tmp_path_factory.mktemp("shards")
+    text = folder / "text.txt"
+    text.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog" for i in range(400)))
+    build_shards([text], folder, prefix="text", overwrite=True)
+    return DataConfig(sources=[SourceSpec(name="text", shards=[str(folder / "text-*.stok")])], seq_len=16, seed=0)
+
+
+def test_the_checkpointed_position_is_after_the_last_trained_batch_not_the_last_drawn(config: DataConfig) -> None:
+    data = StalwartData(config, micro_batch=2)
+    data.open(0, 1)
+    batches = iter(data)
+    first, second, third = next(batches), next(batches), next(batches)  # Lightning draws ahead
+    data.mark_trained(first)
+    state = data.state_dict()
+    data.close()
+
+    resumed = StalwartData(config, micro_batch=2)
+    resumed.load_state_dict(state)
+    assert torch.equal(next(iter(resumed))["sample_ids"], second["sample_ids"])
+    resumed.close()
+    assert not torch.equal(second["sample_ids"], third["sample_ids"])
+
+
+class Bigram(L.LightningModule):
+    """Small enough to fit in a second; a scheduler so the resumed LR is checked too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(257, 257)
+        self.log_: dict[int, tuple[float, list[int]]] = {}
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        tokens = batch["tokens"]
+        logits = self.emb(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, 257), tokens[:, 1:].reshape(-1))
+
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
+        self.log_[self.trainer.global_step] = (float(outputs["loss"]), batch["sample_ids"].tolist())
+
+    def configure_optimizers(self) -> Any:
+        optim = torch.optim.AdamW(self.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.5)
+        return {"optimizer": optim, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def fit(config: DataConfig, checkpoints: Path, steps: int) -> tuple[Bigram, StalwartCallback]:
+    torch.manual_seed(0)
+    module = Bigram()
+    data = StalwartData(config, micro_batch=2)
+    callback = StalwartCallback(data, checkpoint_uri=str(checkpoints), interval=3)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[callback],
+        accelerator="cpu",
+        devices=1,
+        use_distributed_sampler=False,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, train_dataloaders=data.dataloader())
+    assert trainer.global_step == steps
+    return module, callback
+
+
+def test_a_resumed_fit_continues_exactly_as_an_uninterrupted_one(config: DataConfig, tmp_path: Path) -> None:
+    clean, _ = fit(config, tmp_path / "clean", steps=7)
+    first, _ = fit(config, tmp_path / "resumed", steps=5)  # checkpoints at 3 and 5 (the last step)
+    second, callback = fit(config, tmp_path / "resumed", steps=7)
+    assert callback.resumed_from == 5
+    assert sorted(second.log_) == [6, 7]  # Lightning's step counter resumed too
+    for step in (6, 7):
+        assert second.log_[step][1] == clean.log_[step][1], step  # the same samples
+        assert second.log_[step][0] == pytest.approx(clean.log_[step][0], abs=1e-6), step  # the same model
+    assert {s: first.log_[s] for s in range(1, 6)} == {s: clean.log_[s] for s in range(1, 6)}
