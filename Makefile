@@ -47,15 +47,20 @@ E2E_XDIST   := $(call xdist,$(E2E_WORKERS))
 
 .PHONY: install browser demo demo-clean test durations test-fast test-e2e lint typecheck format flakes clean
 
-$(STAMP): pyproject.toml
+# The package's own metadata takes ranges (Python 3.10-3.12, torch>=2.5: docs/install.md); this
+# machine's exact versions come from the constraints file, passed to pip and uv alike.
+CONSTRAINTS := constraints/cpu.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Stalwart needs Python 3.11, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned, with pip: pip's configuration on this machine names the local CPU wheel
-	# (uv does not read it), where a plain resolver fetches CUDA builds.
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile torch==2.13.0 uv==$(UV_VERSION)
-	# The rest with uv, which keeps the installed torch 2.13.0: it resolves, installs and compiles
-	# the bytecode (torch's too) on every core, in 15 s where pip took 100 (docs/testing.md).
-	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -e '.[test]'
+	# torch first, pinned by the constraints file (torch==2.13.0), with pip: pip's configuration on this
+	# machine names the local CPU wheel (uv does not read it), where a plain resolver fetches CUDA builds.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c $(CONSTRAINTS) torch uv==$(UV_VERSION)
+	# The rest with uv, under the same constraints, which keep the installed torch 2.13.0: it resolves,
+	# installs and compiles the bytecode (torch's too) on every core, in 15 s where pip took 100
+	# (docs/testing.md). The test extra is everything: control plane, operator, worker side.
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -c $(CONSTRAINTS) -e '.[test]'
 	# promtool and prometheus (Debian's package) for the alert-rule and dashboard tests: only when
 	# missing, and only as root (apt-get needs it); otherwise those tests say what to install.
 	@if ! command -v promtool >/dev/null && [ "$$(id -u)" = 0 ]; then \

@@ -11,6 +11,14 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+# Libraries that a worker-side install (docs/install.md) may lack, and how to get each: a name that
+# needs one says so instead of a bare "No module named 'torch'" from deep in an import.
+OPTIONAL_LIBRARIES = {
+    "torch": "torch>=2.5 (the training image's own, or pip install 'stalwart[torch]')",
+    "boto3": "pip install 'stalwart[s3]'",
+    "botocore": "pip install 'stalwart[s3]'",
+}
+
 
 def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """`__getattr__` and `__dir__` for `package`. `exports` maps a public name to the submodule
@@ -21,7 +29,16 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, _, attribute = exports[name].partition(":")
-        value = getattr(importlib.import_module(f"{package}.{module}"), attribute or name)
+        try:
+            value = getattr(importlib.import_module(f"{package}.{module}"), attribute or name)
+        except ModuleNotFoundError as error:
+            library = (error.name or "").partition(".")[0]
+            if library not in OPTIONAL_LIBRARIES:
+                raise
+            raise ModuleNotFoundError(
+                f"{package}.{name} needs {library}, which is not installed: {OPTIONAL_LIBRARIES[library]}",
+                name=error.name,
+            ) from error
         namespace[name] = value  # the next lookup finds it without coming here
         return value
 

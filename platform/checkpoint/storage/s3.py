@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+try:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+except ModuleNotFoundError as error:  # a worker-side install without the s3 extra (docs/install.md)
+    raise ModuleNotFoundError(
+        "s3:// checkpoint storage needs boto3, which is not installed: pip install 'stalwart[s3]'", name=error.name
+    ) from error
 
 from stalwart.checkpoint.storage.base import ObjectWriter, Storage, StorageError
 
