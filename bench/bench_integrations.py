@@ -1,0 +1,200 @@
+"""Framework integrations: recovery time and step-time overhead, each against its own plain script.
+
+    .venv/bin/python bench/bench_integrations.py                      # every integration
+    .venv/bin/python bench/bench_integrations.py --only huggingface --repeats 1
+
+Every figure comes from a real `stalwart run` of the integration's example job (2 nodes x 2 gloo
+workers, real etcd, agents and controller):
+
+- recovery: a worker killed, and a node killed with a standby: failure -> the first completed step
+  after the restart, from the incident the controller recorded in the run's summary;
+- overhead: the median step time of the example with the integration against the same script with
+  the integration off (`--without-stalwart`), both under `stalwart run`, alternated, the first steps
+  (imports, warm-up) left out; the step time is the script's own clock (one TrainerCallback or the
+  like, the same in both modes).
+
+One function per integration returns its rows; a shared runner runs the jobs and a shared writer
+puts each integration's section into bench/results/integrations.md, keeping the other sections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stalwart.spec import ALLOWED_PATHS_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+REPORT = REPO / "bench" / "results" / "integrations.md"
+WARMUP_STEPS = 20  # left out of the step-time medians: imports, the first checkpoint's setup
+
+
+@dataclass
+class Row:
+    """One configuration of one integration: what was run and what it measured."""
+
+    integration: str
+    configuration: str
+    seconds: list[float] = field(default_factory=list)  # recovery: failure -> first step; overhead: medians
+    note: str = ""
+
+
+# ------------------------------------------------------------------------------------------ runner
+def job_variant(job: Path, folder: Path, *, command: list[str] | None = None, standbys: int = 0) -> Path:
+    """`job` with its paths made absolute, its command replaced if asked, and `standbys` standbys."""
+    doc = yaml.safe_load(job.read_text())
+    role = doc["spec"]["roles"][0]
+    if command is not None:
+        role["command"] = command
+    role["workingDir"] = str((job.parent / role.get("workingDir", ".")).resolve())
+    for source in doc["spec"]["data"]["sources"]:
+        source["shards"] = [str((job.parent / s).resolve()) for s in source["shards"]]
+    doc["spec"]["faultTolerance"].update({"preflight": False, "slowdownFactor": 10})
+    doc["spec"]["standbys"] = {"count": standbys}
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_job(job: Path, folder: Path, *inject: str, timeout: float = 600) -> dict[str, Any]:
+    """A `stalwart run` of `job`; its JSON summary (the run's logs stay in folder/run)."""
+    summary = folder / "summary.json"
+    argv = [sys.executable, "-m", "stalwart.cli.main", "run", str(job), "--workdir", str(folder / "run")]
+    argv += ["--summary-json", str(summary), "--timeout", str(timeout)]
+    for fault in inject:
+        argv += ["--inject", fault]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60)
+    if proc.returncode != 0 or not summary.exists():
+        raise RuntimeError(
+            f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    result: dict[str, Any] = json.loads(summary.read_text())
+    return result
+
+
+def recovery_seconds(result: dict[str, Any]) -> float:
+    """Failure (the fault's firing, else the incident's failure time) -> first completed step after."""
+    [incident] = result["snapshot"]["incidents"]
+    failed = result["faults"][0]["fired_at"] if result.get("faults") else incident["failed_at"]
+    if incident.get("first_step_at") is None:
+        raise RuntimeError(f"the incident has no first step after the restart: {incident}")
+    return float(incident["first_step_at"] - failed)
+
+
+def step_times(run_dir: Path) -> list[float]:
+    """Rank 0's step times as the example printed them (`STEP_TIMES {json}` in its log)."""
+    for log in sorted(run_dir.glob("nodes/*/gen-*/rank-0.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("STEP_TIMES "):
+                return [float(t) for t in json.loads(line.removeprefix("STEP_TIMES "))["step_times"]]
+    raise RuntimeError(f"no STEP_TIMES line in rank 0's log under {run_dir}")
+
+
+def machine_load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+# -------------------------------------------------------------------------------- integrations
+def bench_huggingface(root: Path, repeats: int) -> list[Row]:
+    """The Trainer example (examples/hf-trainer.yaml): recovery, and overhead against a plain Trainer."""
+    job = EXAMPLES / "hf-trainer.yaml"
+    rows = [
+        Row("huggingface", "recovery, worker killed (kill-worker:rank=1,step=15)"),
+        Row("huggingface", "recovery, node killed, 1 standby (kill-node:node=1,step=15)"),
+    ]
+    for i in range(repeats):
+        for row, fault, standbys in (
+            (rows[0], "kill-worker:rank=1,step=15", 0),
+            (rows[1], "kill-node:node=1,step=15", 1),
+        ):
+            folder = root / f"hf-recovery-{standbys}-{i}"
+            folder.mkdir(parents=True)
+            row.seconds.append(recovery_seconds(run_job(job_variant(job, folder, standbys=standbys), folder, fault)))
+
+    steps = 200
+    command = ["python", "hf_trainer.py", "--steps", str(steps)]
+    with_row = Row("huggingface", f"step time, StalwartTrainer ({steps} steps, median after {WARMUP_STEPS})")
+    without_row = Row("huggingface", f"step time, plain Trainer --without-stalwart ({steps} steps, same)")
+    for i in range(repeats):
+        for row, extra in ((without_row, ["--without-stalwart"]), (with_row, [])):  # alternated
+            folder = root / f"hf-steps-{len(extra)}-{i}"
+            folder.mkdir(parents=True)
+            run_job(job_variant(job, folder, command=command + extra), folder)
+            row.seconds.append(statistics.median(step_times(folder / "run")[WARMUP_STEPS:]))
+    overhead = statistics.median(with_row.seconds) / statistics.median(without_row.seconds) - 1
+    with_row.note = f"overhead {overhead * 100:+.1f}% against the plain Trainer (goal: under 1%)"
+    return [*rows, without_row, with_row]
+
+
+INTEGRATIONS: dict[str, Callable[[Path, int], list[Row]]] = {"huggingface": bench_huggingface}
+
+
+# ------------------------------------------------------------------------------------------ report
+def section(name: str, rows: list[Row], command: str, load_before: str, load_after: str) -> str:
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"<!-- integration: {name} -->",
+        f"## {name}",
+        "",
+        f"Measured {date} on {platform.node()} ({platform.machine()}): `{command}`.",
+        f"Machine before: {load_before}; after: {load_after}.",
+        "",
+        "| configuration | median (s) | runs (s) | note |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        runs = ", ".join(f"{s:.4f}" if s < 1 else f"{s:.2f}" for s in row.seconds)
+        median = statistics.median(row.seconds)
+        lines.append(f"| {row.configuration} | {median:.4f} | {runs} | {row.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(sections: dict[str, str], path: Path = REPORT) -> None:
+    """Replace the named integrations' sections of the report, keeping the others as they were."""
+    header = "# Framework integrations: recovery and overhead\n\nWritten by `bench/bench_integrations.py`.\n"
+    kept: dict[str, str] = {}
+    if path.exists():
+        for match in re.finditer(r"<!-- integration: (\S+) -->\n.*?(?=<!-- integration: |\Z)", path.read_text(), re.S):
+            kept[match.group(1)] = match.group(0).rstrip("\n") + "\n"
+    kept.update(sections)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "".join(f"\n{kept[name]}" for name in sorted(kept)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(INTEGRATIONS), action="append", default=None)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--report", type=Path, default=REPORT)
+    args = parser.parse_args()
+    os.environ[ALLOWED_PATHS_ENV] = str(EXAMPLES)  # the job files are elsewhere; their code is in examples/
+    command = shlex.join(["python", "bench/bench_integrations.py", *sys.argv[1:]])
+    sections = {}
+    with tempfile.TemporaryDirectory(prefix="stalwart-bench-integrations-") as tmp:
+        for name in args.only or sorted(INTEGRATIONS):
+            load_before = machine_load()
+            rows = INTEGRATIONS[name](Path(tmp) / name, args.repeats)
+            sections[name] = section(name, rows, command, load_before, machine_load())
+            print(sections[name], flush=True)
+    write_report(sections, args.report)
+
+
+if __name__ == "__main__":
+    main()
