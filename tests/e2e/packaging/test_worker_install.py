@@ -75,6 +75,7 @@ def test_the_worker_side_imports_without_torch_or_the_control_plane(
     broken = {name: entry for name, entry in modules.items() if not entry["ok"] and entry["missing"] not in OPTIONAL}
     assert broken == {}
     assert any(not entry["ok"] and entry["missing"] == "torch" for entry in modules.values())
+    assert "pip install 'stalwart[s3]'" in modules["stalwart.checkpoint.storage.s3"]["error"]
     for name, message in report["lazy"].items():
         assert message is not None and "needs torch" in message and "stalwart[torch]" in message, name
     absent = "import importlib.util as u, sys; print([n for n in sys.argv[1:] if u.find_spec(n)])"
