@@ -118,3 +118,36 @@ def test_a_resumed_fit_continues_exactly_as_an_uninterrupted_one(config: DataCon
         assert second.log_[step][1] == clean.log_[step][1], step  # the same samples
         assert second.log_[step][0] == pytest.approx(clean.log_[step][0], abs=1e-6), step  # the same model
     assert {s: first.log_[s] for s in range(1, 6)} == {s: clean.log_[s] for s in range(1, 6)}
+
+
+def test_a_rollback_resumes_from_the_newest_checkpoint_it_allows(
+    config: DataConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean, _ = fit(config, tmp_path / "clean", steps=7)
+    fit(config, tmp_path / "resumed", steps=5)  # checkpoints at 3 and 5
+    monkeypatch.setenv("STALWART_RESUME_MAX_STEP", "4")  # the controller rolls back past step 5
+    second, callback = fit(config, tmp_path / "resumed", steps=7)
+    assert callback.resumed_from == 3 and sorted(second.log_) == [4, 5, 6, 7]
+    assert [second.log_[s][1] for s in (4, 5, 6, 7)] == [clean.log_[s][1] for s in (4, 5, 6, 7)]
+
+
+class NaNAtStep3(Bigram):
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.trainer.global_step == 2 else loss
+
+
+def test_a_nan_loss_raises_the_sdks_floating_point_error(config: DataConfig, tmp_path: Path) -> None:
+    data = StalwartData(config, micro_batch=2)
+    trainer = L.Trainer(
+        max_steps=5,
+        callbacks=[StalwartCallback(data, checkpoint_uri=str(tmp_path))],
+        accelerator="cpu",
+        devices=1,
+        use_distributed_sampler=False,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+    )
+    with pytest.raises(FloatingPointError, match="loss is nan at step 3"):
+        trainer.fit(NaNAtStep3(), train_dataloaders=data.dataloader())
