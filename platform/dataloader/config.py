@@ -9,7 +9,7 @@ from __future__ import annotations
 import glob
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,16 +23,49 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Format = Literal["stok", "hf", "megatron"]
+HF_KINDS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}
+
+
 class SourceSpec(_Model):
-    """A named source: shard files (glob patterns allowed), read as one concatenated token stream."""
+    """A named source: data files (glob patterns allowed), read as one concatenated token stream.
+
+    `format` says what the files are: `stok` (the project's token shards, the default), `hf` (parquet,
+    jsonl or arrow files read with `datasets` and tokenized with the `tokenizer` JSON file, field
+    `text_field`) or `megatron` (MMapIndexedDataset `.bin` files, each with its `.idx` beside it).
+    """
 
     name: str
     shards: Annotated[list[str], Field(min_length=1)]
+    format: Format = "stok"
+    tokenizer: str | None = Field(default=None, description="hf: path of a tokenizers tokenizer.json")
+    text_field: str = Field(default="text", min_length=1, description="hf: the column holding the text")
+    eos_token: str | None = Field(default=None, description="hf: token appended after each document")
+    index_dir: str | None = Field(
+        default=None, description="hf, megatron: where the one-time index goes (default: beside the data)"
+    )
 
     @model_validator(mode="after")
     def _check_name(self) -> SourceSpec:
         if not _NAME.match(self.name):
             raise ValueError(f"source name {self.name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        where = f"source {self.name!r}"
+        if self.format == "hf":
+            if not self.tokenizer:
+                raise ValueError(f"{where}: tokenizer is required for format 'hf' (a tokenizer.json path)")
+            for pattern in self.shards:
+                if not any(pattern.endswith(suffix) for suffix in HF_KINDS):
+                    raise ValueError(
+                        f"{where}: shards entry {pattern!r} must end in one of {sorted(HF_KINDS)} for format 'hf'"
+                    )
+        else:
+            for field in ("tokenizer", "eos_token"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"{where}: {field} only applies to format 'hf' (format is {self.format!r})")
+        if self.format == "megatron":
+            for pattern in self.shards:
+                if not pattern.endswith(".bin"):
+                    raise ValueError(f"{where}: shards entry {pattern!r} must name .bin files for format 'megatron'")
         return self
 
     def resolve(self) -> list[Path]:

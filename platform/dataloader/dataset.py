@@ -10,7 +10,7 @@ import numpy as np
 from stalwart.dataloader.config import DataConfig
 from stalwart.dataloader.order import GlobalOrder
 from stalwart.dataloader.schedule import build_segments
-from stalwart.dataloader.sources import TokenSource
+from stalwart.dataloader.sources import Source, open_source
 
 
 def _digest(payload: object) -> str:
@@ -22,10 +22,10 @@ class TokenDataset:
         self.config = config
         self.seq_len = config.seq_len
         self.sample_tokens = config.seq_len + 1
-        self.sources: list[TokenSource] = []
+        self.sources: list[Source] = []
         try:
             for spec in config.sources:
-                self.sources.append(TokenSource(spec.name, spec.resolve(), config.seq_len))
+                self.sources.append(open_source(spec, config.seq_len))
             segments = build_segments(config.segments())
             self.order = GlobalOrder([s.num_samples for s in self.sources], segments, config.seed, config.source_names)
         except BaseException:

@@ -9,10 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from stalwart.dataloader.token_shard import TokenShard
+
+if TYPE_CHECKING:
+    from stalwart.dataloader.config import SourceSpec
+
+
+class Source(Protocol):
+    """What the global order needs of a source, whatever its file format."""
+
+    name: str
+    num_samples: int
+
+    def read(self, index: int, out: np.ndarray) -> None: ...
+
+    def content_key(self) -> object: ...
+
+    def close(self) -> None: ...
 
 
 class TokenSource:
@@ -43,3 +60,18 @@ class TokenSource:
     def close(self) -> None:
         for shard in self.shards:
             shard.close()
+
+
+def open_source(spec: SourceSpec, seq_len: int) -> Source:
+    """Open a source in its format. The hf and megatron readers are imported only here, when needed, so a
+    worker reading .stok never imports `datasets` or `tokenizers`."""
+    paths = spec.resolve()
+    if spec.format == "hf":
+        from stalwart.dataloader.hf_source import open_hf_source
+
+        return open_hf_source(spec, paths, seq_len)
+    if spec.format == "megatron":
+        from stalwart.dataloader.megatron_source import MegatronSource
+
+        return MegatronSource(spec.name, paths, seq_len, spec.index_dir)
+    return TokenSource(spec.name, paths, seq_len)

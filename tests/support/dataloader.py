@@ -43,6 +43,92 @@ def build_corpus(root: Path, *, seed: int = 11, schedule: bool = True, block_tok
     )
 
 
+def _lines(name: str) -> list[str]:
+    return [line for line in (CORPUS / f"{name}.txt").read_text().splitlines() if line.strip()]
+
+
+def _mixture(sources: list[SourceSpec], *, seed: int, schedule: bool) -> DataConfig:
+    milestones = [Milestone(at_sample=SWITCH_AT, weights={"prose": 0.2, "code": 0.3, "numbers": 0.5})]
+    return DataConfig(
+        sources=sources,
+        weights={"prose": 0.5, "code": 0.3, "numbers": 0.2},
+        schedule=milestones if schedule else [],
+        seq_len=SEQ_LEN,
+        seed=seed,
+    )
+
+
+def train_tokenizer(path: Path) -> Path:
+    """A small BPE tokenizer trained on the fixture texts with the tokenizers trainer (nothing downloaded)."""
+    if not path.exists():
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=400, special_tokens=["<unk>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        )
+        tok.train_from_iterator([line for name in SOURCES for line in _lines(name)], trainer=trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(path))
+    return path
+
+
+def build_hf_corpus(root: Path, *, seed: int = 11, schedule: bool = True) -> DataConfig:
+    """The fixture texts as Hugging Face files (prose: parquet, code: jsonl, numbers: arrow), one document
+    per line, tokenized with a locally trained BPE tokenizer: the same mixture as build_corpus."""
+    import datasets
+
+    tokenizer = train_tokenizer(root / "tokenizer.json")
+    files = {"prose": root / "prose.parquet", "code": root / "code.jsonl", "numbers": root / "numbers.arrow"}
+    for name, path in files.items():
+        if path.exists():
+            continue
+        ds = datasets.Dataset.from_dict({"text": _lines(name), "doc": list(range(len(_lines(name))))})
+        if path.suffix == ".parquet":
+            ds.to_parquet(str(path))
+        elif path.suffix == ".jsonl":
+            ds.to_json(str(path), lines=True)
+        else:
+            ds.save_to_disk(str(root / "numbers-ds"))
+            (arrow,) = (root / "numbers-ds").glob("*.arrow")
+            arrow.rename(path)
+    specs = [
+        SourceSpec(name=n, shards=[str(p)], format="hf", tokenizer=str(tokenizer), eos_token="<eos>")
+        for n, p in files.items()
+    ]
+    return _mixture(specs, seed=seed, schedule=schedule)
+
+
+def write_megatron(prefix: Path, documents: Sequence[str]) -> Path:
+    """A Megatron indexed dataset (prefix.bin/.idx) written by megatron-core's own builder (byte tokens)."""
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from stalwart.dataloader import ByteTokenizer
+
+    tok = ByteTokenizer()
+    builder = IndexedDatasetBuilder(str(prefix.with_suffix(".bin")), dtype=np.uint16)
+    for doc in documents:
+        ids = np.concatenate([tok.encode(doc), [tok.eos_id]]).astype(np.int64)
+        builder.add_document(torch.from_numpy(ids), [len(ids)])
+    builder.finalize(str(prefix.with_suffix(".idx")))
+    return prefix.with_suffix(".bin")
+
+
+def build_megatron_corpus(root: Path, *, seed: int = 11, schedule: bool = True) -> DataConfig:
+    """The fixture texts as Megatron indexed datasets: the same mixture as build_corpus."""
+    root.mkdir(parents=True, exist_ok=True)
+    specs = []
+    for name in SOURCES:
+        path = root / f"{name}.bin"
+        if not path.exists():
+            write_megatron(root / name, _lines(name))
+        specs.append(SourceSpec(name=name, shards=[str(path)], format="megatron"))
+    return _mixture(specs, seed=seed, schedule=schedule)
+
+
 @pytest.fixture(scope="module")
 def data_config(tmp_path_factory: pytest.TempPathFactory) -> DataConfig:
     return build_corpus(tmp_path_factory.mktemp("shards"))
