@@ -21,9 +21,8 @@ so the same script runs under plain torchrun.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,49 +30,22 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from stalwart import worker_contract as contract
 from stalwart.agents.worker_sdk import PeriodicCheckpoints, SampleLog, StepTimer, report_load
-from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
+from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader import DataConfig, open_loader
 from stalwart.dataloader.batch import BatchLoader
+from stalwart.integrations.common import SchedulerState, checkpoint_tiers, data_config_from_env
 
 log = logging.getLogger(__name__)
 
-# Scheduler state worth keeping: plain numbers (a LambdaLR's functions are code and stay in the script).
-_SCHEDULER_KEYS = ("last_epoch", "_step_count", "base_lrs", "_last_lr", "_is_initial", "_get_lr_called_within_step")
-
-
-def data_config_from_env(default: DataConfig) -> DataConfig:
-    """The job spec's data section under Stalwart (it arrives in the environment), else `default`."""
-    raw = os.environ.get(contract.DATA_CONFIG)
-    return DataConfig.model_validate_json(raw) if raw else default
-
-
-def checkpoint_tiers(default_dir: str | None) -> list[Any]:
-    """Where checkpoints go: the agent's host-memory tier then its storage, or `default_dir` outside Stalwart."""
-    tiers = []
-    if os.environ.get(contract.CHECKPOINT_MEMORY_URI):
-        tiers.append(open_storage(os.environ[contract.CHECKPOINT_MEMORY_URI]))
-    uri = os.environ.get(contract.CHECKPOINT_URI) or default_dir
-    if uri:
-        tiers.append(open_storage(uri))
-    return tiers
-
-
-class SchedulerState:
-    """An LR scheduler's counters as a Stateful (an `AcceleratedScheduler` is unwrapped)."""
-
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = getattr(scheduler, "scheduler", scheduler)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = self.scheduler.state_dict()
-        return {k: state[k] for k in _SCHEDULER_KEYS if k in state}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        merged = {**self.scheduler.state_dict(), **{k: v for k, v in state.items() if k in _SCHEDULER_KEYS}}
-        for key in ("base_lrs", "_last_lr"):  # lists come back as they were saved
-            if key in merged and not isinstance(merged[key], list):
-                merged[key] = list(merged[key])
-        self.scheduler.load_state_dict(merged)
+__all__ = [
+    "SchedulerState",
+    "StalwartBatches",
+    "StalwartCallback",
+    "StalwartTrainer",
+    "StalwartTrainerMixin",
+    "checkpoint_tiers",
+    "data_config_from_env",
+]
 
 
 class _NoData:
