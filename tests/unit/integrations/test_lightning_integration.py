@@ -4,6 +4,7 @@ continues exactly where an uninterrupted fit goes (losses, samples, Lightning's 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stalwart import worker_contract as contract
+from stalwart.agents import worker_sdk
+from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.dataloader import DataConfig, SourceSpec, build_shards
 from stalwart.integrations.lightning import StalwartCallback, StalwartData, trainer_kwargs
 
@@ -87,11 +91,11 @@ class Bigram(L.LightningModule):
         return {"optimizer": optim, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def fit(config: DataConfig, checkpoints: Path, steps: int) -> tuple[Bigram, StalwartCallback]:
+def fit(config: DataConfig, checkpoints: Path, steps: int, interval: int = 3) -> tuple[Bigram, StalwartCallback]:
     torch.manual_seed(0)
     module = Bigram()
     data = StalwartData(config, micro_batch=2)
-    callback = StalwartCallback(data, checkpoint_uri=str(checkpoints), interval=3)
+    callback = StalwartCallback(data, checkpoint_uri=str(checkpoints), interval=interval)
     trainer = L.Trainer(
         max_steps=steps,
         callbacks=[callback],
@@ -151,3 +155,38 @@ def test_a_nan_loss_raises_the_sdks_floating_point_error(config: DataConfig, tmp
     )
     with pytest.raises(FloatingPointError, match="loss is nan at step 3"):
         trainer.fit(NaNAtStep3(), train_dataloaders=data.dataloader())
+
+
+@pytest.fixture
+def inbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProgressInbox]:
+    """The node agent's end of the worker SDK's socket."""
+    box = ProgressInbox()
+    monkeypatch.setenv(contract.PROGRESS_SOCKET, box.path)
+    monkeypatch.setattr(worker_sdk, "_sock", None)
+    monkeypatch.setattr(worker_sdk, "_unsent", {})
+    monkeypatch.setattr(worker_sdk, "_last_report_at", None)
+    try:
+        yield box
+    finally:
+        if worker_sdk._sock is not None:
+            worker_sdk._sock.close()
+        box.close()
+
+
+def test_the_agent_hears_every_step_with_its_phases_and_every_save_with_the_data_position(
+    config: DataConfig, tmp_path: Path, inbox: ProgressInbox
+) -> None:
+    fit(config, tmp_path / "ckpt", steps=4, interval=2)
+    reports = inbox.drain()
+    steps = [r for r in reports if r.kind == "step"]
+    assert [r.step for r in steps] == [1, 2, 3, 4]
+    for r in steps:
+        assert r.loss is not None and r.tokens == 2 * config.seq_len, r
+        assert r.phases is not None and None not in (r.phases.data, r.phases.compute, r.phases.optimizer), r
+    saves = [r for r in reports if r.kind == "checkpoint" and r.checkpoint and r.checkpoint.operation == "save"]
+    assert [r.step for r in saves] == [2, 4] and all(r.checkpoint and r.checkpoint.committed for r in saves)
+    assert all(r.data_state for r in saves), saves
+
+    fit(config, tmp_path / "ckpt", steps=6, interval=2)  # a restart: the load is reported
+    loads = [r for r in inbox.drain() if r.kind == "checkpoint" and r.checkpoint and r.checkpoint.operation == "load"]
+    assert [r.step for r in loads] == [4], loads
