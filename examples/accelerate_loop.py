@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 from accelerate import Accelerator
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos)")
     parser.add_argument(
         "--shards",
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "shards", "*.stok"),
@@ -84,6 +86,8 @@ def main() -> None:
             optim.step()
             sched.step()
             optim.zero_grad(set_to_none=True)
+        if args.step_delay:
+            time.sleep(args.step_delay)
         loop.step_done(step, loss.item(), batch)  # a NaN loss raises here: the job rolls back
         if accelerator.is_main_process and step % 10 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
