@@ -14,6 +14,7 @@ data with the callback left out (the overhead measurement's baseline).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from typing import Any
@@ -99,10 +100,11 @@ def main() -> None:
     trainer.fit(module, train_dataloaders=data.dataloader())
     if trainer.global_rank == 0:
         resumed = callbacks[0].resumed_from if callbacks else 0
-        # The median step, first step left out (it pays for the process group's first collectives).
-        steps = sorted(b - a for a, b in zip(module.step_ends[1:], module.step_ends[2:], strict=False))
+        times = [b - a for a, b in zip(module.step_ends, module.step_ends[1:], strict=False)]
+        steps = sorted(times[1:])  # the first step left out: it pays for the first collectives
         median = steps[len(steps) // 2] * 1000 if steps else float("nan")
         mean = sum(steps) / len(steps) * 1000 if steps else float("nan")  # checkpoint steps included
+        print("STEP_TIMES " + json.dumps({"stalwart": not args.without_stalwart, "step_times": times}), flush=True)
         print(
             f"world={trainer.world_size} resumed_from={resumed} steps={trainer.global_step} "
             f"median_step_time {median:.1f}ms mean_step_time {mean:.1f}ms",

@@ -35,6 +35,19 @@ def test_a_torchrun_launch_is_ddp_over_its_nodes_and_processes() -> None:
     assert kw["strategy"] == "ddp" and kw["devices"] == 2 and kw["num_nodes"] == 4
 
 
+def test_lightning_detects_the_torchelastic_environment_and_spawns_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Stalwart's agent sets is what torchrun sets: Lightning must not start processes itself."""
+    from lightning.pytorch.plugins.environments import TorchElasticEnvironment
+
+    for name, value in {**TORCHRUN_4x2, "GROUP_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    trainer = L.Trainer(**{**trainer_kwargs(), "accelerator": "cpu"}, logger=False)
+    assert isinstance(trainer.strategy.cluster_environment, TorchElasticEnvironment)
+    # Lightning's launcher starts child scripts only for an environment that does not create its processes.
+    assert trainer.strategy.cluster_environment.creates_processes_externally
+    assert (trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size) == (3, 1, 1, 8)
+
+
 def test_a_process_nobody_launched_trains_alone() -> None:
     assert trainer_kwargs({}) == {"accelerator": trainer_kwargs({})["accelerator"], "devices": 1, "num_nodes": 1}
 
