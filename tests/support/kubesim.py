@@ -76,11 +76,11 @@ class Emulator(kmock.KubernetesEmulator):
     _versions = itertools.count(1)
     # kmock keeps every request it served and, to pick a reaction for the next one, walks that whole
     # history through its filters: the cost of a request grows with the count before it. The
-    # operator module's few thousand requests made the emulator's thread most of the module's CPU
-    # (docs/testing.md). The tests read `calls`, never the history, so only the newest requests
+    # operator module's few thousand requests made the emulator's thread most of the module's CPU.
+    # The tests read `calls`, never the history, so only the newest requests
     # stay: the one being matched was appended just before it is matched, so it is always among
     # them. Each reaction tried walks all that stay: 8, not 64, took the operator module from 190
-    # to 149 CPU-seconds (session 17).
+    # to 149 CPU-seconds.
     HISTORY = 8
 
     def __attrs_post_init__(self) -> None:

@@ -1,8 +1,8 @@
 """How fast this machine is, and how busy it was: printed by `make test`'s runner so that timings
 from different days can be compared.
 
-The same suite took 7 min 50 s in one session and 14 min 39 s in another on machines of the same
-kind (docs/testing.md): the host's CPUs are shared, and the hypervisor takes some of their time
+The same suite took 7 min 50 s on one day and 14 min 39 s on another on machines of the same
+kind: the host's CPUs are shared, and the hypervisor takes some of their time
 (`steal` in /proc/stat). A fixed piece of pure-Python work before the run says how fast a core is
 then; the cores' accounting over the run says how much of them the suite had.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
-PROBE_ITERATIONS = 20_000_000  # from 0.7 s to 1.3 s on this project's machine in one session (session 17)
+PROBE_ITERATIONS = 20_000_000  # 0.7 s to 1.3 s on a 2-core machine, as busy as it is
 # Fields of /proc/stat's "cpu" line (clock ticks): user nice system idle iowait irq softirq steal.
 BUSY_FIELDS = (0, 1, 2, 5, 6)
 IDLE_FIELDS = (3, 4)

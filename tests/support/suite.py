@@ -5,7 +5,7 @@ end-to-end tests that mostly wait (LATE).
 The end-to-end tests leave about a tenth of the two cores idle (their jobs wait on leases, hang
 floors and step delays), which is about what mypy and the unit tests need: run beside them, niced,
 they take that idle time instead of a minute and a half of their own, and take little from the
-end-to-end tests when both want the CPU (docs/testing.md has the measurements). After the unit
+end-to-end tests when both want the CPU. After the unit
 tests, the two end-to-end workers alone left a fifth of the cores idle: the late lane's tests,
 which wait more than they compute, take it, and the two workers have that much less to do.
 
@@ -35,7 +35,7 @@ from machine import CpuTimes, probe_seconds
 REPO = Path(__file__).resolve().parents[2]
 LOG_TAIL_LINES = 60
 # End-to-end modules that mostly wait (on leases, outages, timeouts, sleeping ranks): run alone they
-# used 0.3-0.8 CPU-seconds a second (docs/testing.md, session 20). The late lane runs them, in one
+# used 0.3-0.8 CPU-seconds a second. The late lane runs them, in one
 # process at the usual priority, once the unit tests are done; the end-to-end workers skip them.
 LATE = (
     "tests/e2e/jobs/test_etcd_outage.py",
@@ -44,7 +44,7 @@ LATE = (
     "tests/e2e/health/test_health_collectives.py",
     "tests/e2e/diagnosis/test_stuck_rank.py",
     "tests/e2e/checkpoint/test_checkpoint_safety.py",
-    # Moved from the unit tests in session 21: each waits out a lease, a restart or a kill.
+    # Each of these waits out a lease, a restart or a kill.
     "tests/e2e/store/test_lease_expiry.py",
     "tests/e2e/store/test_watch_across_etcd_restarts.py",
     "tests/e2e/runner/test_etcd_supervision.py",
