@@ -53,3 +53,35 @@ def verify(files: Annotated[list[Path], typer.Argument(help="Shard files to chec
         print_error(str(exc))
         raise typer.Exit(1) from None
     out.print(f"{len(files)} shard(s) OK")
+
+
+@app.command()
+def index(
+    config_file: Annotated[Path, typer.Argument(help="A data config as JSON (the loader's DataConfig).")],
+    rebuild: Annotated[bool, typer.Option(help="Rebuild indexes and checksum sidecars that exist.")] = False,
+) -> None:
+    """Build the one-time index of each hf and megatron source, then open every source as a job would.
+
+    hf sources are tokenized into checksummed shards; megatron sources get their checksum sidecar.
+    Without this, the first open builds them. Example: stalwart data index data.json
+    """
+    from stalwart.dataloader import DataConfig, DataError, TokenDataset
+    from stalwart.dataloader.user_index import build_indexes
+
+    try:
+        config = DataConfig.loads(config_file.read_bytes())
+    except (OSError, ValueError) as exc:
+        print_error(f"{config_file}: not a readable data config: {exc}")
+        raise typer.Exit(2) from None
+    try:
+        built = build_indexes(config, rebuild=rebuild)
+        dataset = TokenDataset(config)
+    except DataError as exc:
+        print_error(str(exc))
+        raise typer.Exit(1) from None
+    try:
+        for spec, source in zip(config.sources, dataset.sources, strict=True):
+            where = f" (index: {built[spec.name]})" if spec.name in built else ""
+            out.print(f"{spec.name}: {spec.format}, {source.num_samples} samples per epoch{where}", highlight=False)
+    finally:
+        dataset.close()

@@ -65,7 +65,10 @@ def _tokenize_file(path: Path, spec: SourceSpec, folder: Path, out: Path) -> dic
         eos = int(found)
     cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=folder))
     try:
-        ds = _load(path, cache)
+        try:
+            ds = _load(path, cache)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataError(f"{path}: source {spec.name!r} cannot be read as {HF_KINDS[path.suffix]}: {exc}") from None
         if spec.text_field not in ds.column_names:
             raise DataError(
                 f"{path}: source {spec.name!r} has text_field {spec.text_field!r}, the file's columns are "
@@ -91,6 +94,7 @@ def build_index(spec: SourceSpec, paths: Sequence[Path], *, rebuild: bool = Fals
     folder = index_folder(spec, paths)
     with build_lock(folder / INDEX_FILE):
         if rebuild or not (folder / INDEX_FILE).exists():
+            (folder / INDEX_FILE).unlink(missing_ok=True)  # a rebuild that fails leaves no index to trust
             files = []
             for i, path in enumerate(paths):
                 if not path.is_file():

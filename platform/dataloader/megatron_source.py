@@ -10,11 +10,13 @@ verified at open, each `.bin` block on its first read.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from stalwart.dataloader.checksums import (
     BLOCK_BYTES,
@@ -111,7 +113,8 @@ class _BinFile:
             raise ShardError(
                 bin_path, f"{self.bytes.size} bytes, the .idx describes {self.index.token_count} tokens of {itemsize}"
             )
-        self.digest = str(side["idx_xxh3"])
+        sums = json.dumps(side["block_xxh3"]).encode()
+        self.digest = f"{side['idx_xxh3']}-{xxhash.xxh3_64_hexdigest(sums)}"  # the data, not the paths
 
     def read(self, start: int, length: int) -> np.ndarray:
         isz = self.index.dtype.itemsize

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from support.cli_invoke import Cli
 from support.dataloader import SEQ_LEN, build_corpus, build_hf_corpus, build_megatron_corpus
 
 from stalwart.dataloader import (
@@ -187,3 +188,27 @@ def test_reading_stok_imports_neither_datasets_nor_tokenizers(tmp_path: Path) ->
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_stalwart_data_index_builds_refuses_a_changed_file_and_rebuilds(tmp_path: Path, cli: Cli) -> None:
+    import datasets
+
+    config = build_hf_corpus(tmp_path / "hf", schedule=False)
+    mg = build_megatron_corpus(tmp_path / "mg", schedule=False)
+    config = DataConfig(sources=[config.sources[0], mg.sources[1]], seq_len=SEQ_LEN)
+    config_file = tmp_path / "data.json"
+    config_file.write_text(config.dumps())
+    first = cli("data", "index", str(config_file))
+    assert first.returncode == 0, first.stderr
+    assert "prose: hf, 172 samples per epoch" in first.stdout and "code: megatron" in first.stdout
+    assert (tmp_path / "mg" / "code.bin.stwsum.json").is_file()
+    parquet = tmp_path / "hf" / "prose.parquet"
+    datasets.Dataset.from_parquet(str(parquet)).select(range(10)).to_parquet(str(parquet))  # the data changed
+    refused = cli("data", "index", str(config_file))
+    assert refused.returncode == 1 and "prose.parquet: corrupted or changed" in refused.stderr
+    again = cli("data", "index", "--rebuild", str(config_file))
+    assert again.returncode == 0, again.stderr
+    assert "prose: hf, 172 samples per epoch" not in again.stdout
+    parquet.write_bytes(b"not parquet")
+    broken = cli("data", "index", "--rebuild", str(config_file))
+    assert broken.returncode == 1 and "prose.parquet: source 'prose' cannot be read as parquet" in broken.stderr
