@@ -7,7 +7,7 @@
 
 Nothing in a checkpoint is code: its metadata is JSON (the manifest) and its non-tensor values are
 plain data read back with the weights-only unpickler. Plain DCP reads one through `DCPReader`, or
-after `stalwart checkpoint export-dcp`.
+after `stalwart checkpoint export-dcp`, and writes one through `DCPWriter` (dcp.save, dcp.async_save).
 
 The names below load on first use: `stalwart.checkpoint.peers` and the storage URIs are needed by
 node agents, which should not pay for importing torch (seconds, and the GIL while it loads).
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from stalwart.checkpoint.adapters import RNGState, TrainState
     from stalwart.checkpoint.api import latest, load, save
     from stalwart.checkpoint.dcp_interop import DCPReader, export_dcp
+    from stalwart.checkpoint.dcp_writer import DCPWriter
     from stalwart.checkpoint.engine import Checkpointer, CheckpointInfo, SaveHandle, SaveResult
     from stalwart.checkpoint.errors import (
         CheckpointError,
@@ -43,6 +44,7 @@ _EXPORTS = {
     "save": "api",
     "DCPReader": "dcp_interop",
     "export_dcp": "dcp_interop",
+    "DCPWriter": "dcp_writer",
     "CheckpointInfo": "engine",
     "Checkpointer": "engine",
     "SaveHandle": "engine",
