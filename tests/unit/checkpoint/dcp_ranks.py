@@ -50,7 +50,7 @@ def main() -> None:
         s = state(world, fill=True)
         if opts.get("mode") == "async":
             group = dist.new_group(backend="gloo")  # DCP's advice: async saves talk on their own group
-            dcp.async_save(s, storage_writer=writer, process_group=group).result()
+            dcp.async_save(s, storage_writer=writer, process_group=group).result()  # type: ignore[union-attr]
         else:
             dcp.save(s, storage_writer=writer)
         out["result"] = writer.outcome().model_dump()

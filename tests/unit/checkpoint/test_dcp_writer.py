@@ -41,7 +41,7 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type,call-overload]
     return a == b
 
 
@@ -50,7 +50,7 @@ def test_dcp_save_writes_a_stalwart_checkpoint_that_dcp_and_the_engine_load(tmp_
     want = _state(1)
     writer = DCPWriter(str(tmp_path), 10)
     if mode == "async":
-        dcp.async_save(want, storage_writer=writer, no_dist=True).result()
+        dcp.async_save(want, storage_writer=writer, no_dist=True).result()  # type: ignore[union-attr]
     else:
         dcp.save(want, storage_writer=writer, no_dist=True)
     folder = tmp_path / step_dir(10)
@@ -150,7 +150,7 @@ def memory_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 def test_the_memory_tier_keeps_a_peer_copy_a_standby_loads_from(memory_stores: list[str]) -> None:
     mine, peer = memory_stores
     want = _state(1)
-    dcp.async_save(want, storage_writer=DCPWriter(f"mem://{mine}/job?peer={peer}", 8), no_dist=True).result()
+    dcp.async_save(want, storage_writer=DCPWriter(f"mem://{mine}/job?peer={peer}", 8), no_dist=True).result()  # type: ignore[union-attr]
     # The node is lost; a standby (its own empty store) reads the lost node's copy from its peer.
     lost = f"127.0.0.1:{free_port()}"
     standby = open_storage(f"mem://{peer}/job?peer={lost}&nodes={lost},{peer}")
