@@ -35,6 +35,10 @@ class DataPlaneError(RuntimeError):
     """The data plane cannot start (no shards, a bad data section): the agent exits with it."""
 
 
+def _absolute(path: str | None, job_dir: Path) -> str | None:
+    return path if path is None or Path(path).is_absolute() else str(job_dir / path)
+
+
 def data_config(settings: DataSettings, job_dir: Path) -> DataConfig:
     """The loader's config from the job spec, with shard paths made absolute (relative to the job file)."""
     from stalwart.dataloader import DataConfig, SourceSpec
@@ -43,11 +47,25 @@ def data_config(settings: DataSettings, job_dir: Path) -> DataConfig:
     for src in settings.sources:
         patterns = [p if Path(p).is_absolute() else str(job_dir / p) for p in src.shards]
         if not any(glob.glob(p) for p in patterns):
+            hint = {
+                "stok": "build them with `stalwart data build OUT_DIR TEXT_FILES...`",
+                "hf": "name your parquet, jsonl or arrow files",
+                "megatron": "name your Megatron .bin files (their .idx beside them)",
+            }[src.format]
             raise FileNotFoundError(
-                f"data source {src.name!r}: no shard files match {src.shards} (relative to {job_dir}); "
-                "build them with `stalwart data build OUT_DIR TEXT_FILES...`"
+                f"data source {src.name!r}: no {src.format} files match {src.shards} (relative to {job_dir}); {hint}"
             )
-        sources.append(SourceSpec(name=src.name, shards=patterns))
+        sources.append(
+            SourceSpec(
+                name=src.name,
+                shards=patterns,
+                format=src.format,
+                tokenizer=_absolute(src.tokenizer, job_dir),
+                text_field=src.text_field,
+                eos_token=src.eos_token,
+                index_dir=_absolute(src.index_dir, job_dir),
+            )
+        )
     return DataConfig(
         sources=sources,
         weights={s.name: s.weight for s in settings.sources},

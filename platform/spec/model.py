@@ -636,6 +636,32 @@ class DataSource(SpecModel):
         Field(min_length=1, max_length=1024, description="Token shard files or globs (relative: to the job file)."),
     ]
     weight: Annotated[float, Field(gt=0, description="Mixture weight (relative to the other sources).")] = 1.0
+    format: Annotated[
+        Literal["stok", "hf", "megatron"],
+        Field(
+            description="stok: Stalwart's token shards; hf: Hugging Face data files (parquet, jsonl, arrow) "
+            "tokenized with `tokenizer`; megatron: Megatron indexed datasets (the .bin files, .idx beside them)."
+        ),
+    ] = "stok"
+    tokenizer: Annotated[
+        str | None, Field(max_length=4096, description="hf: a tokenizers tokenizer.json (relative: to the job file).")
+    ] = None
+    text_field: Annotated[str, Field(min_length=1, max_length=256, description="hf: the text column.")] = "text"
+    eos_token: Annotated[str | None, Field(max_length=256, description="hf: a token appended after each document.")] = (
+        None
+    )
+    index_dir: Annotated[
+        str | None,
+        Field(max_length=4096, description="hf, megatron: folder of the one-time index (relative: to the job file)."),
+    ] = None
+
+    @model_validator(mode="after")
+    def _check_format(self) -> DataSource:
+        if self.format == "hf" and not self.tokenizer:
+            raise ValueError(f"data source {self.name!r}: format hf needs a tokenizer (a tokenizer.json)")
+        if self.format != "hf" and self.tokenizer:
+            raise ValueError(f"data source {self.name!r}: a tokenizer is only read for format hf")
+        return self
 
 
 class DataSettings(SpecModel):
