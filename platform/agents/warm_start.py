@@ -100,10 +100,10 @@ def warm_eligible(argv: list[str]) -> bool:
     """Only `python script.py ...`: a module (-m) or code (-c) or another program starts cold."""
     if len(argv) < 2 or not argv[1].endswith(".py"):
         return False
-    exe = os.path.basename(argv[0])
-    return (
-        exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}") or argv[0] == sys.executable
-    )
+    exe = argv[0]
+    if os.sep in exe:  # a path: warm only if it is this interpreter (another environment's python runs cold)
+        return os.path.abspath(exe) == os.path.abspath(sys.executable)
+    return exe in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
 
 
 def wait_for_rendezvous(env: dict[str, str]) -> None:

@@ -121,7 +121,7 @@ def test_a_worker_side_install_reports_steps_to_a_running_agent(
             ],
             # Cold starts: the warm pool runs a `.../python script.py` command in the agent's own
             # interpreter, whatever folder that python is in (stalwart.agents.warm_start.warm_eligible).
-            "faultTolerance": {"heartbeatIntervalSeconds": 0.5, "preflight": False, "warmWorkers": False},
+            "faultTolerance": {"heartbeatIntervalSeconds": 0.5, "preflight": False},
             "standbys": {"minimum": 0},
         },
     }
