@@ -4,18 +4,18 @@
 #               (mypy and the unit tests beside the end-to-end tests, then the tests that mostly wait:
 #               tests/support/suite.py)
 # While working:
-#   make test-fast  the unit tests (tests/unit): 43 s to 57 s in session 23 (45 s to 59 s in session 22), as fast as the machine is that hour
+#   make test-fast  the unit tests (tests/unit), under a minute
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
 #   make durations  make test, recording the tests' durations (tests/durations.json: longest first)
 # The unit tests run on WORKERS pytest-xdist processes (tests/conftest.py keeps each worker's
 # processes, shared memory and data apart); the end-to-end tests on E2E_WORKERS (2: one per core;
-# docs/testing.md has the measurements; E2E_WORKERS=0 runs them in this process).
+# E2E_WORKERS=0 runs them in this process).
 # The interpreter: Debian's python3.11 where it is installed with venv, else the first python3.11 on
 # PATH. Debian builds it with profile-guided and link-time optimization, which a pyenv build skips
-# by default: the same job took 9% fewer CPU-seconds in a virtual environment made from it
-# (docs/testing.md, session 23). `make clean` first to switch an existing .venv.
+# by default: the same job takes about 9% fewer CPU-seconds in a virtual environment made from it.
+# `make clean` first to switch an existing .venv.
 SYSTEM_PYTHON := /usr/bin/python3.11
 PYTHON ?= $(shell if $(SYSTEM_PYTHON) -c 'import ensurepip, venv' 2>/dev/null; then echo $(SYSTEM_PYTHON); \
 	else command -v python3.11 || command -v python3; fi)
