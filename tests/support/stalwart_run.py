@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,24 @@ def agent_log(run_dir: Path, node: str) -> list[dict[str, Any]]:
     """A node agent's structured log lines."""
     path = run_dir / "nodes" / node / "agent.log"
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def run_audited(
+    job: Path,
+    tmp_path: Path,
+    samples: Path,
+    *inject: str,
+    standbys: int = 0,
+    fault_tolerance: dict[str, Any] | None = None,
+    timeout: float = 240,
+) -> tuple[int, dict[str, Any], str]:
+    """`stalwart run` of an example that takes `--sample-log`, writing each step's sample ids to
+    `samples` (worker_sdk.trained_samples reads them), with no pre-flight unless asked."""
+    variant = job_variant(
+        job,
+        tmp_path,
+        args=["--sample-log", str(samples)],
+        fault_tolerance={"preflight": False, **(fault_tolerance or {})},
+        standbys=standbys,
+    )
+    return run_job(tmp_path, [sys.executable, "-m", "stalwart.cli.main"], variant, *inject, timeout=timeout)

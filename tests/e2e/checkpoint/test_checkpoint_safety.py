@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.paths import REPO
 from support.ranks import RankWorld, run_ranks
+from support.s3 import moto_s3
 
 from stalwart.checkpoint import Checkpointer
 from stalwart.checkpoint.manifest import MANIFEST_NAME, step_dir
@@ -69,24 +70,8 @@ def test_disk_full_fails_the_save_clearly_and_training_goes_on(tmp_path: Path, t
 # -- S3 on a real S3 protocol server --------------------------------------------------------------
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="ckpt")
-    try:
+    with moto_s3(monkeypatch) as endpoint:
         yield endpoint
-    finally:
-        server.stop()
 
 
 def test_s3_reshard_reads_only_the_bytes_it_needs(tmp_path: Path, s3: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,6 @@ memory tier's peer copy and the run trains exactly the samples a clean run train
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,10 @@ pytestmark = pytest.mark.e2e
 JOB = REPO / "examples" / "dcp-tiny.yaml"
 STEPS = 30
 INTERVAL = 10
-STALWART = [sys.executable, "-m", "stalwart.cli.main"]
 
 
 def run(tmp_path: Path, samples: Path, *inject: str, standbys: int = 0) -> tuple[int, dict[str, Any], str]:
-    job = stalwart_run.job_variant(
-        JOB, tmp_path, args=["--sample-log", str(samples)], fault_tolerance={"preflight": False}, standbys=standbys
-    )
-    return stalwart_run.run_job(tmp_path, STALWART, job, *inject)
+    return stalwart_run.run_audited(JOB, tmp_path, samples, *inject, standbys=standbys)
 
 
 def resumes(run_dir: Path) -> list[tuple[int, str]]:

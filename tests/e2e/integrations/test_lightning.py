@@ -7,7 +7,6 @@ keeping each step's newest generation, equal the clean run's step for step.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,10 @@ pytestmark = pytest.mark.e2e
 JOB = REPO / "examples" / "lightning-tiny.yaml"
 STEPS = 30
 INTERVAL = 10
-STALWART = [sys.executable, "-m", "stalwart.cli.main"]
 
 
 def run(tmp_path: Path, samples: Path, *inject: str, standbys: int = 0) -> tuple[int, dict[str, Any], str]:
-    job = stalwart_run.job_variant(
-        JOB, tmp_path, args=["--sample-log", str(samples)], fault_tolerance={"preflight": False}, standbys=standbys
-    )
-    return stalwart_run.run_job(tmp_path, STALWART, job, *inject)
+    return stalwart_run.run_audited(JOB, tmp_path, samples, *inject, standbys=standbys)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ generation, equal the clean run's step for step).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,11 @@ pytest.importorskip("megatron.core")
 
 JOB = REPO / "examples" / "megatron-gpt.yaml"
 STEPS = 30
-STALWART = [sys.executable, "-m", "stalwart.cli.main"]
 
 
 def run(tmp_path: Path, samples: Path, *inject: str) -> tuple[int, dict[str, Any], str]:
     tmp_path.mkdir()
-    job = stalwart_run.job_variant(
-        JOB, tmp_path, args=["--sample-log", str(samples)], fault_tolerance={"preflight": False}
-    )
-    return stalwart_run.run_job(tmp_path, STALWART, job, *inject, timeout=600)  # Megatron's imports are slow
+    return stalwart_run.run_audited(JOB, tmp_path, samples, *inject, timeout=600)  # Megatron's imports are slow
 
 
 def test_a_killed_worker_resumes_with_exactly_the_clean_runs_samples(tmp_path: Path) -> None:

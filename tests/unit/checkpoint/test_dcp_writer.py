@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from support.ranks import run_ranks
+from support.s3 import moto_s3
 from torch.distributed.checkpoint.api import CheckpointException
 
 from stalwart.checkpoint import Checkpointer, ChecksumError, DCPReader, DCPWriter, open_storage
@@ -161,24 +162,8 @@ def test_the_memory_tier_keeps_a_peer_copy_a_standby_loads_from(memory_stores: l
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="ckpt")
-    try:
+    with moto_s3(monkeypatch) as endpoint:
         yield endpoint
-    finally:
-        server.stop()
 
 
 def test_s3(s3: str) -> None:
