@@ -114,75 +114,67 @@ def machine_load() -> str:
 
 
 # -------------------------------------------------------------------------------- integrations
-def bench_huggingface(root: Path, repeats: int) -> list[Row]:
-    """The Trainer example (examples/hf-trainer.yaml): recovery, and overhead against a plain Trainer."""
-    job = EXAMPLES / "hf-trainer.yaml"
+FAULTS = (("kill-worker:rank=1,step=15", 0), ("kill-node:node=1,step=15", 1))  # (fault, standbys)
+
+
+def recovery_and_overhead(
+    name: str, job: Path, script: str, root: Path, repeats: int, labels: tuple[str, str], note: str
+) -> list[Row]:
+    """One integration's example: failure -> first step for a killed worker and a lost node (one
+    standby), then its median step time with and without Stalwart (`--without-stalwart`), alternated."""
     rows = [
-        Row("huggingface", "recovery, worker killed (kill-worker:rank=1,step=15)"),
-        Row("huggingface", "recovery, node killed, 1 standby (kill-node:node=1,step=15)"),
+        Row(name, "recovery, worker killed (kill-worker:rank=1,step=15)"),
+        Row(name, "recovery, node killed, 1 standby (kill-node:node=1,step=15)"),
     ]
     for i in range(repeats):
-        for row, fault, standbys in (
-            (rows[0], "kill-worker:rank=1,step=15", 0),
-            (rows[1], "kill-node:node=1,step=15", 1),
-        ):
-            folder = root / f"hf-recovery-{standbys}-{i}"
+        for row, (fault, standbys) in zip(rows, FAULTS, strict=True):
+            folder = root / f"{name}-recovery-{standbys}-{i}"
             folder.mkdir(parents=True)
             seconds, where = recovery_seconds(run_job(job_variant(job, folder, standbys=standbys), folder, fault))
             row.seconds.append(seconds)
             row.note = f"{row.note}; {where}" if row.note else where
 
     steps = 200
-    command = ["python", "hf_trainer.py", "--steps", str(steps)]
-    with_row = Row("huggingface", f"step time, StalwartTrainer ({steps} steps, median after {WARMUP_STEPS})")
-    without_row = Row("huggingface", f"step time, plain Trainer --without-stalwart ({steps} steps, same)")
+    command = ["python", script, "--steps", str(steps)]
+    with_row = Row(name, f"step time, {labels[0]} ({steps} steps, median after {WARMUP_STEPS})")
+    without_row = Row(name, f"step time, {labels[1]} --without-stalwart ({steps} steps, same)")
     for i in range(repeats):
         for row, extra in ((without_row, ["--without-stalwart"]), (with_row, [])):  # alternated
-            folder = root / f"hf-steps-{len(extra)}-{i}"
+            folder = root / f"{name}-steps-{len(extra)}-{i}"
             folder.mkdir(parents=True)
             run_job(job_variant(job, folder, command=command + extra), folder)
             row.seconds.append(statistics.median(step_times(folder / "run")[WARMUP_STEPS:]))
     overhead = statistics.median(with_row.seconds) / statistics.median(without_row.seconds) - 1
-    with_row.note = (
-        f"overhead {overhead * 100:+.1f}% against the plain Trainer (goal: under 1%); the plain one reads the "
-        "same shards through its own DataLoader and sampler, so the data path differs too"
-    )
+    with_row.note = f"overhead {overhead * 100:+.1f}% (goal: under 1%): {note}"
     return [*rows, without_row, with_row]
+
+
+def bench_huggingface(root: Path, repeats: int) -> list[Row]:
+    """The Trainer example (examples/hf-trainer.yaml): recovery, and overhead against a plain Trainer."""
+    return recovery_and_overhead(
+        "huggingface",
+        EXAMPLES / "hf-trainer.yaml",
+        "hf_trainer.py",
+        root,
+        repeats,
+        ("StalwartTrainer", "plain Trainer"),
+        "the plain Trainer reads the same shards through its own DataLoader and sampler, so the data path differs too",
+    )
 
 
 def bench_lightning(root: Path, repeats: int) -> list[Row]:
     """The Lightning example (examples/lightning-tiny.yaml): recovery, and overhead against the same
     script without StalwartCallback (`--without-stalwart`: the same model, data and Trainer)."""
-    job = EXAMPLES / "lightning-tiny.yaml"
-    faults = (("kill-worker:rank=1,step=15", 0), ("kill-node:node=1,step=15", 1))
-    rows = [
-        Row("lightning", "recovery, worker killed (kill-worker:rank=1,step=15)"),
-        Row("lightning", "recovery, node killed, 1 standby (kill-node:node=1,step=15)"),
-    ]
-    for i in range(repeats):
-        for row, (fault, standbys) in zip(rows, faults, strict=True):
-            folder = root / f"lightning-recovery-{standbys}-{i}"
-            folder.mkdir(parents=True)
-            seconds, where = recovery_seconds(run_job(job_variant(job, folder, standbys=standbys), folder, fault))
-            row.seconds.append(seconds)
-            row.note = f"{row.note}; {where}" if row.note else where
-
-    steps = 200
-    command = ["python", "lightning_tiny.py", "--steps", str(steps)]
-    with_row = Row("lightning", f"step time, StalwartCallback ({steps} steps, median after {WARMUP_STEPS})")
-    without_row = Row("lightning", f"step time, --without-stalwart ({steps} steps, same)")
-    for i in range(repeats):
-        for row, extra in ((without_row, ["--without-stalwart"]), (with_row, [])):  # alternated
-            folder = root / f"lightning-steps-{len(extra)}-{i}"
-            folder.mkdir(parents=True)
-            run_job(job_variant(job, folder, command=command + extra), folder)
-            row.seconds.append(statistics.median(step_times(folder / "run")[WARMUP_STEPS:]))
-    overhead = statistics.median(with_row.seconds) / statistics.median(without_row.seconds) - 1
-    with_row.note = (
-        f"overhead {overhead * 100:+.1f}% (goal: under 1%): the step reports, the loss's all-reduce and a "
-        "checkpoint every 10 steps; both read the same data through StalwartData"
+    return recovery_and_overhead(
+        "lightning",
+        EXAMPLES / "lightning-tiny.yaml",
+        "lightning_tiny.py",
+        root,
+        repeats,
+        ("StalwartCallback", "the same Trainer"),
+        "the step reports, the loss's all-reduce and a checkpoint every 10 steps; both read the same data "
+        "through StalwartData",
     )
-    return [*rows, without_row, with_row]
 
 
 INTEGRATIONS: dict[str, Callable[[Path, int], list[Row]]] = {
