@@ -117,11 +117,8 @@ def machine_load() -> str:
 FAULTS = (("kill-worker:rank=1,step=15", 0), ("kill-node:node=1,step=15", 1))  # (fault, standbys)
 
 
-def recovery_and_overhead(
-    name: str, job: Path, script: str, root: Path, repeats: int, labels: tuple[str, str], note: str
-) -> list[Row]:
-    """One integration's example: failure -> first step for a killed worker and a lost node (one
-    standby), then its median step time with and without Stalwart (`--without-stalwart`), alternated."""
+def recovery_rows(name: str, job: Path, root: Path, repeats: int) -> list[Row]:
+    """Failure -> first step after the restart, for a killed worker and for a lost node (one standby)."""
     rows = [
         Row(name, "recovery, worker killed (kill-worker:rank=1,step=15)"),
         Row(name, "recovery, node killed, 1 standby (kill-node:node=1,step=15)"),
@@ -133,7 +130,15 @@ def recovery_and_overhead(
             seconds, where = recovery_seconds(run_job(job_variant(job, folder, standbys=standbys), folder, fault))
             row.seconds.append(seconds)
             row.note = f"{row.note}; {where}" if row.note else where
+    return rows
 
+
+def recovery_and_overhead(
+    name: str, job: Path, script: str, root: Path, repeats: int, labels: tuple[str, str], note: str
+) -> list[Row]:
+    """One integration's example: its recovery rows, then its median step time with and without
+    Stalwart (`--without-stalwart`), alternated."""
+    rows = recovery_rows(name, job, root, repeats)
     steps = 200
     command = ["python", script, "--steps", str(steps)]
     with_row = Row(name, f"step time, {labels[0]} ({steps} steps, median after {WARMUP_STEPS})")
@@ -177,9 +182,16 @@ def bench_lightning(root: Path, repeats: int) -> list[Row]:
     )
 
 
+def bench_dcp(root: Path, repeats: int) -> list[Row]:
+    """The plain DCP example (examples/dcp-tiny.yaml): recovery only. Its integration is the storage
+    writer, whose cost is the loop's blocked time per save: bench/bench_dcp_tiers.py measures it."""
+    return recovery_rows("dcp", EXAMPLES / "dcp-tiny.yaml", root, repeats)
+
+
 INTEGRATIONS: dict[str, Callable[[Path, int], list[Row]]] = {
     "huggingface": bench_huggingface,
     "lightning": bench_lightning,
+    "dcp": bench_dcp,
 }
 
 
