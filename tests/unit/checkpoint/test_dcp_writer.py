@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from support.ranks import run_ranks
 from support.s3 import moto_s3
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -19,7 +18,6 @@ from stalwart.checkpoint import Checkpointer, ChecksumError, DCPReader, DCPWrite
 from stalwart.checkpoint.manifest import MANIFEST_NAME, read_manifest, step_dir
 from stalwart.net import free_port
 
-RANKS = Path(__file__).with_name("dcp_ranks.py")
 TOKEN = "dcp-test-token"
 
 
@@ -174,17 +172,3 @@ def test_s3(s3: str) -> None:
     dcp.load(got, storage_reader=DCPReader(uri, 6), no_dist=True)
     assert _same(got, want)
     assert [c.step for c in Checkpointer.list_committed(open_storage(uri))] == [6]
-
-
-@pytest.mark.parametrize("mode", ["save", "async"])
-def test_two_ranks_save_and_three_ranks_load_resharded(tmp_path: Path, mode: str) -> None:
-    uri = f"uri={tmp_path / 'ckpt'}"
-    saved = run_ranks(RANKS, ["save", str(tmp_path), uri, f"mode={mode}"], 2, tmp_path)
-    assert all(r["result"]["committed"] for r in saved)
-    [info] = Checkpointer.list_committed(open_storage(str(tmp_path / "ckpt")))
-    assert info.world_size == 2
-    for world in (3, 1):
-        loaded = run_ranks(RANKS, ["load", str(tmp_path), uri], world, tmp_path)
-        for r in loaded:
-            assert all(r["equal"].values()), r
-            assert r["loader"] == {"position": 41, "epoch": 2}
