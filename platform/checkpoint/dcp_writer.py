@@ -20,20 +20,18 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from stalwart.checkpoint.engine import Checkpointer, SaveResult
+from stalwart.checkpoint.engine import Checkpointer, SaveResult, build_manifest
 from stalwart.checkpoint.errors import CheckpointError
 from stalwart.checkpoint.manifest import (
     MANIFEST_NAME,
     Manifest,
     ObjectEntry,
-    SavingLayout,
     ShardEntry,
-    TensorEntry,
     parse_step_dir,
     step_dir,
 )
@@ -77,10 +75,7 @@ def step_from_id(checkpoint_id: str | os.PathLike[str] | None) -> int | None:
 
 def manifest_from(step: int, metadata: Metadata, results: list[list[WriteResult]]) -> Manifest:
     """The commit marker for DCP's global metadata and every rank's write results."""
-    tensors: dict[str, TensorEntry] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            tensors[fqn] = TensorEntry(dtype=str(md.properties.dtype).removeprefix("torch."), shape=list(md.size))
+    shards: list[tuple[str, ShardEntry]] = []
     objects: dict[str, ObjectEntry] = {}
     per_rank = [0] * len(results)
     for rank, rank_results in enumerate(results):
@@ -90,17 +85,10 @@ def manifest_from(step: int, metadata: Metadata, results: list[list[WriteResult]
                 raise CheckpointError(f"rank {rank}'s result for {r.index.fqn} was not written by a DCPWriter")
             per_rank[rank] = max(per_rank[rank], written.info.offset + written.info.length)
             if written.shard is not None:
-                tensors[r.index.fqn].shards.append(written.shard)
+                shards.append((r.index.fqn, written.shard))
             elif written.obj is not None:
                 objects[r.index.fqn] = written.obj
-    return Manifest(
-        step=step,
-        layout=SavingLayout(world_size=len(results), per_rank_bytes=per_rank),
-        tensors=tensors,
-        objects=objects,
-        mappings={fqn: list(path) for fqn, path in (metadata.planner_data or {}).items()},
-        total_bytes=sum(per_rank),
-    )
+    return build_manifest(step, metadata, shards, objects, per_rank)
 
 
 class DCPWriter(StorageWriter):

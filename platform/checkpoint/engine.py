@@ -51,6 +51,7 @@ from stalwart.checkpoint.manifest import (
     Manifest,
     ObjectEntry,
     SavingLayout,
+    ShardEntry,
     TensorEntry,
     parse_step_dir,
     read_manifest,
@@ -212,6 +213,34 @@ class _Worker:
 
     def stop(self) -> None:
         self._queue.put(None)
+
+
+def build_manifest(
+    step: int,
+    metadata: Metadata,
+    shards: list[tuple[str, ShardEntry]],
+    objects: dict[str, ObjectEntry],
+    per_rank_bytes: list[int],
+    parallelism: dict[str, int] | None = None,
+) -> Manifest:
+    """The commit marker of a save: every tensor's global shape and dtype from DCP's global metadata,
+    the shards and values the ranks wrote, and the saving layout. The engine's saves and DCPWriter's."""
+    tensors: dict[str, TensorEntry] = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            tensors[fqn] = TensorEntry(dtype=str(md.properties.dtype).removeprefix("torch."), shape=list(md.size))
+    for fqn, shard in shards:
+        tensors[fqn].shards.append(shard)
+    return Manifest(
+        step=step,
+        layout=SavingLayout(
+            world_size=len(per_rank_bytes), parallelism=parallelism or {}, per_rank_bytes=per_rank_bytes
+        ),
+        tensors=tensors,
+        objects=objects,
+        mappings={fqn: list(path) for fqn, path in (metadata.planner_data or {}).items()},
+        total_bytes=sum(per_rank_bytes),
+    )
 
 
 class Checkpointer:
@@ -490,24 +519,16 @@ class Checkpointer:
         )
 
     def _commit(self, step: int, folder: str, metadata: Metadata, reports: list[dict[str, Any]]) -> int:
-        tensors: dict[str, TensorEntry] = {}
-        for fqn, md in metadata.state_dict_metadata.items():
-            if isinstance(md, TensorStorageMetadata):
-                tensors[fqn] = TensorEntry(dtype=str(md.properties.dtype).removeprefix("torch."), shape=list(md.size))
         objects: dict[str, ObjectEntry] = {}
         for r in reports:
-            for fqn, shard in r["shards"]:
-                tensors[fqn].shards.append(shard)
             objects.update(r["objects"])
-        manifest = Manifest(
-            step=step,
-            layout=SavingLayout(
-                world_size=self.world, parallelism=self.parallelism, per_rank_bytes=[r["bytes"] for r in reports]
-            ),
-            tensors=tensors,
-            objects=objects,
-            mappings={fqn: list(path) for fqn, path in (metadata.planner_data or {}).items()},
-            total_bytes=sum(r["bytes"] for r in reports),
+        manifest = build_manifest(
+            step,
+            metadata,
+            [shard for r in reports for shard in r["shards"]],
+            objects,
+            [r["bytes"] for r in reports],
+            self.parallelism,
         )
         for tier in self.tiers:
             tier.write_bytes(f"{folder}/{MANIFEST_NAME}", manifest.to_bytes())  # the commit
