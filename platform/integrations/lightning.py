@@ -36,9 +36,10 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from stalwart import worker_contract as contract
 from stalwart.agents.worker_sdk import PeriodicCheckpoints, report_load, report_step
-from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState, open_storage
+from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader import DataConfig, open_loader
 from stalwart.dataloader.batch import BatchLoader
+from stalwart.integrations.common import checkpoint_tiers, data_config_from_env
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +71,6 @@ def trainer_kwargs(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {"accelerator": accelerator, "strategy": "ddp", "devices": per_node, "num_nodes": world // per_node}
 
 
-def data_config(default: DataConfig, environ: Mapping[str, str] | None = None) -> DataConfig:
-    """Under Stalwart the job spec's data section arrives in the environment; otherwise `default`."""
-    env = os.environ if environ is None else environ
-    if env.get(contract.DATA_CONFIG):
-        return DataConfig.model_validate_json(env[contract.DATA_CONFIG])
-    return default
-
-
 def _dp_placement() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -96,7 +89,7 @@ class StalwartData(IterableDataset[dict[str, Any]]):
 
     def __init__(self, config: DataConfig, micro_batch: int) -> None:
         super().__init__()
-        self.config = data_config(config)
+        self.config = data_config_from_env(config)
         self.micro_batch = contract.int_var(contract.DATA_MICRO_BATCH) or micro_batch
         self.loader: BatchLoader | None = None
         self._drawn: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # next position -> (state, delta)
@@ -241,14 +234,6 @@ class StalwartCallback(Callback):
         self._data_time = self._compute_time = self._optimizer_time = 0.0
 
     # ------------------------------------------------------------------------------ checkpoints
-    def _tiers(self) -> list[Any]:
-        """Host memory (this node and a peer) first, then storage: a restart reads the fastest tier
-        that holds the checkpoint whole."""
-        tiers = [open_storage(self.checkpoint_uri)]
-        if os.environ.get(contract.CHECKPOINT_MEMORY_URI):
-            tiers.insert(0, open_storage(os.environ[contract.CHECKPOINT_MEMORY_URI]))
-        return tiers
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":  # the process group exists: one loader per data-parallel rank
             self.data.open(trainer.global_rank, trainer.world_size)
@@ -257,7 +242,9 @@ class StalwartCallback(Callback):
         """After the strategy set up the model and optimizers, before the loop runs: load the newest
         checkpoint (the newest a rollback allows: the engine reads contract.resume_max_step())."""
         started = time.perf_counter()
-        self.checkpointer = Checkpointer(self._tiers(), retention=RetentionPolicy(keep_last=self.keep))
+        self.checkpointer = Checkpointer(
+            checkpoint_tiers(self.checkpoint_uri), retention=RetentionPolicy(keep_last=self.keep)
+        )
         state = {
             "train": _Optimizers(pl_module, trainer),
             "schedulers": _Schedulers(trainer),
