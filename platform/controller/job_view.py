@@ -151,7 +151,7 @@ class JobView:
             into.pop(name, None)
             return None
         try:
-            record = cls.loads(raw)
+            record: R = cls.loads(raw)
         except ValueError as exc:
             # A record that does not parse is left out (as if absent), and said once per write.
             self.log.error("unreadable record in etcd; ignored", fields={"key": key, "error": str(exc)[:300]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from stalwart.runbooks import EVENT_RUNBOOKS
 from stalwart.spec.model import INFRASTRUCTURE_EVENTS, FailureAction, FailureEvent, FailurePolicy
@@ -29,7 +30,7 @@ class Classified:
     runbook: str = ""
     rank: int | None = None
     exit_code: int | None = None
-    verdict: dict | None = None  # the diagnosis verdict, when one was asked
+    verdict: dict[str, Any] | None = None  # the diagnosis verdict, when one was asked
     diagnosed_at: float | None = None
 
     def __post_init__(self) -> None:

@@ -103,7 +103,7 @@ def _translate_errors(endpoint: str, auth: EtcdAuth = PLAIN) -> Iterator[None]:
         raise StoreUnavailable(f"etcd at {endpoint} failed: {type(exc).__name__} {exc}") from None
 
 
-class _Token(grpc.AuthMetadataPlugin):
+class _Token(grpc.AuthMetadataPlugin):  # type: ignore[misc]  # grpc ships no types
     """The etcd auth token, sent with every call; replaced when we log in again."""
 
     def __init__(self) -> None:
@@ -159,7 +159,7 @@ class Lease:
 WATCH_REPLY_BYTES = 256 << 20
 
 
-class _Client(pyetcd.MultiEndpointEtcd3Client):
+class _Client(pyetcd.MultiEndpointEtcd3Client):  # type: ignore[misc]  # pyetcd ships no types
     """pyetcd's client, with its watches on a channel of their own that takes large batches."""
 
     def __init__(self, watch_channel: Callable[[], grpc.Channel], **kwargs: Any) -> None:
@@ -257,6 +257,7 @@ class Store:
 
     # -- plain values ------------------------------------------------------------------------
     def get_raw(self, key: str) -> bytes | None:
+        value: bytes | None
         value, _ = self._call(lambda: self._client.get(key))
         return value
 

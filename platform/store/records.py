@@ -288,7 +288,7 @@ class StackReport(Record):
     node: str
     generation: int
     captured_at: float
-    stacks: list[dict]  # StackDump records, one per worker  # type: ignore[type-arg]
+    stacks: list[dict[str, Any]]  # StackDump records, one per worker
     # The node's recent metric vectors (stalwart.health.node_vector.NodeMetricVector), oldest first.
     metrics: list[dict[str, Any]] = []
 
@@ -358,7 +358,7 @@ class Heartbeat(Record):
     sent_at: float
     workers: list[WorkerStatus] = []
     # The compact per-node metric vector for metric-based diagnosis (stalwart.health NodeMetricVector).
-    vector: dict | None = None
+    vector: dict[str, Any] | None = None
     # Machine faults the probes found (Xid 79, uncorrectable ECC, NIC down, disk full...): evict now.
     machine_faults: list[str] = []
     # The agent's named state (stalwart.agents.supervisor.AgentState): standby, idle, running...
@@ -522,7 +522,7 @@ class Incident(Record):
     # trains on with what the relay holds): the job's own downtime may end before the role is back.
     job_resumed_at: float | None = None
     # The diagnosis service's verdict (stalwart.diagnosis.models.Verdict), when it was asked.
-    verdict: dict | None = None
+    verdict: dict[str, Any] | None = None
     runbook: str | None = None  # runbooks/<runbook>.md
     failed_at: float
     detected_at: float
@@ -663,7 +663,7 @@ class OperatorRequest(Record):
     status: RequestStatus = RequestStatus.PENDING
     message: str | None = None
     finished_at: float | None = None
-    result: dict | None = None
+    result: dict[str, Any] | None = None
 
 
 class AuditEntry(Record):
