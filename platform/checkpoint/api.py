@@ -33,4 +33,4 @@ def load(state: Mapping[str, Any], uri: str, step: int | None = None, *, fallbac
 
 def latest(uri: str) -> int | None:
     """The newest committed step at `uri`, or None. Needs no process group."""
-    return max((c.step for c in Checkpointer.list_committed(open_storage(uri))), default=None)
+    return max(Checkpointer.committed_steps(open_storage(uri)), default=None)

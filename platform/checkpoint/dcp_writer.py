@@ -203,7 +203,7 @@ class DCPWriter(StorageWriter):
     def _prune(self, tier: Storage) -> None:
         assert self.retention is not None
         try:
-            committed = [c.step for c in Checkpointer.list_committed(tier)]
+            committed = Checkpointer.committed_steps(tier)
             for step in to_delete(committed, self.retention):
                 tier.delete_dir(step_dir(step))
         except StorageError as exc:  # the checkpoint is committed: pruning is best effort

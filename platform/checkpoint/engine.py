@@ -536,7 +536,7 @@ class Checkpointer:
         return manifest.total_bytes
 
     def _apply_retention(self, tier: Storage) -> None:
-        committed = [s.step for s in self.catalog(tier)]
+        committed = self.committed_steps(tier)
         for step in to_delete(committed, self.retention):
             tier.delete_dir(step_dir(step))
         newest = max(committed, default=None)
@@ -549,6 +549,19 @@ class Checkpointer:
         return self._pending.wait() if self._pending is not None else None
 
     # -- catalog -----------------------------------------------------------------------------------
+    @staticmethod
+    def committed_steps(tier: Storage) -> list[int]:
+        """Steps with a commit marker on one tier, oldest first, read but not parsed: what retention
+        needs after every save, without validating each kept checkpoint's manifest in the writer
+        thread (whose Python competes with training's for the interpreter). A corrupt marker still
+        counts, as in list_committed."""
+        steps = []
+        for name in tier.list_dirs():
+            step = parse_step_dir(name)
+            if step is not None and tier.read_bytes(f"{name}/{MANIFEST_NAME}") is not None:
+                steps.append(step)
+        return sorted(steps)
+
     @staticmethod
     def list_committed(tier: Storage) -> list[CheckpointInfo]:
         """Checkpoints with a commit marker on one tier, in no particular order. A marker that
