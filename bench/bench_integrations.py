@@ -8,10 +8,11 @@ workers, real etcd, agents and controller):
 
 - recovery: a worker killed, and a node killed with a standby: failure -> the first completed step
   after the restart, from the incident the controller recorded in the run's summary;
-- overhead: the median step time of the example with the integration against the same script with
-  the integration off (`--without-stalwart`), both under `stalwart run`, alternated, the first steps
+- overhead: the step time of the example with the integration against the same script with the
+  integration off (`--without-stalwart`), both under `stalwart run`, alternated, the first steps
   (imports, warm-up) left out; the step time is the script's own clock (one TrainerCallback or the
-  like, the same in both modes).
+  like, the same in both modes). Twice: with no checkpoints in either (what every step pays), and
+  with checkpoints every 10 steps in both, Stalwart's against the framework's own (overhead_rows).
 
 One function per integration returns its rows; a shared runner runs the jobs and a shared writer
 puts each integration's section into bench/results/integrations.md, keeping the other sections.
@@ -56,9 +57,14 @@ class Row:
 
 
 # ------------------------------------------------------------------------------------------ runner
-def job_variant(job: Path, folder: Path, *, command: list[str] | None = None, standbys: int = 0) -> Path:
-    """`job` with its paths made absolute, its command replaced if asked, and `standbys` standbys."""
+def job_variant(
+    job: Path, folder: Path, *, command: list[str] | None = None, standbys: int = 0, interval: int | None = None
+) -> Path:
+    """`job` with its paths made absolute, its command replaced if asked, `standbys` standbys and, if
+    given, Stalwart's checkpoint interval."""
     doc = yaml.safe_load(job.read_text())
+    if interval is not None:
+        doc["spec"].setdefault("checkpoint", {})["intervalSteps"] = interval
     role = doc["spec"]["roles"][0]
     if command is not None:
         role["command"] = command
@@ -133,53 +139,79 @@ def recovery_rows(name: str, job: Path, root: Path, repeats: int) -> list[Row]:
     return rows
 
 
-def recovery_and_overhead(
-    name: str, job: Path, script: str, root: Path, repeats: int, labels: tuple[str, str], note: str
-) -> list[Row]:
-    """One integration's example: its recovery rows, then its median step time with and without
-    Stalwart (`--without-stalwart`), alternated."""
-    rows = recovery_rows(name, job, root, repeats)
-    steps = 200
+@dataclass(frozen=True)
+class Anchor:
+    """How an integration's example runs without Stalwart: its label, and the flag that makes the
+    framework checkpoint by itself every N steps (what a team without Stalwart would configure)."""
+
+    integration: str
+    framework: str
+    checkpoint_flag: str
+
+
+def overhead_rows(name: str, job: Path, script: str, root: Path, repeats: int, anchor: Anchor) -> list[Row]:
+    """The step time of the example with the integration against the same script without it
+    (`--without-stalwart`), alternated, under `stalwart run`, in two configurations:
+
+    - per step, no checkpoints in either (Stalwart's interval beyond the run): what the integration
+      adds to every step (progress, phases, data position); the median step;
+    - checkpoints every 10 steps in both: Stalwart's asynchronous save to its tiers against the
+      framework's own checkpointing at the same interval; the mean step, which holds the saves.
+    """
+    steps, every = 200, 10
     command = ["python", script, "--steps", str(steps)]
-    with_row = Row(name, f"step time, {labels[0]} ({steps} steps, median after {WARMUP_STEPS})")
-    without_row = Row(name, f"step time, {labels[1]} --without-stalwart ({steps} steps, same)")
+    rows = {
+        key: Row(name, label)
+        for key, label in {
+            "plain": f"step, {anchor.framework} --without-stalwart, no checkpoints ({steps} steps, median after "
+            f"{WARMUP_STEPS})",
+            "stalwart": f"step, {anchor.integration}, no checkpoints (same)",
+            "plain-ckpt": f"step, {anchor.framework} --without-stalwart, its own checkpoint every {every} steps "
+            f"({anchor.checkpoint_flag} {every}; mean after {WARMUP_STEPS})",
+            "stalwart-ckpt": f"step, {anchor.integration}, Stalwart's checkpoint every {every} steps (same)",
+        }.items()
+    }
     for i in range(repeats):
-        for row, extra in ((without_row, ["--without-stalwart"]), (with_row, [])):  # alternated
-            folder = root / f"{name}-steps-{len(extra)}-{i}"
+        for key in rows:  # alternated: every configuration once per repeat
+            folder = root / f"{name}-steps-{key}-{i}"
             folder.mkdir(parents=True)
-            run_job(job_variant(job, folder, command=command + extra), folder)
-            row.seconds.append(statistics.median(step_times(folder / "run")[WARMUP_STEPS:]))
-    overhead = statistics.median(with_row.seconds) / statistics.median(without_row.seconds) - 1
-    with_row.note = f"overhead {overhead * 100:+.1f}% (goal: under 1%): {note}"
-    return [*rows, without_row, with_row]
+            extra = ["--without-stalwart"] if key.startswith("plain") else []
+            if key == "plain-ckpt":
+                extra += [anchor.checkpoint_flag, str(every), *checkpoint_folder(script, folder)]
+            interval = every if key.endswith("ckpt") else steps * 10
+            run_job(job_variant(job, folder, command=command + extra, interval=interval), folder)
+            times = step_times(folder / "run")[WARMUP_STEPS:]
+            rows[key].seconds.append(statistics.mean(times) if key.endswith("ckpt") else statistics.median(times))
+    for plain, stalwart, what in (("plain", "stalwart", "overhead"), ("plain-ckpt", "stalwart-ckpt", "against")):
+        ratio = statistics.median(rows[stalwart].seconds) / statistics.median(rows[plain].seconds) - 1
+        rows[stalwart].note = f"{what} {ratio * 100:+.1f}%" + (" (goal: under 1%)" if what == "overhead" else "")
+    return list(rows.values())
+
+
+def checkpoint_folder(script: str, folder: Path) -> list[str]:
+    """The example's flag that puts the framework's own checkpoints in the run's folder."""
+    flag = "--checkpoint-dir" if script == "hf_trainer.py" else "--checkpoints"
+    return [flag, str(folder / "framework-checkpoints")]
 
 
 def bench_huggingface(root: Path, repeats: int) -> list[Row]:
-    """The Trainer example (examples/hf-trainer.yaml): recovery, and overhead against a plain Trainer."""
-    return recovery_and_overhead(
-        "huggingface",
-        EXAMPLES / "hf-trainer.yaml",
-        "hf_trainer.py",
-        root,
-        repeats,
-        ("StalwartTrainer", "plain Trainer"),
-        "the plain Trainer reads the same shards through its own DataLoader and sampler, so the data path differs too",
-    )
+    """The Trainer example (examples/hf-trainer.yaml): recovery, and overhead against a plain Trainer
+    (which reads the same shards through its own DataLoader and sampler, so the data path differs too)."""
+    anchor = Anchor("StalwartTrainer", "plain Trainer", "--trainer-checkpoints")
+    return [
+        *recovery_rows("huggingface", EXAMPLES / "hf-trainer.yaml", root, repeats),
+        *overhead_rows("huggingface", EXAMPLES / "hf-trainer.yaml", "hf_trainer.py", root, repeats, anchor),
+    ]
 
 
 def bench_lightning(root: Path, repeats: int) -> list[Row]:
     """The Lightning example (examples/lightning-tiny.yaml): recovery, and overhead against the same
     script without StalwartCallback (`--without-stalwart`: the same model, data and Trainer)."""
-    return recovery_and_overhead(
-        "lightning",
-        EXAMPLES / "lightning-tiny.yaml",
-        "lightning_tiny.py",
-        root,
-        repeats,
-        ("StalwartCallback", "the same Trainer"),
-        "the step reports, the loss's all-reduce and a checkpoint every 10 steps; both read the same data "
-        "through StalwartData",
-    )
+    anchor = Anchor("StalwartCallback", "the same Trainer", "--lightning-checkpoints")
+    return [
+        *recovery_rows("lightning", EXAMPLES / "lightning-tiny.yaml", root, repeats),
+        *overhead_rows("lightning", EXAMPLES / "lightning-tiny.yaml", "lightning_tiny.py", root, repeats, anchor),
+    ]
 
 
 def bench_dcp(root: Path, repeats: int) -> list[Row]:

@@ -69,6 +69,12 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", default="checkpoints/hf-trainer", help="checkpoints outside Stalwart")
     parser.add_argument("--sample-log", default=None, help="record each step's sample ids here (an audit)")
     parser.add_argument("--without-stalwart", action="store_true", help="a plain Trainer (overhead baseline)")
+    parser.add_argument(
+        "--trainer-checkpoints",
+        type=int,
+        default=0,
+        help="with --without-stalwart: the Trainer's own checkpoints every N steps (the benchmark's anchor)",
+    )
     args = parser.parse_args()
 
     default = DataConfig(sources=[SourceSpec(name="text", shards=[args.shards])], seq_len=args.seq, seed=args.seed)
@@ -89,7 +95,7 @@ def main() -> None:
         )
     )
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-trainer-"),
+        output_dir=args.checkpoint_dir if args.trainer_checkpoints else tempfile.mkdtemp(prefix="hf-trainer-"),
         max_steps=args.steps,
         per_device_train_batch_size=args.batch,
         learning_rate=args.lr,
@@ -99,7 +105,10 @@ def main() -> None:
         use_cpu=not torch.cuda.is_available(),
         ddp_backend="nccl" if torch.cuda.is_available() else "gloo",
         report_to="none",
-        save_strategy="no",  # Stalwart saves
+        # Stalwart saves; the plain Trainer saves itself only when asked (the benchmark's anchor).
+        save_strategy="steps" if args.without_stalwart and args.trainer_checkpoints else "no",
+        save_steps=args.trainer_checkpoints or 500,
+        save_total_limit=2,
         logging_steps=10,
         disable_tqdm=True,
         dataloader_num_workers=0,

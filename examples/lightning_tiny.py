@@ -22,6 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
 from pretrain_tiny import TinyGPT  # the same model as the project's DDP example (this script's folder)
 
 from stalwart.agents.worker_sdk import SampleLog
@@ -79,18 +80,28 @@ def main() -> None:
     parser.add_argument("--sample-log", default=None, help="record each step's sample ids here (an audit)")
     parser.add_argument("--without-stalwart", action="store_true", help="the same training, no Stalwart callback")
     parser.add_argument("--checkpoints", default="checkpoints/lightning-tiny", help="where, outside Stalwart")
+    parser.add_argument(
+        "--lightning-checkpoints",
+        type=int,
+        default=0,
+        help="with --without-stalwart: Lightning's own ModelCheckpoint every N steps (the benchmark's anchor)",
+    )
     args = parser.parse_args()
 
     L.seed_everything(args.seed, verbose=False)
     # Stalwart: the job spec's data section replaces this default under Stalwart.
     config = DataConfig(sources=[SourceSpec(name="text", shards=[args.shards])], seq_len=args.seq, seed=args.seed)
     data = StalwartData(config, micro_batch=args.batch)  # Stalwart
-    callbacks = [] if args.without_stalwart else [StalwartCallback(data, checkpoint_uri=args.checkpoints)]  # Stalwart
+    callbacks: list[L.Callback] = (
+        [] if args.without_stalwart else [StalwartCallback(data, checkpoint_uri=args.checkpoints)]  # Stalwart
+    )
+    if args.without_stalwart and args.lightning_checkpoints:
+        callbacks.append(ModelCheckpoint(dirpath=args.checkpoints, every_n_train_steps=args.lightning_checkpoints))
     trainer = L.Trainer(
         max_steps=args.steps,
         callbacks=callbacks,
         use_distributed_sampler=False,  # the data is already this rank's share
-        enable_checkpointing=False,  # Stalwart checkpoints
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),  # Stalwart checkpoints
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -99,7 +110,7 @@ def main() -> None:
     module = TinyGPTModule(data.config.seq_len, args.lr, args.step_delay, args.sample_log)
     trainer.fit(module, train_dataloaders=data.dataloader())
     if trainer.global_rank == 0:
-        resumed = callbacks[0].resumed_from if callbacks else 0
+        resumed = next((c.resumed_from for c in callbacks if isinstance(c, StalwartCallback)), 0)
         times = [b - a for a, b in zip(module.step_ends, module.step_ends[1:], strict=False)]
         steps = sorted(times[1:])  # the first step left out: it pays for the first collectives
         median = steps[len(steps) // 2] * 1000 if steps else float("nan")
