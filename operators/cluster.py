@@ -17,9 +17,9 @@ from kubernetes import client as k8s
 
 from stalwart.cluster.agent_checks import checks_through_agents
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
-from stalwart.controller.ranks import slot_roles
-from stalwart.controller.standby_pool import role_standbys
-from stalwart.controller.world import node_role
+from stalwart.controller.core.ranks import slot_roles
+from stalwart.controller.core.standbys import role_standbys
+from stalwart.controller.core.world import node_role
 from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.spec import CleanPodPolicy, Role, TrainingJob

@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from stalwart.controller.ranks import slot_roles
+from stalwart.controller.core.ranks import slot_roles
 from stalwart.logs import get_logger
 from stalwart.spec import PathConfinement, SpecError, TrainingJob, confined, parse_job
 from stalwart.spec.confinement import allowed_roots

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from stalwart.controller.ettr import compute_ettr
+from stalwart.controller.core.ettr import compute_ettr
 from stalwart.runbooks import runbook_for_incident
 from stalwart.store.records import Incident, JobStage, JobState, OperatorRequest, RoleState
 

@@ -78,7 +78,7 @@ def build_bundle(
     topology: EngineTopology,
 ) -> EvidenceBundle:
     """The EvidenceBundle: the layout, stacks, each node's metric window, log tails."""
-    from stalwart.controller.metric_windows import node_metrics
+    from stalwart.controller.core.metric_windows import node_metrics
     from stalwart.diagnosis.models import EvidenceBundle, RankLog, rank_stacks
 
     beats = read_nodes(store, state.job).heartbeats
@@ -168,7 +168,7 @@ def capture(
 ) -> Capture:
     """Ask every agent for its workers' stacks (as the controller does) and build the evidence bundle;
     the layout is the job's own unless `overrides` (tp, pp, dp) give another."""
-    from stalwart.controller.stack_collection import collect_stacks, request_stacks
+    from stalwart.controller.shell.diagnosis import collect_stacks, request_stacks
 
     topology = engine_topology(store, state.job, assignment, overrides)
     nodes = [n.node for n in assignment.nodes]

@@ -45,7 +45,7 @@ class JobRow(BaseModel):
 def read_jobs(store) -> list[JobRow]:  # type: ignore[no-untyped-def]
     """One row per job, from its state, its incidents and a keys-only listing of its registered
     nodes: a few small reads per job whatever its size (no heartbeat, no stack report)."""
-    from stalwart.controller.ettr import compute_ettr
+    from stalwart.controller.core.ettr import compute_ettr
     from stalwart.store.jobs import registered_nodes
 
     now = time.time()

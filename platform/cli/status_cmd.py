@@ -97,7 +97,7 @@ class StatusReport(BaseModel):
     step: int | None
     loss: float | None
     tokens_per_second: float | None
-    ettr: dict[str, float | None]  # stalwart.controller.ettr.EttrReport, as JSON (keeps the import lazy)
+    ettr: dict[str, float | None]  # stalwart.controller.core.ettr.EttrReport, as JSON (keeps the import lazy)
     age_seconds: float
     layout: str | None = None  # "trainer: tp 2 x pp 2 x dp 2"
     open_incident: str | None
@@ -218,7 +218,7 @@ def _rank_rows(
 
 
 def read_status(store: Store, job: str) -> StatusReport:
-    from stalwart.controller.ettr import compute_ettr
+    from stalwart.controller.core.ettr import compute_ettr
 
     now = time.time()
     state = require_state(store, job)

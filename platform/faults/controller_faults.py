@@ -15,7 +15,7 @@ KILLED_EXIT_CODE = 17
 
 
 class Committed(Protocol):
-    """What the hook reads of a committed decision (stalwart.controller.decision.Decision)."""
+    """What the hook reads of a committed decision (stalwart.controller.core.decision.Decision)."""
 
     @property
     def evicted(self) -> Sequence[str]: ...

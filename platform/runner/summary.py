@@ -6,7 +6,7 @@ import time
 
 from pydantic import BaseModel
 
-from stalwart.controller.ettr import ClassMttr, EttrReport, RoleMttr, compute_ettr, mttr_by_class, mttr_by_role
+from stalwart.controller.core.ettr import ClassMttr, EttrReport, RoleMttr, compute_ettr, mttr_by_class, mttr_by_role
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.nodes import NodeRecords, read_nodes

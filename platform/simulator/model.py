@@ -5,7 +5,7 @@ strategy's `FailurePolicy` and running `Counters`; the decision (Evict / Restart
 Fail / Ignore, with or without stop-time checks) picks which recovery components the incident
 pays. Evictions draw on a `StandbyPool` sized by `standbys_for`.
 
-Accounting (the same definition as stalwart.controller.ettr): unproductive time is each
+Accounting (the same definition as stalwart.controller.core.ettr): unproductive time is each
 incident's downtime (failure to first step after recovery) plus the work it makes the job redo,
 plus time spent slowed by a straggler (the fraction of its speed lost) and checkpoint stalls.
 ETTR = 1 - unproductive / wall time.
@@ -18,7 +18,7 @@ from enum import Enum
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from stalwart.controller.policy import Classified, Counters, count, decide
+from stalwart.controller.core.policy import Classified, Counters, count, decide
 from stalwart.simulator.events import EventQueue, Kind
 from stalwart.simulator.pool import StandbyPool
 from stalwart.simulator.rates import Detection, FailureClass

@@ -3,7 +3,7 @@
 A strategy is what it detects and how fast, the failure policy it decides with (through the
 controller's own `decide`), how it restarts (in place with standbys, or a whole requeue), and
 which checkpoint it resumes from. Nothing here re-implements the ladder: the actions come from
-`stalwart.controller.policy.decide`, the hang timeout from `hang_timeout` and the pool size from
+`stalwart.controller.core.policy.decide`, the hang timeout from `hang_timeout` and the pool size from
 `standbys_for`.
 """
 
@@ -13,8 +13,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stalwart.controller.policy import hang_timeout
-from stalwart.controller.standby_pool import standbys_for
+from stalwart.controller.core.policy import hang_timeout
+from stalwart.controller.core.standbys import standbys_for
 from stalwart.simulator.control_plane import ControlPlaneAtScale
 from stalwart.simulator.measured import MeasuredRecovery
 from stalwart.simulator.rates import Detection, FailureClass

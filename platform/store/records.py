@@ -44,7 +44,7 @@ class JobPhase(str, Enum):
 
 class JobStage(str, Enum):
     """Every phase and sub-phase of the controller's state machine. Only the transition table
-    (stalwart.controller.transitions) moves a job from one to another; `phase` is what users see."""
+    (stalwart.controller.core.transitions) moves a job from one to another; `phase` is what users see."""
 
     STARTING = "Starting"  # Pending: the slot nodes start and register
     PREFLIGHT = "Preflight"  # Pending: pre-flight checks run on the nodes
@@ -342,7 +342,7 @@ class WorkerStatus(Record):
 
 class SavedCheckpoint(Record):
     """A committed checkpoint as a node's ranks reported it: the agent merges its ranks' reports, the
-    controller merges the nodes' into the job's catalog (stalwart.controller.catalog)."""
+    controller merges the nodes' into the job's catalog (stalwart.controller.core.catalog)."""
 
     step: int
     generation: int | None = None  # the saving workers' generation: a later one's save of a step replaces it

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from stalwart.controller import JobController
-from stalwart.controller.decision import Decision
+from stalwart.controller.core.decision import Decision
 from stalwart.spec import parse_job
 from stalwart.store import keys
 from stalwart.store.jobs import read_spec
@@ -132,11 +132,14 @@ class Harness:
         return state
 
     def assign(self, generation: int, slots: list[str]) -> None:
-        from stalwart.controller.ranks import assign
+        from stalwart.controller.core.ranks import assign
 
         job = read_spec(self.store, JOB)  # type: ignore[arg-type]
         assert job is not None
-        self.store.put(keys.generation(JOB, generation), assign(JOB, job.spec, slots, generation, ("127.0.0.1", 1)))
+        self.store.put(
+            keys.generation(JOB, generation),
+            assign(JOB, job.spec, slots, generation, ("127.0.0.1", 1), created_at=self.clock.now),
+        )
 
     def incidents(self) -> list[Incident]:
         return sorted(self.store.get_prefix(keys.incidents_prefix(JOB), Incident), key=lambda i: i.failed_at)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
-from stalwart.controller.diagnosis_link import Finding
-from stalwart.controller.work import Work, WorkKey, WorkResult
+from stalwart.controller.core.work import Diagnosis as Finding
+from stalwart.controller.core.work import Work, WorkKey, WorkResult
 from stalwart.store.client import MAX_TXN_OPS, LeaseLost, StoreUnavailable
 from stalwart.store.records import Record
 
@@ -297,7 +297,7 @@ class ManualRunner:
 
     def finish_checks(self, cluster: FakeCluster) -> None:
         """Every node check launched so far, answered by the fake cluster's verdicts."""
-        from stalwart.controller.work import NodeChecks
+        from stalwart.controller.core.work import NodeChecks
 
         for key, work in list(self.running.items()):
             if isinstance(work, NodeChecks):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from stalwart.controller.decision import Plan
+from stalwart.controller.core.decision import Plan
 from stalwart.store import keys
 from stalwart.store.records import CheckpointEntry, Heartbeat, SavedCheckpoint
 

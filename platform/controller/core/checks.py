@@ -5,15 +5,14 @@ into the decision: evictions, incidents, and the next stage.
 
 from __future__ import annotations
 
-from stalwart.controller.decision import Needs, Plan
-from stalwart.controller.eviction import evict
-from stalwart.controller.generation import start_generation
-from stalwart.controller.ladder import NewId, fail
-from stalwart.controller.observation import Observation
-from stalwart.controller.replay_run import plan as plan_replay
-from stalwart.controller.replay_run import replayable
-from stalwart.controller.transitions import Trigger
-from stalwart.controller.work import NodeChecks, WorkResult
+from stalwart.controller.core.decision import Needs, Plan
+from stalwart.controller.core.generation import start_generation
+from stalwart.controller.core.ladder import NewId, fail
+from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.replay import plan_phases, replayable
+from stalwart.controller.core.standbys import evict
+from stalwart.controller.core.transitions import Trigger
+from stalwart.controller.core.work import NodeChecks, WorkResult, check_procs
 from stalwart.spec import TrainingJobSpec
 from stalwart.spec.model import FailureAction
 from stalwart.store import keys
@@ -21,11 +20,6 @@ from stalwart.store.records import FailureClass, Incident, JobStage, JobState, R
 
 MAX_PREFLIGHT_ROUNDS = 3
 REPLAY_RECENT_SECONDS = 3600.0  # failures further apart than this do not add up towards a replay
-
-
-def check_procs(spec: TrainingJobSpec) -> int:
-    """Processes per node for the checks: enough to test intra-node collectives, no more."""
-    return min(2, max(r.processes_per_node for r in spec.roles))
 
 
 def preflight_checks(plan: Plan, obs: Observation) -> NodeChecks:
@@ -145,7 +139,7 @@ def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> No
     if why_not:
         plan.log("warning", "failures keep coming with nothing to blame, and the job cannot be replayed", why=why_not)
         return
-    state.replay = plan_replay(spec, state.slots, role)
+    state.replay = plan_phases(spec, state.slots, role)
     plan.log(
         "warning",
         "failures keep coming with nothing to blame; dual-phase replay",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stalwart.controller.transitions import Row, Trigger, begin, enter
-from stalwart.controller.work import Work, WorkKey
+from stalwart.controller.core.transitions import Row, Trigger, begin, enter
+from stalwart.controller.core.work import Work, WorkKey
 from stalwart.store.records import AgentAction, JobState, Record
 
 # -- effects: carried out after the commit, in order; each is idempotent -------------------------

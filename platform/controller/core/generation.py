@@ -8,10 +8,10 @@ their rendezvous and ranks unchanged, and get no command.
 
 from __future__ import annotations
 
-from stalwart.controller.decision import Needs, Plan
-from stalwart.controller.observation import Observation
-from stalwart.controller.ranks import RoleWorld, assign, role_states
-from stalwart.controller.transitions import Trigger
+from stalwart.controller.core.decision import Needs, Plan
+from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.ranks import RoleWorld, assign, role_states
+from stalwart.controller.core.transitions import Trigger
 from stalwart.store import keys
 
 
@@ -59,7 +59,7 @@ def start_generation(plan: Plan, obs: Observation, trigger: Trigger, job: str) -
     else:
         rendezvous = obs.rendezvous[state.slots[0]]
     memory = {n: f"{r.address}:{r.memory_port}" for n, r in obs.registrations.items() if r.memory_port}
-    assignment = assign(job, spec, state.slots, generation, rendezvous, worlds, memory)
+    assignment = assign(job, spec, state.slots, generation, rendezvous, worlds, memory, created_at=plan.now)
     assignment.resume_max_step = state.resume_max_step
     assignment.code_version = state.code_version
     plan.put(keys.generation(job, generation), assignment)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stalwart.runbooks import EVENT_RUNBOOKS
-from stalwart.spec.model import INFRASTRUCTURE_EVENTS, FailureAction, FailureEvent, FailurePolicy
+from stalwart.spec.model import INFRASTRUCTURE_EVENTS, FailureAction, FailureEvent, FailurePolicy, FaultTolerance
 from stalwart.store.records import WorkerStatus
 
 # Signature classes that condemn the machine they appear on (scope "node" in signatures.yaml).
@@ -237,3 +237,13 @@ def machine_fault_suspects(
 def _is_nic(line: str) -> bool:
     low = line.lower()
     return low.startswith("network") or "nic" in low or " port " in low
+
+
+# -- etcd's outage: leases that lapsed while etcd was away -------------------------------------------
+
+OUTAGE_GRACE_TTLS = 2  # after etcd's return, nodes have this many lease TTLs to register again
+
+
+def outage_grace(ft: FaultTolerance) -> float:
+    """How long after etcd's return a lapsed lease is still taken for the outage's, not the node's."""
+    return OUTAGE_GRACE_TTLS * ft.lease_ttl_seconds

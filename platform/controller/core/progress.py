@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from stalwart.controller.decision import Plan
+from stalwart.controller.core.decision import Plan
 from stalwart.store import keys
 from stalwart.store.records import Incident, JobStage, WorkerStatus
 

@@ -7,7 +7,6 @@ each worker uniquely to the control plane.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -56,10 +55,13 @@ def assign(
     rendezvous: tuple[str, int],
     worlds: Mapping[str, RoleWorld] | None = None,
     memory: Mapping[str, str] | None = None,
+    *,
+    created_at: float,
 ) -> Assignment:
     """A replacement node sits in the lost node's slot, so it inherits that node's ranks. With
     `worlds` (role -> its world), each role's workers form their own world. `memory`: node -> its
-    host-memory checkpoint store, carried to every agent in the assignment."""
+    host-memory checkpoint store, carried to every agent in the assignment. `created_at`: the
+    decision's time (the core reads no clock)."""
     roles = {r.name: r for r in spec.roles}
     per_slot = slot_roles(spec)
     if len(per_slot) != len(slots):
@@ -94,5 +96,5 @@ def assign(
         master_addr=rendezvous[0],
         master_port=rendezvous[1],
         nodes=nodes,
-        created_at=time.time(),
+        created_at=created_at,
     )

@@ -12,8 +12,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 
-from stalwart.controller import catalog, checks, pool_upkeep, replaying, requests, suspension, world
-from stalwart.controller.decision import Decision, Launch, Needs, Plan
+from stalwart.controller.core import catalog, checks, replay, requests, standbys, suspension, world
+from stalwart.controller.core.decision import Decision, Launch, Needs, Plan
+from stalwart.controller.core.generation import start_generation
+from stalwart.controller.core.ladder import fail, handle
+from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.progress import note_job_resumed, note_progress, track
+from stalwart.controller.core.ranks import role_states, slot_roles
+from stalwart.controller.core.standbys import new_node, top_up_standbys
+from stalwart.controller.core.transitions import Trigger
 from stalwart.controller.detectors.base import (
     CodeUpdateSeen,
     Detector,
@@ -23,13 +30,6 @@ from stalwart.controller.detectors.base import (
     RequestFinding,
     View,
 )
-from stalwart.controller.eviction import new_node, top_up_standbys
-from stalwart.controller.generation import start_generation
-from stalwart.controller.ladder import fail, handle
-from stalwart.controller.observation import Observation
-from stalwart.controller.progress import note_job_resumed, note_progress, track
-from stalwart.controller.ranks import role_states, slot_roles
-from stalwart.controller.transitions import Trigger
 from stalwart.store import keys
 from stalwart.store.records import Incident, JobStage, JobState
 
@@ -88,7 +88,7 @@ class ReconcileCore:
         return plan.decision()
 
     def _decide(self, plan: Plan, obs: Observation, view: View, reports: list[tuple[Detector, Report]]) -> Needs | None:
-        pool_upkeep.apply_standby_checks(plan, view)
+        standbys.apply_standby_checks(plan, view)
         if suspension.follow(plan, view):
             return None
         found = next((f for _, r in reports for f in r.findings if isinstance(f, RequestFinding)), None)
@@ -164,7 +164,7 @@ class ReconcileCore:
                 if not view.busy(work.key):
                     plan.effect(Launch(work))
         if view.cluster is not None:
-            pool_upkeep.upkeep(plan, view)
+            standbys.upkeep(plan, view)
         return None
 
     def _restarting(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
@@ -194,13 +194,13 @@ class ReconcileCore:
         return None
 
     def _replaying(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
-        replay = plan.state.replay
-        if replay is not None and replay.generation is not None:
-            replaying.judge_phase(plan, obs, self.job)
+        ongoing = plan.state.replay
+        if ongoing is not None and ongoing.generation is not None:
+            replay.judge_phase(plan, obs, self.job)
             return None
         if self._replace_dead_slots(plan, obs) or not all(s in obs.registrations for s in plan.state.slots):
             return None
-        return replaying.launch_phase(plan, obs, self.job)
+        return replay.launch_phase(plan, obs, self.job)
 
     def _suspending(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
         suspension.stopped(plan, view)
@@ -240,10 +240,9 @@ class ReconcileCore:
             roles=role_states(spec),
         )
         top_up_standbys(state, spec)
-        standbys = state.standbys
         plan = Plan(state, 0, obs.now, new=True)
         plan.begin()
-        plan.log("info", "job created", slots=slots, standbys=standbys)
+        plan.log("info", "job created", slots=slots, standbys=state.standbys)
         return plan.decision()
 
     def _replace_dead_slots(self, plan: Plan, obs: Observation) -> bool:

@@ -7,14 +7,12 @@ until its result is in.
 
 from __future__ import annotations
 
-from stalwart.controller.checks import check_procs
-from stalwart.controller.decision import Launch, Plan, UncordonNode
+from stalwart.controller.core.decision import Launch, Plan, UncordonNode
+from stalwart.controller.core.ladder import NewId, role_scope, roles_of
+from stalwart.controller.core.standbys import evict, top_up_standbys
+from stalwart.controller.core.transitions import Trigger
+from stalwart.controller.core.work import NodeChecks, check_procs
 from stalwart.controller.detectors.base import RequestFinding, View
-from stalwart.controller.eviction import evict, top_up_standbys
-from stalwart.controller.ladder import NewId
-from stalwart.controller.scope import role_scope, roles_of
-from stalwart.controller.transitions import Trigger
-from stalwart.controller.work import NodeChecks
 from stalwart.spec.model import FailureAction, FailureEvent
 from stalwart.store import keys
 from stalwart.store.records import Cordon, Incident, JobStage, OperatorRequest, RequestKind, RequestStatus

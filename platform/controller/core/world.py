@@ -7,8 +7,8 @@ the next one derives the same wants from the same state.
 
 from __future__ import annotations
 
-from stalwart.controller.decision import CordonNode, Plan, SendCommand, StartNode, StopNode
-from stalwart.controller.observation import Observation
+from stalwart.controller.core.decision import CordonNode, Plan, SendCommand, StartNode, StopNode
+from stalwart.controller.core.observation import Observation
 from stalwart.store.records import AgentAction, JobStage, JobState
 
 EVICTED_REASON = "evicted by the controller"

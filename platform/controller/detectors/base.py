@@ -4,7 +4,7 @@ A detector owns its history (a loss series, a pace, a NIC's flaps...) and, each 
 it watches, looks at a `View` of the observation and returns a `Report`: findings for the core to
 act on, long work it wants done off the loop (a stack capture), and observation it needs this tick
 (a listing of the cluster's nodes). It never writes anything: the core turns its findings into
-ladder decisions (stalwart.controller.policy.decide) and commits them.
+ladder decisions (stalwart.controller.core.policy.decide) and commits them.
 
 Contract:
 - `observe` may be called more than once per tick with the same view (when the core fetches what
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
 
-from stalwart.cluster import NodeInfo
-from stalwart.controller.decision import Needs
-from stalwart.controller.observation import Observation
-from stalwart.controller.policy import Classified
-from stalwart.controller.work import Work, WorkKey, WorkResult
+from stalwart.cluster.base import NodeInfo
+from stalwart.controller.core.decision import Needs
+from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.policy import Classified
+from stalwart.controller.core.work import Work, WorkKey, WorkResult
 from stalwart.diagnosis.log_classify import SYMPTOMS
 from stalwart.spec import TrainingJobSpec
 from stalwart.store.heartbeat_budget import job_progress_interval

@@ -3,8 +3,8 @@ mean. (NaN is the worker's own failure: the SDK raises it, and crash classificat
 
 from __future__ import annotations
 
+from stalwart.controller.core.policy import Classified, is_loss_spike
 from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
-from stalwart.controller.policy import Classified, is_loss_spike
 from stalwart.spec.model import FailureEvent
 
 LOSS_HISTORY = 20

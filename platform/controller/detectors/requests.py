@@ -1,6 +1,6 @@
 """Operator requests (`stalwart node evict|cordon|uncordon`, `stalwart check`, the Kubernetes
 operator's evictions): the oldest pending one, in every stage but the last; the core carries it
-out (stalwart.controller.requests)."""
+out (stalwart.controller.core.requests)."""
 
 from __future__ import annotations
 

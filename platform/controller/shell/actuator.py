@@ -6,7 +6,7 @@ again next tick; a failing effect is logged and the others still run.
 
 Commands go out in transactions of up to MAX_TXN_OPS keys (a generation start commands every slot
 node: 10,000 keys in 79 round trips, not 10,000), and each one written is reported to `wrote`
-(the controller's view, job_view.py), so the next tick does not write it again.
+(the controller's view, shell/observer.py's JobView), so the next tick does not write it again.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from stalwart.cluster import Cluster
-from stalwart.controller.clock import Clock
-from stalwart.controller.decision import (
+from stalwart.controller.core.decision import (
     CordonNode,
     Effect,
     FenceNode,
@@ -27,7 +26,8 @@ from stalwart.controller.decision import (
     StopNode,
     UncordonNode,
 )
-from stalwart.controller.work import Runner
+from stalwart.controller.shell.clock import Clock
+from stalwart.controller.shell.work import Runner
 from stalwart.logs import ContextLogger
 from stalwart.store import keys
 from stalwart.store.client import MAX_TXN_OPS, Store

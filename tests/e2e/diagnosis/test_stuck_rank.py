@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support.paths import REPO
 
-from stalwart.controller.stack_collection import collect_stacks, request_stacks
+from stalwart.controller.shell.diagnosis import collect_stacks, request_stacks
 from stalwart.processes import wait_for
 from stalwart.store import Store, keys
 from stalwart.store.nodes import read_nodes

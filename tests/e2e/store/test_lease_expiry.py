@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from stalwart.controller.leader import Leadership
+from stalwart.controller.shell.loop import Leadership
 from stalwart.processes import wait_for
 from stalwart.store import LeaseLost, Store
 

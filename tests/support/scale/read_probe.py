@@ -23,14 +23,14 @@ from typing import Any
 import pyetcd
 
 from stalwart.cluster import Cluster, NodeInfo
-from stalwart.controller.clock import SystemClock
-from stalwart.controller.controller import commit_chunks
-from stalwart.controller.core import ReconcileCore
-from stalwart.controller.decision import Needs
+from stalwart.controller.core.decision import Needs
+from stalwart.controller.core.ranks import assign
+from stalwart.controller.core.reconcile import ReconcileCore
 from stalwart.controller.detectors import default_detectors
-from stalwart.controller.observation import Observer
-from stalwart.controller.ranks import assign
-from stalwart.controller.stack_collection import collect_stacks
+from stalwart.controller.shell.clock import SystemClock
+from stalwart.controller.shell.diagnosis import collect_stacks
+from stalwart.controller.shell.loop import commit_chunks
+from stalwart.controller.shell.observer import Observer
 from stalwart.logs import get_logger
 from stalwart.spec import TrainingJob
 from stalwart.store import Store, keys
@@ -154,7 +154,10 @@ def seed(store: Store, job: TrainingJob, nodes: int, generation: int = 1) -> Job
         updated_at=now,
     )
     store.put(keys.job_state(name), state)
-    store.put(keys.generation(name, generation), assign(name, job.spec, state.slots, generation, ("127.0.0.1", 29500)))
+    store.put(
+        keys.generation(name, generation),
+        assign(name, job.spec, state.slots, generation, ("127.0.0.1", 29500), created_at=time.time()),
+    )
     return state
 
 
@@ -236,7 +239,9 @@ def probe(store: Store, job: TrainingJob, nodes: int, repeats: int = 3) -> dict[
         out["cli_jobs_listing"] = _timed(cli_jobs, 1)
 
         def generation_commit() -> dict[str, Any]:
-            assignment = assign(name, job.spec, state.slots, state.generation + 1, ("127.0.0.1", 29500))
+            assignment = assign(
+                name, job.spec, state.slots, state.generation + 1, ("127.0.0.1", 29500), created_at=time.time()
+            )
             size = len(assignment.dumps()) + len(state.dumps())
             ok = store.commit(
                 {keys.generation(name, state.generation + 1): assignment, keys.job_state(name): state},

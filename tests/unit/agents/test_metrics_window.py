@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stalwart.agents.metrics_history import MetricsHistory
-from stalwart.controller.metric_windows import node_metrics
+from stalwart.controller.core.metric_windows import node_metrics
 from stalwart.diagnosis.engine import diagnose
 from stalwart.diagnosis.models import EvidenceBundle, Topology
 from stalwart.health.node_vector import node_metric_vector

@@ -157,7 +157,7 @@ def test_an_unknown_runbook_is_one_line_naming_the_known_ones() -> None:
 
 def test_the_controllers_runbook_links_resolve() -> None:
     """The controller names runbooks too (policy.RUNBOOKS, and machine classes for machine faults)."""
-    policy = pytest.importorskip("stalwart.controller.policy")
+    policy = pytest.importorskip("stalwart.controller.core.policy")
     names = list(getattr(policy, "RUNBOOKS", {}).values()) + sorted(getattr(policy, "MACHINE_CLASSES", ()))
     for name in names:
         assert (RUNBOOKS / f"{runbook_id(name)}.md").is_file(), f"the controller links {name!r}: no runbook"

@@ -8,7 +8,7 @@ from typing import Any
 from support.controller_harness import JOB, Harness
 from support.controller_harness import worker as _worker
 
-from stalwart.controller.catalog import kept_steps, reconcile
+from stalwart.controller.core.catalog import kept_steps, reconcile
 from stalwart.runner.summary import snapshot
 from stalwart.store import keys
 from stalwart.store.records import CheckpointEntry, SavedCheckpoint

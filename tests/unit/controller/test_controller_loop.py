@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from support.controller_harness import JOB, Harness
 
-from stalwart.controller.decision import Decision
-from stalwart.controller.ettr import compute_ettr
+from stalwart.controller.core.decision import Decision
+from stalwart.controller.core.ettr import compute_ettr
 from stalwart.store import keys
 from stalwart.store.records import JobStage, JobState
 
@@ -197,7 +197,7 @@ def _alive(node: str) -> object:
 def test_the_controller_rides_out_an_unreachable_etcd(monkeypatch: pytest.MonkeyPatch) -> None:
     """etcd away for a few ticks (restarting, paused): the loop retries instead of exiting, and
     carries on when it answers (issue 16)."""
-    from stalwart.controller import controller as controller_module
+    from stalwart.controller.shell import loop as controller_module
     from stalwart.store.client import StoreUnavailable
     from stalwart.store.records import JobPhase
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from support.controller_harness import Harness
 
 from stalwart.cluster.base import NodeInfo
-from stalwart.controller.core import DEATHS_BEFORE_JOINING_PER_SLOT
+from stalwart.controller.core.reconcile import DEATHS_BEFORE_JOINING_PER_SLOT
 from stalwart.runbooks import load_runbook
 from stalwart.store.records import JobStage
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 import pytest
 from support.controller_harness import Harness, worker
 
-from stalwart.controller.decision import FenceNode
+from stalwart.controller.core.decision import FenceNode
+from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.work import Diagnosis as Finding
 from stalwart.controller.detectors.base import PEER_TROUBLE_SECONDS, View
 from stalwart.controller.detectors.crashes import CRASH_DIAGNOSIS_WAIT
 from stalwart.controller.detectors.lost_nodes import GONE_PER_CLUSTER
 from stalwart.controller.detectors.slowdowns import METRIC_SAMPLES
-from stalwart.controller.diagnosis_link import Finding
-from stalwart.controller.observation import Observation
 from stalwart.store.records import JobStage, LogMatch, RequestKind, RequestStatus
 
 S = JobStage

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from support.paths import REPO
 
-from stalwart.controller import controller
+from stalwart.controller.core.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Trigger
 from stalwart.controller.detectors import DETECTORS
-from stalwart.controller.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Trigger
+from stalwart.controller.shell import loop as controller
 from stalwart.store.records import JobStage
 
 DOC = REPO / "docs" / "control-plane.md"

@@ -6,9 +6,10 @@ import threading
 
 from support.fakes import FakeClock, FakeCluster, ManualRunner, MemoryStore
 
-from stalwart.controller.actuator import Actuator
-from stalwart.controller.decision import CordonNode, FenceNode, Launch, SendCommand, StartNode, UncordonNode
-from stalwart.controller.work import NodeChecks, ThreadRunner, WorkResult
+from stalwart.controller.core.decision import CordonNode, FenceNode, Launch, SendCommand, StartNode, UncordonNode
+from stalwart.controller.core.work import NodeChecks, WorkResult
+from stalwart.controller.shell.actuator import Actuator
+from stalwart.controller.shell.work import ThreadRunner
 from stalwart.logs import get_logger
 from stalwart.processes import wait_for
 from stalwart.store import keys

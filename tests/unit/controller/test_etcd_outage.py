@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support.controller_harness import Harness, worker
 
-from stalwart.controller.etcd_absence import outage_grace
+from stalwart.controller.core.policy import outage_grace
 from stalwart.processes import wait_for
 from stalwart.spec.model import FaultTolerance
 from stalwart.store.client import LeaseLost, StoreUnavailable

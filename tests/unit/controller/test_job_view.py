@@ -13,9 +13,9 @@ from typing import Any
 
 from support.controller_harness import JOB, Harness, worker
 
-from stalwart.controller.controller import IDLE_TICK_SECONDS, TICK_SECONDS, commit_chunks, tick_interval
-from stalwart.controller.decision import SendCommand
-from stalwart.controller.job_view import JobView
+from stalwart.controller.core.decision import SendCommand
+from stalwart.controller.shell.loop import IDLE_TICK_SECONDS, TICK_SECONDS, commit_chunks, tick_interval
+from stalwart.controller.shell.observer import JobView
 from stalwart.logs import get_logger
 from stalwart.processes import wait_for
 from stalwart.spec.model import FailureEvent

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from stalwart.controller import diagnosis_link
-from stalwart.controller.metric_windows import node_metrics, series_of
+from stalwart.controller.core.metric_windows import node_metrics, series_of
+from stalwart.controller.shell import diagnosis as diagnosis_link
 from stalwart.logs import get_logger
 from stalwart.store.records import Assignment, NodeAssignment, StackReport
 

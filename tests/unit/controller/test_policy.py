@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stalwart.controller.policy import (
+from stalwart.controller.core.policy import (
     Classified,
     Counters,
     NicHistory,
@@ -16,7 +16,7 @@ from stalwart.controller.policy import (
     machine_fault_suspects,
     slowdown_onset,
 )
-from stalwart.controller.standby_pool import binomial_quantile, standby_count, standbys_for
+from stalwart.controller.core.standbys import binomial_quantile, standby_count, standbys_for
 from stalwart.spec.model import FailureAction, FailureEvent, FailurePolicy, FailurePolicyRule, StandbySettings
 from stalwart.store.records import WorkerState, WorkerStatus
 
@@ -158,7 +158,8 @@ def test_a_nic_must_go_down_twice_in_the_window_other_faults_evict_at_once() -> 
 
 
 def test_replay_of_a_data_parallel_job_runs_each_node_alone_and_names_the_one_that_failed() -> None:
-    from stalwart.controller.replay_run import WHOLE_JOB, conclusion, plan
+    from stalwart.controller.core.replay import WHOLE_JOB, conclusion
+    from stalwart.controller.core.replay import plan_phases as plan
     from stalwart.spec import Role, TrainingJobSpec
 
     spec = TrainingJobSpec(roles=[Role(name="trainer", replicas=3, processes_per_node=2, command=["python"])])

@@ -38,8 +38,8 @@ def test_the_final_loss_is_rank_0s_loss_at_the_last_step() -> None:
 def test_the_step_is_copied_every_few_seconds_even_when_the_state_is_written_more_often() -> None:
     """Timed from the last copy, not from the state's last write: a state rewritten every second for other
     reasons (pool upkeep, a catalog entry) still gets the step, so `stalwart jobs` does not stall on it."""
-    from stalwart.controller.decision import Plan
-    from stalwart.controller.progress import PROGRESS_PERSIST_SECONDS, note_progress
+    from stalwart.controller.core.decision import Plan
+    from stalwart.controller.core.progress import PROGRESS_PERSIST_SECONDS, note_progress
     from stalwart.store.records import JobState
 
     state = JobState(job=JOB, created_at=0.0, updated_at=0.0)

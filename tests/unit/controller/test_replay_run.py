@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from stalwart.agents.launcher import NodeServices, worker_env
-from stalwart.controller.replay_run import conclusion, phase_assignment, plan, replayable
+from stalwart.controller.core.replay import conclusion, phase_assignment, replayable
+from stalwart.controller.core.replay import plan_phases as plan
 from stalwart.spec import Parallelism, Role, TrainingJob, TrainingJobSpec
 
 
@@ -55,7 +56,7 @@ def test_a_group_runs_as_a_smaller_copy_of_the_job() -> None:
     job_spec = spec(8, tensor=2, pipeline=2)
     replay = plan(job_spec, nodes(8))
     group = replay.horizontal[0]
-    assignment = phase_assignment("j", job_spec, [group], 7, lambda node: ("127.0.0.1", 4000))
+    assignment = phase_assignment("j", job_spec, [group], 7, lambda node: ("127.0.0.1", 4000), created_at=0.0)
     assert [(n.node, n.first_rank, n.world_size) for n in assignment.nodes] == [
         (group.nodes[i], 2 * i, 8) for i in range(4)
     ]

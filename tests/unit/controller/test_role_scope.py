@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from support.controller_harness import Harness, worker
 
-from stalwart.controller.work import NodeChecks
+from stalwart.controller.core.work import NodeChecks
 
 ACTOR, ROLLOUT_A, ROLLOUT_B, STANDBY = "node-0", "node-1", "node-2", "node-3"
 
@@ -167,7 +167,7 @@ def test_a_role_whose_failures_nothing_explains_is_replayed_alone_on_its_own_nod
 
 
 def test_a_role_on_the_data_plane_is_not_replayed() -> None:
-    from stalwart.controller.replay_run import replayable
+    from stalwart.controller.core.replay import replayable
     from stalwart.spec import TrainingJobSpec
 
     roles = [

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from support.controller_harness import JOB, Harness, worker
 
-from stalwart.controller.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Row, Trigger
+from stalwart.controller.core.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Row, Trigger
 from stalwart.spec.model import FailureEvent
 from stalwart.store import keys
 from stalwart.store.records import Incident, JobStage, ReplayGroupRun, ReplayState, RequestKind
@@ -213,7 +213,7 @@ def _checks_passed_with_replay_after_one(h: Harness) -> None:
 
 def replay_horizontal_due(monkeypatch: pytest.MonkeyPatch) -> Harness:
     """A plan with horizontal groups to run (what a pipeline layout gives)."""
-    from stalwart.controller import checks
+    from stalwart.controller.core import checks
 
     def two_by_one(spec: object, slots: list[str], role: str | None = None) -> ReplayState:
         return ReplayState(
@@ -221,7 +221,7 @@ def replay_horizontal_due(monkeypatch: pytest.MonkeyPatch) -> Harness:
             vertical=[ReplayGroupRun(id=f"v{i}", nodes=[n]) for i, n in enumerate(slots)],
         )
 
-    monkeypatch.setattr(checks, "plan_replay", two_by_one)
+    monkeypatch.setattr(checks, "plan_phases", two_by_one)
     h = Harness(failurePolicy={"replayAfter": 1})
     _checks_passed_with_replay_after_one(h)
     return h

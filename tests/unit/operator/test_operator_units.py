@@ -288,7 +288,7 @@ def test_standby_pods_are_made_from_their_own_roles_template(api: ApiServer, sto
     """Each standby's pod is its role's (image, resources, template), whether the controller names the
     role (StartNode) or the pod is made again from the controller's state; the Kueue group counts
     every role's standbys."""
-    from stalwart.controller.ranks import role_states
+    from stalwart.controller.core.ranks import role_states
 
     job = parse_job(
         {

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.paths import REPO
 
-from stalwart.controller import policy as policy_module
-from stalwart.controller.standby_pool import standbys_for
+from stalwart.controller.core import policy as policy_module
+from stalwart.controller.core.standbys import standbys_for
 from stalwart.simulator import model as model_module
 from stalwart.simulator.events import EventQueue, Kind
 from stalwart.simulator.measured import DEFAULTS, MeasuredRecovery, load_measured

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from stalwart.controller.ettr import compute_ettr, mttr_by_class
-from stalwart.controller.ranks import assign
+from stalwart.controller.core.ettr import compute_ettr, mttr_by_class
+from stalwart.controller.core.ranks import assign
 from stalwart.faults import FaultKind, parse_fault
 from stalwart.spec import Role, TrainingJobSpec
 from stalwart.store import keys
@@ -31,17 +31,17 @@ def test_ranks_are_contiguous_and_a_replacement_inherits_its_slot() -> None:
             Role(name="reward", replicas=1, processes_per_node=1, command=["y"]),
         ]
     )
-    a = assign("j", spec, ["node-0", "node-1", "node-2"], 1, ("h", 1))
+    a = assign("j", spec, ["node-0", "node-1", "node-2"], 1, ("h", 1), created_at=0.0)
     assert a.world_size == 5
     assert [(n.node, n.node_rank, n.first_rank, n.role) for n in a.nodes] == [
         ("node-0", 0, 0, "actor"),
         ("node-1", 1, 2, "actor"),
         ("node-2", 2, 4, "reward"),
     ]
-    b = assign("j", spec, ["node-0", "node-3", "node-2"], 2, ("h", 1))
+    b = assign("j", spec, ["node-0", "node-3", "node-2"], 2, ("h", 1), created_at=0.0)
     assert b.for_node("node-3").first_rank == a.for_node("node-1").first_rank  # type: ignore[union-attr]
     with pytest.raises(ValueError):
-        assign("j", spec, ["node-0"], 1, ("h", 1))
+        assign("j", spec, ["node-0"], 1, ("h", 1), created_at=0.0)
 
 
 def test_ettr_counts_downtime_and_redone_work() -> None:

@@ -1,0 +1,54 @@
+"""What a tick sees: the job's records in etcd, the cluster's nodes when they matter, and the results
+of long work that finished. Plain data: the shell's `Observer` (stalwart.controller.shell.observer)
+reads it, the core decides from it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stalwart.cluster.base import NodeInfo
+from stalwart.controller.core.decision import Needs
+from stalwart.controller.core.work import WorkKey, WorkResult
+from stalwart.spec import TrainingJob
+from stalwart.store.records import (
+    AgentCommand,
+    CheckpointEntry,
+    DataPlaneHealth,
+    Heartbeat,
+    Incident,
+    JobState,
+    NodeRegistration,
+    OperatorRequest,
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    state: JobState | None
+    revision: int  # the state's mod revision (0: no state yet)
+    spec: TrainingJob  # as etcd holds it now
+    registrations: Mapping[str, NodeRegistration]  # nodes whose lease is alive
+    beats: Mapping[str, Heartbeat]  # each node's last heartbeat, including nodes whose lease lapsed
+    commands: Mapping[str, AgentCommand]
+    # Each node's recent metric vectors (NodeMetricVector dicts from its heartbeats), oldest first.
+    vectors: Mapping[str, Sequence[Mapping[str, Any]]]
+    request: tuple[OperatorRequest, int] | None  # the oldest pending operator request and its revision
+    incident: Incident | None  # the state's open incident
+    cluster: Mapping[str, NodeInfo] | None = None  # None: not listed this tick
+    rendezvous: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    results: Mapping[WorkKey, WorkResult] = field(default_factory=dict)
+    in_flight: frozenset[WorkKey] = frozenset()
+    etcd_back_at: float | None = None  # when etcd last answered again after this controller lost it
+    catalog: Mapping[int, CheckpointEntry] = field(default_factory=dict)  # the job's checkpoint catalog, by step
+    incidents: Mapping[str, Incident | None] = field(default_factory=dict)  # read when asked for (None: gone)
+    dataplane: DataPlaneHealth | None = None  # the RLHF relay's word on its workers (jobs with a dataPlane)
+
+    def satisfies(self, needs: Needs) -> bool:
+        return (
+            (not needs.cluster or self.cluster is not None)
+            and needs.rendezvous <= set(self.rendezvous)
+            and needs.incidents <= set(self.incidents)
+        )
