@@ -3,7 +3,9 @@
 Each row is (from, trigger, to) and says in words when it fires; `enter` applies one and refuses
 any pair the table does not hold, so a branch of the core can only take a documented edge. The
 diagram of the same table is in stalwart.controller.shell.loop's docstring and in
-docs/control-plane.md; every row has a unit test (tests/unit/controller/test_transitions.py).
+docs/control-plane.md; every row has a unit test through the pure core
+(tests/unit/controller/test_core_table.py) and one through a controller tick
+(tests/unit/controller/test_transitions.py).
 """
 
 from __future__ import annotations
