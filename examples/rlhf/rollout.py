@@ -20,7 +20,7 @@ from stalwart.rlhf.connection import ChannelFinished, DataPlaneUnavailable
 from stalwart.rlhf.contract import DataPlaneContext
 from stalwart.rlhf.messages import Group, Sample, Stage
 from stalwart.rlhf.relay_client import RelayClient
-from stalwart.rlhf.weights import WeightSubscriber
+from stalwart.rlhf.weights import WeightSubscriber, size_bound
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     log = logs.get_logger("rlhf.rollout", job=ctx.job, role="rollout", rank=rank)
     name = f"rollout-{rank}"
     policy = build_policy(args.seed).eval()
-    weights = WeightSubscriber(ctx, name)
+    weights = WeightSubscriber(ctx, name, max_bytes=size_bound(policy.state_dict()))
     relay = RelayClient(ctx, name)
     generator = torch.Generator().manual_seed(args.seed * 7919 + rank + os.getpid())
     generated = 0

@@ -20,6 +20,7 @@ from stalwart.rlhf.messages import Hello, Message
 from stalwart.store.client import StoreUnavailable
 
 REPLY_MARGIN = 30.0  # seconds a reply may take beyond the request's own wait before the server counts as hung
+HELLO_REPLY = wire.Limits(header=4096, payload=0)  # {"ok": true} or an ErrorReply
 
 
 class DataPlaneUnavailable(RuntimeError):
@@ -58,11 +59,18 @@ class Connection:
         self.reconnects = 0
 
     def call(
-        self, request: Message, payload: bytes = b"", *, wait: float = 0.0, patience: float | None = None
+        self,
+        request: Message,
+        payload: bytes = b"",
+        *,
+        wait: float = 0.0,
+        patience: float | None = None,
+        reply: wire.Limits = wire.REPLY,
     ) -> tuple[dict[str, Any], bytes]:
         """Send one request and return the reply's header and payload (RemoteError if refused).
 
-        `patience` bounds how long this call waits for a server (default: give_up_after)."""
+        `patience` bounds how long this call waits for a server (default: give_up_after); `reply` is
+        what the reply may hold (default: JSON, no payload)."""
         patience = self.give_up_after if patience is None else patience
         failing_since: float | None = None
         while True:
@@ -70,7 +78,10 @@ class Connection:
             try:
                 sock.settimeout(wait + REPLY_MARGIN)
                 wire.send(sock, request.model_dump(mode="json"), payload)
-                header, data = wire.recv(sock)
+                header, data = wire.recv(sock, reply)
+            except wire.MessageTooLarge as exc:
+                self._drop()  # the reply is beyond what this request allows: asking again would not change it
+                raise RemoteError(f"{self.channel}: {exc}") from None
             except (ConnectionError, OSError) as exc:
                 self._drop()
                 now = time.monotonic()
@@ -130,7 +141,7 @@ class Connection:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             wire.send(sock, Hello(client=self.client, channel=self.channel, token=self._token).model_dump())
-            header, _ = wire.recv(sock)
+            header, _ = wire.recv(sock, HELLO_REPLY)
         except BaseException:
             sock.close()
             raise

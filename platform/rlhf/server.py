@@ -1,9 +1,15 @@
 """A data-plane channel's server: threaded TCP, one authenticated connection per client.
 
 The first message of a connection is a Hello naming the channel and carrying the job's data-plane
-token; anything else, or a wrong token, closes the connection. Then each request gets one reply. A
-bad request gets an ErrorReply and the connection stays; a closed connection tells the channel (the
-relay gives the client's leases back).
+token, read under `wire.HELLO` (a few KiB, no payload, a short deadline); anything else, a wrong
+token or silence closes the connection. Then each request gets one reply. A request that fails
+validation gets an ErrorReply and the connection stays; one that breaks the framing (too large for
+a request, which carries no payload, or not JSON) gets an ErrorReply and the connection closes: the
+stream can no longer be trusted, and only that client is affected. A closed connection tells the
+channel (the relay gives the client's leases back).
+
+Connections are capped before any thread starts for them: at most `max_greeting` waiting for their
+Hello and `max_connections` in all; one over either cap is closed at once (a client retries).
 """
 
 from __future__ import annotations
@@ -28,10 +34,24 @@ class RequestRefused(ValueError):
     """A handler refuses a request; the client gets the message as an ErrorReply."""
 
 
+MAX_CONNECTIONS = 1024  # per server: every rank of every role that talks to it, with room to spare
+MAX_GREETING = 64  # connections not yet authenticated, per server
+
+
 class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
     request_queue_size = 128
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[socketserver.BaseRequestHandler], admit: Callable[[], bool]
+    ):
+        self._admit = admit
+        super().__init__(address, handler)
+
+    def verify_request(self, request: object, client_address: object) -> bool:
+        """Refused here, a connection never gets a thread (the caller closes it)."""
+        return self._admit()
 
 
 class ChannelServer:
@@ -45,8 +65,19 @@ class ChannelServer:
         port: int = 0,
         on_disconnect: Callable[[str], None] | None = None,
         log: ContextLogger | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        max_greeting: int = MAX_GREETING,
+        greeting: wire.Limits = wire.HELLO,
     ) -> None:
+        if not 0 < max_greeting <= max_connections:
+            raise ValueError(f"need 0 < max_greeting ({max_greeting}) <= max_connections ({max_connections})")
         self.channel = channel
+        self.max_connections = max_connections
+        self.max_greeting = max_greeting
+        self._greeting_limits = greeting
+        self._open = 0  # connections with a thread
+        self._greeting = 0  # of which not yet authenticated
+        self.refused = 0  # connections closed at once for a cap
         self._handle = handle
         self._token = token
         self._on_disconnect = on_disconnect
@@ -60,7 +91,7 @@ class ChannelServer:
             def handle(self) -> None:
                 outer._serve(self.request, self.client_address)
 
-        self._server = _TCPServer((host, port), _Handler)
+        self._server = _TCPServer((host, port), _Handler, self._admit)
         self._thread: threading.Thread | None = None
 
     @property
@@ -96,20 +127,49 @@ class ChannelServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    @property
+    def connections(self) -> tuple[int, int]:
+        """(open connections, of which waiting for their Hello)."""
+        with self._lock:
+            return self._open, self._greeting
+
     # -- one connection ------------------------------------------------------------------------------
+    def _admit(self) -> bool:
+        with self._lock:
+            if self._open >= self.max_connections or self._greeting >= self.max_greeting:
+                self.refused += 1
+                return False
+            self._open += 1
+            self._greeting += 1
+            return True
+
     def _serve(self, sock: socket.socket, peer: tuple[str, int]) -> None:
+        try:
+            self._serve_admitted(sock, peer)
+        finally:
+            with self._lock:
+                self._open -= 1
+
+    def _serve_admitted(self, sock: socket.socket, peer: tuple[str, int]) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            hello = self._greet(sock, peer)
+            hello = self._greet(sock)
         except (ConnectionError, OSError, ValidationError, RequestRefused) as exc:
             self.log.warning("connection refused", fields={"peer": f"{peer[0]}:{peer[1]}", "why": str(exc)[:200]})
             return
+        finally:
+            with self._lock:
+                self._greeting -= 1
         client = f"{hello.client}#{next(self._ids)}"
         with self._lock:
             self._clients[client] = sock
         try:
             while True:
-                header, payload = wire.recv(sock)
+                try:
+                    header, payload = wire.recv(sock, wire.REQUEST)
+                except wire.ProtocolError as exc:
+                    self._refuse_framing(sock, client, exc)
+                    return
                 reply, out = self._dispatch(client, header, payload)
                 wire.send(sock, reply.model_dump(mode="json"), out)
         except (ConnectionError, OSError):
@@ -120,8 +180,16 @@ class ChannelServer:
             if self._on_disconnect is not None:
                 self._on_disconnect(client)
 
-    def _greet(self, sock: socket.socket, peer: tuple[str, int]) -> Hello:
-        header, _ = wire.recv(sock)
+    def _refuse_framing(self, sock: socket.socket, client: str, exc: wire.ProtocolError) -> None:
+        """Say why, then close: the rest of the stream cannot be framed any more."""
+        self.log.warning("request refused, connection closed", fields={"client": client, "why": str(exc)[:200]})
+        try:
+            wire.send(sock, ErrorReply(error=f"connection closed: {exc}").model_dump())
+        except OSError:
+            pass
+
+    def _greet(self, sock: socket.socket) -> Hello:
+        header, _ = wire.recv(sock, self._greeting_limits)
         hello = Hello.model_validate(header)
         if hello.channel != self.channel:
             wire.send(
@@ -131,6 +199,7 @@ class ChannelServer:
         if not hmac.compare_digest(hello.token.encode(), self._token.encode()):
             wire.send(sock, ErrorReply(error="wrong data-plane token").model_dump())
             raise RequestRefused(f"{hello.client} sent a wrong token")
+        sock.settimeout(None)  # authenticated: requests may be long polls, and idle time is the client's
         wire.send(sock, {"ok": True})
         return hello
 

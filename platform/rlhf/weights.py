@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel
 
 from stalwart import logs
+from stalwart.rlhf import wire
 from stalwart.rlhf.connection import Connection
 from stalwart.rlhf.contract import WEIGHTS_CHANNEL, DataPlaneContext
 from stalwart.rlhf.endpoints import DataPlaneEndpoint, EndpointDirectory
@@ -40,6 +41,14 @@ def serialize(state_dict: Mapping[str, torch.Tensor]) -> bytes:
 
 def digest(blob: bytes) -> str:
     return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def size_bound(state_dict: Mapping[str, torch.Tensor]) -> int:
+    """The most bytes a serialized version of a model with these tensors can take: its tensors' bytes
+    plus torch.save's framing (a zip entry and a pickle record per tensor). A rollout passes it as its
+    subscriber's `max_bytes`, so weights for a model larger than its own are refused unread."""
+    tensors = sum(v.numel() * v.element_size() for v in state_dict.values())
+    return min(tensors + 4096 * (len(state_dict) + 16), wire.MAX_PAYLOAD)
 
 
 def deserialize(blob: bytes) -> StateDict:
@@ -104,9 +113,22 @@ class WeightPublisher:
 
 
 class WeightSubscriber:
-    """A rollout's view of the actor's weights: `fetch` returns a new whole version, or None."""
+    """A rollout's view of the actor's weights: `fetch` returns a new whole version, or None.
 
-    def __init__(self, ctx: DataPlaneContext, client: str, *, directory: EndpointDirectory | None = None) -> None:
+    `max_bytes` bounds a version's serialized size (the model's, with room for torch.save's framing):
+    a reply announcing more is refused before any of it is read."""
+
+    def __init__(
+        self,
+        ctx: DataPlaneContext,
+        client: str,
+        *,
+        directory: EndpointDirectory | None = None,
+        max_bytes: int = wire.MAX_PAYLOAD,
+    ) -> None:
+        if not 0 < max_bytes <= wire.MAX_PAYLOAD:
+            raise ValueError(f"max_bytes must be in 1..{wire.MAX_PAYLOAD}, not {max_bytes}")
+        self._reply = wire.Limits(payload=max_bytes)
         self.directory = directory or ctx.directory()
         self._own_directory = directory is None
         self.conn = Connection(self.directory, WEIGHTS_CHANNEL, client, token=ctx.token)
@@ -116,7 +138,7 @@ class WeightSubscriber:
         """A whole newer version, or None if none came within `wait`. Raises DataPlaneUnavailable when
         the actor is unreachable for `patience` seconds, ChannelFinished once the actor has finished."""
         header, blob = self.conn.call(
-            FetchWeights(newer_than=self.version, wait_seconds=wait), wait=wait, patience=patience
+            FetchWeights(newer_than=self.version, wait_seconds=wait), wait=wait, patience=patience, reply=self._reply
         )
         meta = WeightsMeta.model_validate(header)
         if meta.version is None:

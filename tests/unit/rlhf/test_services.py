@@ -19,7 +19,7 @@ from stalwart.rlhf.lineage import Lineage, WeightVersion
 from stalwart.rlhf.messages import PromptItem, Stage, Stats, WeightsMeta
 from stalwart.rlhf.relay_client import RelayClient
 from stalwart.rlhf.relay_server import RelayService
-from stalwart.rlhf.weights import CorruptWeights, WeightPublisher, WeightSubscriber
+from stalwart.rlhf.weights import CorruptWeights, WeightPublisher, WeightSubscriber, size_bound
 from stalwart.spec.model import DataPlaneSettings
 from stalwart.store.etcd_server import EtcdServer
 
@@ -173,6 +173,24 @@ def test_rollouts_get_whole_weight_versions_and_refuse_damaged_ones(ctx: DataPla
         with pytest.raises(CorruptWeights):
             subscriber.fetch(wait=0)
         assert subscriber.version == WeightVersion(incarnation="b", step=0)  # still the last whole one
+    finally:
+        subscriber.close()
+        publisher.close(finished=False)
+
+
+def test_weights_larger_than_the_rollouts_model_are_refused_unread(ctx: DataPlaneContext) -> None:
+    """A rollout bounds what it reads by its own model's size: a bigger version is refused, with a
+    message, before its bytes are read."""
+    small = {"w": torch.zeros(4)}
+    publisher = WeightPublisher(ctx).start()
+    subscriber = WeightSubscriber(ctx, "rollout-0", max_bytes=size_bound(small))
+    try:
+        publisher.publish(WeightVersion(incarnation="a", step=0), small)
+        assert subscriber.fetch(wait=5) is not None
+        publisher.publish(WeightVersion(incarnation="a", step=1), {"w": torch.zeros(1 << 20)})
+        with pytest.raises(RemoteError, match="refusing a message"):
+            subscriber.fetch(wait=5)
+        assert subscriber.version == WeightVersion(incarnation="a", step=0)
     finally:
         subscriber.close()
         publisher.close(finished=False)
