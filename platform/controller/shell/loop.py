@@ -297,6 +297,8 @@ class JobController:
 
 
 class Leadership(LeaseElection):
+    """At most one active controller per job: the job's leader key, held under the leader's lease."""
+
     def __init__(self, store: Store, job: str, ttl: int = 5) -> None:
         super().__init__(store, keys.job_leader(job), ttl)
 
@@ -305,6 +307,16 @@ class Leadership(LeaseElection):
 
 
 class EtcdAbsence:
+    """What the loop saw of etcd going away and coming back.
+
+    While etcd does not answer the loop decides nothing. When it answers again, leases may have lapsed
+    meanwhile (etcd expires them by its own clock, and a pause longer than the TTL does it to every one
+    at once): the agents register again under new leases within a heartbeat or two, so the lost-node
+    detector gives them `outage_grace` (core/policy.py) from etcd's return before it counts a missing
+    lease as a lost node. The controller's own leadership may have lapsed the same way: it takes it
+    again if nobody else did.
+    """
+
     def __init__(self, log: ContextLogger, limit: float) -> None:
         """`limit`: faultTolerance.etcdOutageSeconds, past which the agents stop their workers."""
         self.log, self.limit = log, limit
