@@ -1,11 +1,41 @@
 """The transition table: the only place a job's stage changes.
 
 Each row is (from, trigger, to) and says in words when it fires; `enter` applies one and refuses
-any pair the table does not hold, so a branch of the core can only take a documented edge. The
-diagram of the same table is in stalwart.controller.shell.loop's docstring and in
-docs/control-plane.md; every row has a unit test through the pure core
-(tests/unit/controller/test_core_table.py) and one through a controller tick
-(tests/unit/controller/test_transitions.py).
+any pair the table does not hold, so a branch of the core can only take a documented edge. Every
+row has a unit test through the pure core (tests/unit/controller/test_core_table.py) and one
+through a controller tick (tests/unit/controller/test_transitions.py).
+
+The stages (JobStage; JobPhase, what users see, groups them) and the transitions between them:
+
+                          created
+                             |
+                             v
+             +---------> Starting -------------------------+
+             |              |                              | generation started
+             |              | nodes ready                  | (no pre-flight)
+             |              v                              v
+             +-------- Preflight --generation started--> Running --workers succeeded--> Succeeded
+          pre-flight again
+                                                        |   ^   |
+                         failure handled, checks due    |   |   | failure handled;
+                     +----------------------------------+   |   | evict requested
+                     |                     generation started   |
+                     v                                      |   v
+               StopTimeChecks ------checks done--------> Restarting
+                     |                                      ^
+          replay due |                                      | replay concluded
+                     v                                      |
+               ReplayHorizontal --horizontal judged--> ReplayVertical
+               (replay due, horizontal known: StopTimeChecks straight to ReplayVertical)
+
+        to Failed:    Starting --nodes never ready;  Preflight --pre-flight exhausted;
+                      Starting, Restarting, StopTimeChecks, ReplayHorizontal, ReplayVertical --nodes keep dying;
+                      Running --failure fatal
+        suspend:      Starting, Preflight, Running, Restarting, StopTimeChecks, ReplayHorizontal,
+                      ReplayVertical --suspend--> Suspending --nodes stopped--> Suspended
+        resume:       Suspended --resumed--> Starting;  Suspending --resumed--> Starting
+
+`TABLE` says when each edge fires, in words; docs/control-plane.md has both.
 """
 
 from __future__ import annotations

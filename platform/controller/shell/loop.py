@@ -30,37 +30,7 @@ ALERT_SECONDS after a sign of trouble (a lost lease, an exit, a log signature, a
 A job that runs, or stays suspended, with nothing new is ticked every IDLE_TICK_SECONDS, for the
 detectors that act on time passing (hangs, slowdowns, silent nodes).
 
-The stages (JobStage; JobPhase, what users see, groups them) and the transitions between them:
-
-                          created
-                             |
-                             v
-             +---------> Starting -------------------------+
-             |              |                              | generation started
-             |              | nodes ready                  | (no pre-flight)
-             |              v                              v
-             +-------- Preflight --generation started--> Running --workers succeeded--> Succeeded
-          pre-flight again
-                                                        |   ^   |
-                         failure handled, checks due    |   |   | failure handled;
-                     +----------------------------------+   |   | evict requested
-                     |                     generation started   |
-                     v                                      |   v
-               StopTimeChecks ------checks done--------> Restarting
-                     |                                      ^
-          replay due |                                      | replay concluded
-                     v                                      |
-               ReplayHorizontal --horizontal judged--> ReplayVertical
-               (replay due, horizontal known: StopTimeChecks straight to ReplayVertical)
-
-        to Failed:    Starting --nodes never ready;  Preflight --pre-flight exhausted;
-                      Starting, Restarting, StopTimeChecks, ReplayHorizontal, ReplayVertical --nodes keep dying;
-                      Running --failure fatal
-        suspend:      Starting, Preflight, Running, Restarting, StopTimeChecks, ReplayHorizontal,
-                      ReplayVertical --suspend--> Suspending --nodes stopped--> Suspended
-        resume:       Suspended --resumed--> Starting;  Suspending --resumed--> Starting
-
-`transitions.TABLE` says when each edge fires, in words; docs/control-plane.md has both.
+The stages and the transitions between them: core/transitions.py (the table, with its diagram).
 """
 
 from __future__ import annotations

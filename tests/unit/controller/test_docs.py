@@ -1,13 +1,13 @@
-"""docs/control-plane.md and the controller's docstring show the state machine and the detectors
+"""docs/control-plane.md and the transition table's docstring show the state machine and the detectors
 as the code has them."""
 
 from __future__ import annotations
 
 from support.paths import REPO
 
+from stalwart.controller.core import transitions
 from stalwart.controller.core.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Trigger
 from stalwart.controller.detectors import DETECTORS
-from stalwart.controller.shell import loop as controller
 from stalwart.store.records import JobStage
 
 DOC = REPO / "docs" / "control-plane.md"
@@ -34,8 +34,8 @@ def test_the_docs_show_the_transition_table_as_it_is() -> None:
 
 
 def test_the_diagram_names_every_stage_and_trigger_and_the_docs_show_the_same() -> None:
-    doc = controller.__doc__ or ""
-    drawn = doc.split("the transitions between them:\n\n")[1].split("\n\n`transitions.TABLE`")[0]
+    doc = transitions.__doc__ or ""
+    drawn = doc.split("the transitions between them:\n\n")[1].split("\n\n`TABLE`")[0]
     diagram = "\n".join(line.removeprefix("    ") for line in drawn.splitlines())
     assert diagram in DOC.read_text()
     for stage in JobStage:
