@@ -4,8 +4,9 @@ The rung (evict, restart, roll back, fail, ignore), the budget it spends, the st
 asks for and the incident that records it are all written in the same commit, so a controller
 killed right after it neither loses the incident nor takes the rung twice.
 
-What a recovery restarts in a multi-role job: the failed roles alone (`restartScope: Role`), or
-the whole job. The roles that are not restarted get no command: their workers keep their pids.
+The restart scope (below): what a recovery restarts in a multi-role job, the failed roles alone
+(`restartScope: Role`) or the whole job. The roles that are not restarted get no command: their
+workers keep their pids.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Running a dual-phase replay (the ladder's last rung) on the job's own nodes.
+"""Dual-phase replay (the ladder's last rung) on the job's own nodes: its plan and its stages.
 
 The plan comes from `stalwart.diagnosis.replay` (ByteRobust's grouping: horizontal groups of
 m = k x PP machines, k whole pipelines each, n = DP/k of them; vertical groups one pipeline each,
@@ -18,8 +18,9 @@ A group's nodes are kept in rank order (stage-major: stage 0 of each of its pipe
 1, ...), so node i of a group holds ranks i x processesPerNode.. of the group's own layout. A group
 that is the whole job (plain data parallelism on few nodes) has just failed and is not run again.
 
-The replay stages: launch the phase's groups as one generation, judge each group from the
-heartbeats, then the vertical phase, then read the faulty node off the failing groups.
+The stages (ReplayHorizontal, ReplayVertical, below): launch the phase's groups as one generation,
+judge each group from the heartbeats, then the vertical phase, then read the faulty node off the
+failing groups.
 """
 
 from __future__ import annotations

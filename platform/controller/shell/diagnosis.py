@@ -9,9 +9,8 @@ The diagnosis service is asked over HTTP when the controller knows its URL (`sta
 one and publishes it in etcd); without one, or when it does not answer, the same engine runs in
 this process, so a hang is never left undiagnosed because a service is down.
 
-Stacks: Ask every node of a job for its workers' stacks, and gather the answers (bounded in time).
-
-The answers are counted as they arrive, by a watch on the request's prefix (keys only matter
+The stacks (below): every node of the job is asked for its workers' stacks, and the answers are
+gathered, bounded in time. They are counted as they arrive, by a watch on the request's prefix (keys only matter
 there), and read once, in pages, when every node answered or the time is up: at 10,000 nodes the
 reports are over 100 MB, which neither fits one reply (4 MiB) nor bears re-reading every 0.1 s.
 """
