@@ -2,7 +2,10 @@
 the pure function that mirrors the controller's state in etcd into it.
 
 Conditions follow the Kubernetes convention (Kubeflow Trainer, JobSet): one entry per type, with
-status True/False, a CamelCase reason, a message, and the time the status last flipped.
+status True/False, a CamelCase reason, a message, and the time the status last flipped. A finished
+job sets `Complete` (reason `Succeeded`), as a Job, a JobSet and a TrainJob do, so
+`kubectl wait --for=condition=Complete` works; the `Succeeded` condition stays beside it for the
+watchers that already use it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class ConditionType(str, Enum):
     CREATED = "Created"
     RUNNING = "Running"
     RESTARTING = "Restarting"
+    COMPLETE = "Complete"  # what Job, JobSet and TrainJob users wait for
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
@@ -59,7 +63,7 @@ RESULT_LIMIT = 8192
 class Condition(StatusModel):
     type: Annotated[
         ConditionType,
-        Field(description="Created, Running, Restarting, Succeeded, Failed or Suspended."),
+        Field(description="Created, Running, Restarting, Complete, Succeeded, Failed or Suspended."),
     ]
     status: Annotated[
         Literal["True", "False", "Unknown"],
@@ -372,6 +376,7 @@ def _wanted_conditions(
         msg = (state.message if state else None) or "the job completed"
         out[ConditionType.RUNNING] = (False, "Completed", msg)
         out[ConditionType.RESTARTING] = (False, "Completed", msg)
+        out[ConditionType.COMPLETE] = (True, "Succeeded", msg)
         out[ConditionType.SUCCEEDED] = (
             True,
             (state.reason if state else None) or "Completed",

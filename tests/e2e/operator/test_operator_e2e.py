@@ -885,6 +885,8 @@ def test_a_finished_job_cleans_its_pods_and_expires(world: World) -> None:
     )
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Succeeded"]["status"] == "True" and conditions["Running"]["status"] == "False"
+    # `kubectl wait --for=condition=Complete` fires on a condition of type Complete with status True.
+    assert conditions["Complete"]["status"] == "True" and conditions["Complete"]["reason"] == "Succeeded"
     assert status["currentStep"] == 10 and status["completionTime"]
     world.wait("the job deleted after its TTL", lambda: world.job("epsilon") is None)
     world.wait("its pods gone", lambda: not world.pods("epsilon"))

@@ -150,6 +150,7 @@ def test_descriptions_reach_kubectl_explain() -> None:
         "Created",
         "Running",
         "Restarting",
+        "Complete",
         "Succeeded",
         "Failed",
         "Suspended",

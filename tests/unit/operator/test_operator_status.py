@@ -144,8 +144,11 @@ def test_finished_and_suspended() -> None:
     )
     assert done.phase.value == "Succeeded" and done.completion_time == "2027-01-15T08:01:30Z"
     assert conditions(done)[ConditionType.SUCCEEDED] == ("True", "Completed")
+    # What `kubectl wait --for=condition=Complete` waits for, as for a Job, a JobSet or a TrainJob.
+    assert conditions(done)[ConditionType.COMPLETE] == ("True", "Succeeded")
     assert done.unhealthy_nodes == [] and done.roles[0].finished == 2
     failed = status(state(phase=JobPhase.FAILED, reason="RestartBudgetExhausted", message="too many"))
+    assert ConditionType.COMPLETE not in conditions(failed)  # a failed job never completes
     assert conditions(failed)[ConditionType.FAILED] == (
         "True",
         "RestartBudgetExhausted",
