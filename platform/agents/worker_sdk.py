@@ -54,6 +54,7 @@ _steps_reported = 0
 _unsent: dict[str, ProgressReport] = {}  # report kind -> the newest report the agent's queue refused
 FLUSH_SECONDS = 5.0
 _last_report_at: float | None = None
+_saving = False  # a checkpoint save started since the last step report (its staging is in the next step's time)
 
 
 class Layout(NamedTuple):
@@ -176,7 +177,7 @@ def report_step(
     optimizer step, blocked in communication (seconds; leave out what you do not measure). The
     rest of the wall time since the previous report is reported as `other`.
     """
-    global _steps_reported, _last_report_at
+    global _steps_reported, _last_report_at, _saving
     install()
     check_loss(step, loss)
     fault_hooks.at_step(step)
@@ -186,8 +187,10 @@ def report_step(
     phases = None
     if measured:
         other = None if _last_report_at is None else max(0.0, now - _last_report_at - sum(measured))
-        phases = PhaseTimes(data=data_time, compute=compute_time, optimizer=optimizer_time, comm=comm_time, other=other)
-    _last_report_at = now
+        phases = PhaseTimes(
+            data=data_time, compute=compute_time, optimizer=optimizer_time, comm=comm_time, other=other, saving=_saving
+        )
+    _last_report_at, _saving = now, False
     rank, local_rank = _ranks()
     _send(
         ProgressReport(
@@ -254,6 +257,13 @@ def _send_checkpoint(step: int, timing: CheckpointTiming | None, data_state: Map
     )
 
 
+def saving_checkpoint() -> None:
+    """Say that a checkpoint save starts now: the next step report is marked, and the controller's
+    straggler scores leave that step out (the save's staging slows the saving ranks, not a machine)."""
+    global _saving
+    _saving = True
+
+
 def report_checkpoint(step: int, data_state: Mapping[str, Any] | None = None) -> None:
     """Report that the checkpoint for `step` is committed (without timings: prefer report_save)."""
     _send_checkpoint(step, None, data_state)
@@ -307,6 +317,7 @@ class PeriodicCheckpoints:
         if step % self.interval == 0 or step == self.last_step:
             if self._pending is not None:
                 self._report(self._pending.wait())  # one save in flight at a time
+            saving_checkpoint()
             self._data_state = self.loader.state_delta()  # the loader's position at this checkpoint
             self._pending = self.checkpointer.save(self.state, step)  # returns once staged
 

@@ -389,6 +389,24 @@ class FaultTolerance(SpecModel):
             description="Consecutive diagnosis rounds that must flag the same node before a slow node is evicted.",
         ),
     ] = 3
+    straggler_threshold: Annotated[
+        float,
+        Field(
+            gt=0,
+            lt=1,
+            description="A rank whose relative performance score (its data-parallel peers' median own-work "
+            "time per step over its own) stays under this for stragglerWindowSeconds is a straggler: its "
+            "node is evicted, whatever the job's overall pace.",
+        ),
+    ] = 0.8
+    straggler_window_seconds: Annotated[
+        float,
+        Field(ge=1, le=86_400, description="How long a rank's score must stay under stragglerThreshold."),
+    ] = 30.0
+    straggler_warmup_steps: Annotated[
+        int,
+        Field(ge=0, le=100_000, description="Steps of each generation that are not scored (restart warm-up)."),
+    ] = 20
     loss_spike_factor: Annotated[
         float, Field(gt=1, le=1000, description="A loss this many times the recent mean is a spike.")
     ] = 5.0

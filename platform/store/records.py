@@ -592,6 +592,7 @@ class PhaseTimes(BaseModel):
     optimizer: float | None = None  # the optimizer step
     comm: float | None = None  # blocked in communication outside forward and backward
     other: float | None = None  # the step's wall time that no phase accounts for
+    saving: bool = False  # a checkpoint save started since the step before (its staging is in `other`)
 
 
 class ProgressReport(Record):

@@ -15,6 +15,7 @@ from stalwart.controller.detectors.machine_faults import MachineFaults
 from stalwart.controller.detectors.metric_outliers import MetricOutliers
 from stalwart.controller.detectors.requests import OperatorRequests
 from stalwart.controller.detectors.slowdowns import Slowdowns
+from stalwart.controller.detectors.stragglers import Stragglers
 
 DETECTORS: tuple[type[Detector], ...] = (
     OperatorRequests,
@@ -26,6 +27,7 @@ DETECTORS: tuple[type[Detector], ...] = (
     Hangs,
     DataPlaneHangs,
     Slowdowns,
+    Stragglers,
     MetricOutliers,
 )
 
