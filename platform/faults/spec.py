@@ -59,6 +59,13 @@ class FaultSpec(BaseModel):
         le=600,
         description="slow-worker, slow-data: the delay; pause-etcd (default 10), kill-etcd: how long etcd is away",
     )
+    factor: float | None = Field(
+        default=None,
+        gt=1,
+        le=100,
+        description="slow-worker, slow-data (instead of seconds): the rank's steps take this many times its "
+        "own step time before the fault",
+    )
     after: Literal["recovery"] | None = Field(
         default=None,
         description="recovery: fire only once the job has recovered from the faults fired before this "
@@ -68,7 +75,7 @@ class FaultSpec(BaseModel):
 
     def describe(self) -> str:
         target = f" rank={self.rank}" if self.rank is not None else f" node={self.node}" if self.node else ""
-        delay = f" +{self.seconds:g}s" if self.seconds is not None else ""
+        delay = f" +{self.seconds:g}s" if self.seconds is not None else f" x{self.factor:g}" if self.factor else ""
         after = " after recovery" if self.after else ""
         return f"{self.kind.value}{target}{delay} at step {self.step}{after}"
 
@@ -115,10 +122,13 @@ def node_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
     node, standbys included): the worker faults to arm through the SDK's hook module."""
     signals = any(f.kind in _WORKER_SIGNAL_FAULTS for f in faults)
     delays = {f.kind: f.seconds for f in faults if f.seconds is not None}
+    factors = {f.kind: f.factor for f in faults if f.factor is not None}
     armed = WorkerFaults(
         signals=signals,
         **({"slow_step_seconds": delays[FaultKind.SLOW_WORKER]} if FaultKind.SLOW_WORKER in delays else {}),
         **({"slow_data_seconds": delays[FaultKind.SLOW_DATA]} if FaultKind.SLOW_DATA in delays else {}),
+        **({"slow_step_factor": factors[FaultKind.SLOW_WORKER]} if FaultKind.SLOW_WORKER in factors else {}),
+        **({"slow_data_factor": factors[FaultKind.SLOW_DATA]} if FaultKind.SLOW_DATA in factors else {}),
     )
     bad = {_node_name(f.node) for f in faults if f.kind is FaultKind.BAD_NODE and f.node is not None}
     out: dict[str, dict[str, str]] = {}
@@ -157,6 +167,10 @@ def parse_fault(text: str) -> FaultSpec:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"--inject {text!r}: {problems}") from None
+    if spec.factor is not None and spec.kind not in (FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA):
+        raise ValueError(f"--inject {text!r}: factor= is for slow-worker and slow-data only")
+    if spec.factor is not None and spec.seconds is not None:
+        raise ValueError(f"--inject {text!r}: give seconds= or factor=, not both")
     needed = _REQUIRED.get(spec.kind)
     if needed and getattr(spec, needed) is None:
         raise ValueError(f"--inject {text!r}: {spec.kind.value} needs {needed}=...")

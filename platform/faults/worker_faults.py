@@ -14,6 +14,8 @@ import os
 import signal
 import threading
 import time
+from collections import deque
+from statistics import median
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +28,7 @@ HANG_LIMIT_SECONDS = 3600.0  # an injected hang ends by itself after this: nothi
 SLOW_STEP_SECONDS = 0.4  # what each step of a slowed rank pays, before its next collective (default)
 SLOW_DATA_SECONDS = 0.4  # what each batch of a rank with slow data loading pays (default)
 CRASH_EXIT_CODE = 134
+STEP_HISTORY = 20  # steps whose median is the step time a slow fault's factor multiplies
 
 
 class WorkerFaults(BaseModel):
@@ -37,6 +40,10 @@ class WorkerFaults(BaseModel):
     crash_after_steps: int | None = Field(default=None, ge=1, description="die silently after this many steps")
     slow_step_seconds: float = Field(default=SLOW_STEP_SECONDS, gt=0, description="a slowed rank's delay per step")
     slow_data_seconds: float = Field(default=SLOW_DATA_SECONDS, gt=0, description="a slow loader's delay per batch")
+    # A factor instead of seconds: the slowed rank's steps take this many times its own step time
+    # before the fault (the median of its last STEP_HISTORY steps, fixed at the first slowed step).
+    slow_step_factor: float | None = Field(default=None, gt=1, le=100, description="a slowed rank's step, x")
+    slow_data_factor: float | None = Field(default=None, gt=1, le=100, description="a slow loader's step, x")
 
 
 class _Armed:
@@ -46,19 +53,34 @@ class _Armed:
         self.faults = faults
         self.hang = self.slow = self.slow_data = False
         self.steps = 0
+        self._intervals: deque[float] = deque(maxlen=STEP_HISTORY)  # the rank's recent step times
+        self._last_step_at: float | None = None
+        self._delays: dict[str, float] = {}  # "step"/"data" -> seconds, fixed at the first slowed step
+
+    def _delay(self, what: str, seconds: float, factor: float | None) -> float:
+        """The delay to add: `seconds`, or (factor - 1) x the rank's step time before the fault."""
+        if factor is None:
+            return seconds
+        if what not in self._delays:
+            self._delays[what] = (factor - 1) * (median(self._intervals) if self._intervals else seconds)
+        return self._delays[what]
 
     def at_step(self, _step: int) -> None:
+        now = time.monotonic()
+        if self._last_step_at is not None and not (self.slow or self.slow_data):
+            self._intervals.append(now - self._last_step_at)
+        self._last_step_at = now
         if self.hang:
             _injected_hang()
         if self.slow:
-            time.sleep(self.faults.slow_step_seconds)
+            time.sleep(self._delay("step", self.faults.slow_step_seconds, self.faults.slow_step_factor))
         self.steps += 1
         if self.faults.crash_after_steps and self.steps >= self.faults.crash_after_steps:
             os._exit(CRASH_EXIT_CODE)  # a machine that kills its workers with no message
 
     def at_phase(self, phase: str) -> None:
         if phase == "data" and self.slow_data:
-            time.sleep(self.faults.slow_data_seconds)
+            time.sleep(self._delay("data", self.faults.slow_data_seconds, self.faults.slow_data_factor))
 
     def arm(self, signum: int, _frame: object) -> None:
         if signum == HANG_SIGNAL:
