@@ -16,7 +16,7 @@ import kopf
 from stalwart.spec import SpecError
 from stalwart.spec.model import MANAGED_BY_STALWART
 from stalwart.store.records import JobStage
-from stalwart_operator import deadline, kube_requests, names
+from stalwart_operator import deadline, kube_requests, kueue, names
 from stalwart_operator.config import OperatorConfig
 from stalwart_operator.events import cordon_reason, machine_cordoned, node_not_ready, pod_disruption, request_eviction
 from stalwart_operator.runtime import Runtime
@@ -97,8 +97,15 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         """Submit the spec to etcd, create the headless Service, host the controller (which asks
         KubernetesCluster for the pods)."""
         rt = _runtime(memo)
+        document = dict(body)
+        if kueue.queued_for_kueue(document) and not (document.get("spec") or {}).get("suspend"):
+            # Kueue admits the job by unsetting spec.suspend, as for a Job: nothing starts before.
+            document = kueue.suspended_for_admission(document)
+            patch.spec["suspend"] = True
+            queue = body["metadata"]["labels"][names.KUEUE_QUEUE_LABEL]
+            logger.info(f"{name}: queued in Kueue queue {queue!r}, suspended until Kueue admits it")
         try:
-            job = rt.parse(dict(body))
+            job = rt.parse(document)
         except SpecError as exc:
             raise _invalid(patch, exc) from None
         job_id = names.job_id(namespace, name)

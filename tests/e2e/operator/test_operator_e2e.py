@@ -855,6 +855,92 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
         assert cordoned == [machine]
 
 
+def test_kueue_admits_suspends_and_resumes_a_job_through_its_label(world: World, s3: str) -> None:
+    """Kueue's suspend-based admission, driven the way Kueue drives a Job: the job carries only the
+    `kueue.x-k8s.io/queue-name` label and is created suspended (no pod, no generation); unsetting
+    spec.suspend (admission) starts it; setting it again (preemption) stops the workers, which
+    checkpoint at their current step on SIGTERM, then the pods; admitted again, it resumes from that
+    checkpoint. Periodic checkpoints are out of reach (every 10,000 steps): the one it resumes from
+    is the preemption's."""
+    from stalwart.checkpoint import latest
+
+    name, job_id = "mu", names.job_id(NS, "mu")
+    resumed_to = world.tmp / "mu-resumed"
+    s3_env = {"AWS_ACCESS_KEY_ID": "AKIAMU", "AWS_SECRET_ACCESS_KEY": "mu-secret", "AWS_ENDPOINT_URL": s3}
+    container_env = [{"name": k, "value": v} for k, v in {**s3_env, "AWS_DEFAULT_REGION": "us-east-1"}.items()]
+    body = {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": NS, "labels": {names.KUEUE_QUEUE_LABEL: "team-a"}},
+        "spec": {
+            "roles": [
+                {
+                    "name": "trainer",
+                    "replicas": 1,
+                    "command": ["python", "worker.py", "--checkpoint", "--save-on-sigterm", "--step-seconds", "0.1"]
+                    + ["--resumed-to", str(resumed_to)],
+                    "template": {"spec": {"containers": [{"name": "agent", "env": container_env}]}},
+                }
+            ],
+            "checkpoint": {"uri": "s3://ckpt/mu", "intervalSteps": 10_000},
+            "faultTolerance": {
+                "heartbeatIntervalSeconds": 0.5,
+                "leaseTtlSeconds": 6,
+                "stopGraceSeconds": 30,  # the workers' time to save on SIGTERM
+                "preflight": False,
+                "firstStepTimeoutSeconds": 120,
+                "warmWorkers": False,
+            },
+            "standbys": {"count": 0, "minimum": 0},
+        },
+    }
+
+    def set_suspend(value: bool) -> None:  # what Kueue's job reconciler does
+        world.custom.patch_namespaced_custom_object(
+            names.GROUP, names.VERSION, NS, names.PLURAL, name, {"spec": {"suspend": value}}
+        )
+
+    world.custom.create_namespaced_custom_object(names.GROUP, names.VERSION, NS, names.PLURAL, body)
+    try:
+        # Created suspended, as Kueue's webhook does for a Job: it waits for admission.
+        world.wait("suspended on creation", lambda: (world.job(name) or {}).get("spec", {}).get("suspend") is True)
+        world.wait("its status Suspended", lambda: world.status(name).get("phase") == "Suspended")
+        state = world.state(name)
+        assert not world.pods(name) and (state is None or state.generation == 0)
+        # Admitted: Kueue unsets spec.suspend and the job runs.
+        set_suspend(False)
+        world.running(name, standby=False, timeout=2 * WAIT)
+        world.wait("a few steps", lambda: (world.status(name).get("currentStep") or 0) >= 5)
+        with _environ(s3_env):
+            assert latest("s3://ckpt/mu") is None  # no periodic checkpoint yet
+        # Preempted: Kueue sets spec.suspend again; the workers checkpoint, then every pod stops.
+        set_suspend(True)
+        world.wait(
+            "suspended after preemption",
+            lambda: (
+                {c["type"]: c["status"] for c in world.status(name).get("conditions", [])}.get("Suspended") == "True"
+            ),
+            2 * WAIT,
+        )
+        assert not world.pods(name)
+        preempted = world.state(name)
+        assert preempted is not None and preempted.stage.value == "Suspended" and preempted.generation == 1
+        with _environ(s3_env):
+            saved = latest("s3://ckpt/mu")
+        assert saved is not None and saved >= 5
+        # Admitted again: a new generation, from the preemption's checkpoint; no incident.
+        set_suspend(False)
+        world.running(name, standby=False, timeout=2 * WAIT)
+        after = world.state(name)
+        assert after is not None and after.generation == 2 and after.restarts == preempted.restarts
+        marker = Path(f"{resumed_to}.g2")
+        assert world.wait("the resumed worker's start", lambda: marker.exists() and marker.read_text()) == str(saved)
+        assert world.store.get_prefix(keys.incidents_prefix(job_id), Incident) == []
+    finally:
+        world.delete(name)
+        world.wait(f"{name} deleted", lambda: world.job(name) is None and not world.pods(name))
+
+
 @contextmanager
 def _environ(values: dict[str, str]) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in values}
