@@ -5,27 +5,40 @@ Services log through this; only the CLI prints for humans.
 
 from __future__ import annotations
 
-import json
+import datetime as dt
 import logging
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
+from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        entry.update(getattr(record, "context", {}))
+
+def iso_time(created: float) -> str:
+    """ISO 8601 in UTC with milliseconds and the zone, e.g. 2026-11-29T01:20:00.123Z (what log
+    pipelines and people parse without guessing the zone)."""
+    utc = dt.timezone.utc  # noqa: UP017 (the worker side runs on 3.10: no datetime.UTC)
+    return dt.datetime.fromtimestamp(created, utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JsonFormatter(_LibraryJsonFormatter):
+    """python-json-logger's formatter, with Stalwart's fields: `ts` (epoch seconds), `time` (ISO
+    8601, UTC, milliseconds), `level`, `logger`, `msg`, the bound context, and `exc`."""
+
+    def __init__(self) -> None:
+        super().__init__(json_default=str)
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        log_data.update(
+            ts=round(record.created, 3),
+            time=iso_time(record.created),
+            level=record.levelname.lower(),
+            logger=record.name,
+            msg=record.getMessage(),
+        )
+        log_data.update(getattr(record, "context", {}))
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+            log_data["exc"] = logging.Formatter.formatException(self, record.exc_info)  # the traceback as one string
 
 
 class ContextLogger(logging.LoggerAdapter):
