@@ -21,22 +21,32 @@ LOCAL_RANK = "LOCAL_RANK"
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 GROUP_RANK = "GROUP_RANK"  # the node's rank
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # the nodes in the worker's world
 ROLE_NAME = "ROLE_NAME"
+ROLE_RANK = "ROLE_RANK"  # the rank among the workers of its role
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"  # the workers of its role
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 RUN_ID = "TORCHELASTIC_RUN_ID"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"  # the job's failurePolicy.maxRestarts
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where torchelastic's @record writes the worker's exception
 TORCHRUN = (
     RANK,
     LOCAL_RANK,
     WORLD_SIZE,
     LOCAL_WORLD_SIZE,
     GROUP_RANK,
+    GROUP_WORLD_SIZE,
     ROLE_NAME,
+    ROLE_RANK,
+    ROLE_WORLD_SIZE,
     MASTER_ADDR,
     MASTER_PORT,
     RUN_ID,
     RESTART_COUNT,
+    MAX_RESTARTS,
+    ERROR_FILE,
 )
 
 # -- who and when ------------------------------------------------------------------------------------

@@ -44,18 +44,38 @@ def replay_scratch_uri(checkpoint_uri: str, generation: int, group: str) -> str:
     return f"{base.rstrip('/')}-replay/gen-{generation:04d}/{group}{sep}{query}"
 
 
+def _world_rank(node: NodeAssignment) -> int:
+    """The first rank of a node's workers within their world."""
+    return node.first_rank if node.role_first_rank is None else node.role_first_rank
+
+
+def _world_peers(assignment: Assignment, node: NodeAssignment) -> list[NodeAssignment]:
+    """The nodes of the node's world: its role's (a role that is its own world), its replay
+    group's, or the job's shared world."""
+    if node.role_first_rank is not None:
+        return [n for n in assignment.nodes if n.role == node.role and n.role_first_rank is not None]
+    return [n for n in assignment.nodes if n.group == node.group and n.role_first_rank is None]
+
+
 def torchrun_env(assignment: Assignment, node: NodeAssignment, local_rank: int) -> dict[str, str]:
     """The environment torchrun gives a worker, so an unmodified torchrun-style script runs. A role
-    that is its own world (multi-role jobs) counts ranks, node ranks and restarts within the role."""
-    first = node.first_rank if node.role_first_rank is None else node.role_first_rank
+    that is its own world (multi-role jobs) counts ranks, node ranks and restarts within the role.
+    torchrun's role is the workers' role within their world: ROLE_RANK and ROLE_WORLD_SIZE count the
+    workers of the node's role there (all of them, in a job of one role)."""
+    first = _world_rank(node)
     generation = assignment.generation if node.role_generation is None else node.role_generation
+    peers = _world_peers(assignment, node)
+    role_peers = [n for n in peers if n.role == node.role]
     return {
         contract.RANK: str(first + local_rank),
         contract.LOCAL_RANK: str(local_rank),
         contract.WORLD_SIZE: str(node.world_size or assignment.world_size),
         contract.LOCAL_WORLD_SIZE: str(node.local_world_size),
         contract.GROUP_RANK: str(node.node_rank if node.role_node_rank is None else node.role_node_rank),
+        contract.GROUP_WORLD_SIZE: str(len(peers)),
         contract.ROLE_NAME: node.role,
+        contract.ROLE_RANK: str(first + local_rank - min(_world_rank(n) for n in role_peers)),
+        contract.ROLE_WORLD_SIZE: str(sum(n.local_world_size for n in role_peers)),
         contract.MASTER_ADDR: node.master_addr or assignment.master_addr,
         contract.MASTER_PORT: str(node.master_port or assignment.master_port),
         contract.RUN_ID: assignment.job,
@@ -83,13 +103,15 @@ def worker_env(
     node: NodeAssignment,
     local_rank: int,
     services: NodeServices,
+    log_dir: Path | None = None,
 ) -> dict[str, str]:
     """Everything one worker of the generation sees: the agent's own environment (`base`), the role's
     env, then the contract's variables, which no user setting may override.
 
     A replay generation trains from scratch at its group's size: its checkpoints go to a scratch
     folder, never over the job's, it has no memory tier and no rollback bound, and it reads its
-    data in process (the shadow loader serves the job's layout, not the group's).
+    data in process (the shadow loader serves the job's layout, not the group's). `log_dir`: the
+    generation's folder, where TORCHELASTIC_ERROR_FILE points (beside the rank's log).
     """
     spec = job.spec
     role = next(r for r in spec.roles if r.name == node.role)
@@ -98,7 +120,7 @@ def worker_env(
     env["PATH"] = os.pathsep.join([services.bin_dir, base.get("PATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    for name in contract.STALWART:
+    for name in (*contract.STALWART, contract.ERROR_FILE):
         if name != contract.FAULT_HOOKS:  # injected faults reach workers through the agent's environment
             env.pop(name, None)
     env.update(
@@ -112,8 +134,11 @@ def worker_env(
             contract.CHECKPOINT_KEEP: str(spec.checkpoint.keep_last),
             **layout_env(role, node),
             **torchrun_env(assignment, node, local_rank),
+            contract.MAX_RESTARTS: str(spec.failure_policy.max_restarts),
         }
     )
+    if log_dir is not None:  # beside the rank's log (gen-NNNN/rank-R.log), for torchelastic's @record
+        env[contract.ERROR_FILE] = str(log_dir / f"rank-{node.first_rank + local_rank}-error.json")
     if assignment.code_version is not None:
         env[contract.CODE_VERSION] = assignment.code_version
     if replay:
@@ -157,8 +182,9 @@ class WorkerLauncher:
     def launch(self, assignment: Assignment, node: NodeAssignment, services: NodeServices) -> WorkerGroup:
         role = next(r for r in self.job.spec.roles if r.name == node.role)
         base = dict(os.environ)
+        log_dir = self.run_dir / f"gen-{assignment.generation:04d}"
         envs = [
-            worker_env(base, self.job, assignment, node, local_rank, services)
+            worker_env(base, self.job, assignment, node, local_rank, services, log_dir)
             for local_rank in range(node.local_world_size)
         ]
         return WorkerGroup(
@@ -167,6 +193,6 @@ class WorkerLauncher:
             role.command,
             envs,
             self.working_dir(role),
-            self.run_dir / f"gen-{assignment.generation:04d}",
+            log_dir,
             launcher=self.warm.launch,
         )

@@ -378,6 +378,16 @@ class FaultTolerance(SpecModel):
             "(process start, imports, checkpoint load) before it counts as hung.",
         ),
     ] = 600.0
+    restart_timeout_seconds: Annotated[
+        float,
+        Field(
+            ge=1,
+            le=86_400,
+            description="How long a restart may wait for its nodes to register (a replacement for a lost node "
+            "when no standby is left, on a cluster with no free machine) before the job fails, naming the "
+            "nodes it lacks.",
+        ),
+    ] = 600.0
     slowdown_factor: Annotated[
         float, Field(gt=1, le=100, description="A node whose step time is this many times the median is slow.")
     ] = 2.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from stalwart import worker_contract as contract
 from stalwart.agents.launcher import NodeServices, worker_env
@@ -67,18 +68,24 @@ def generation(**kw: object) -> tuple[Assignment, NodeAssignment]:
 
 def test_a_worker_gets_torchruns_variables_the_layout_and_the_nodes_services() -> None:
     assignment, mine = generation(resume_max_step=30, code_version="v2")
-    env = worker_env({"PATH": "/usr/bin", "HOME": "/root"}, job(), assignment, mine, 1, SERVICES)
+    base = {"PATH": "/usr/bin", "HOME": "/root"}
+    env = worker_env(base, job(), assignment, mine, 1, SERVICES, Path("/run/node-2/gen-0003"))
     assert {k: env[k] for k in contract.TORCHRUN} == {
         "RANK": "5",
         "LOCAL_RANK": "1",
         "WORLD_SIZE": "8",
         "LOCAL_WORLD_SIZE": "2",
         "GROUP_RANK": "2",
+        "GROUP_WORLD_SIZE": "4",
         "ROLE_NAME": "trainer",
+        "ROLE_RANK": "5",
+        "ROLE_WORLD_SIZE": "8",
         "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "29500",
         "TORCHELASTIC_RUN_ID": "j",
         "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": str(job().spec.failure_policy.max_restarts),
+        "TORCHELASTIC_ERROR_FILE": "/run/node-2/gen-0003/rank-5-error.json",
     }
     assert [env[k] for k in ("STALWART_TP", "STALWART_PP", "STALWART_CP", "STALWART_EP", "STALWART_DP")] == [
         "2",
@@ -162,3 +169,57 @@ def test_the_import_time_environment_leaves_out_what_torch_reads_only_when_it_co
     and a shared zygote's sessions compare these)."""
     env = {"PYTHONHASHSEED": "0", "TORCH_LOGS": "+dynamo", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "HOME": "/root"}
     assert import_time_env(env) == {"PYTHONHASHSEED": "0", "TORCH_LOGS": "+dynamo"}
+
+
+def two_roles(**spec: object) -> TrainingJob:
+    roles = [
+        Role(name="actor", replicas=2, processes_per_node=2, command=["python", "a.py"]),
+        Role(name="rollout", replicas=3, processes_per_node=1, command=["python", "r.py"]),
+    ]
+    return TrainingJob.model_validate(
+        {
+            "apiVersion": "stalwart.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "rl"},
+            "spec": {"roles": [r.model_dump(by_alias=True) for r in roles], **spec},
+        }
+    )
+
+
+def two_role_nodes(own_worlds: bool) -> list[NodeAssignment]:
+    """actor: node-0, node-1 (2 ranks each, job-wide ranks 0-3); rollout: node-2..4 (ranks 4-6)."""
+    nodes = []
+    for i, (role, first, procs) in enumerate(
+        [("actor", 0, 2), ("actor", 2, 2)] + [("rollout", 4 + k, 1) for k in range(3)]
+    ):
+        node = NodeAssignment(node=f"node-{i}", node_rank=i, role=role, first_rank=first, local_world_size=procs)
+        if own_worlds:
+            start_node, start_rank = (0, 0) if role == "actor" else (2, 4)
+            node.world_size = 4 if role == "actor" else 3
+            node.role_first_rank, node.role_node_rank = first - start_rank, i - start_node
+            node.master_addr, node.master_port = "127.0.0.1", 4000 if role == "actor" else 4001
+        nodes.append(node)
+    return nodes
+
+
+def test_torchruns_role_and_group_sizes_in_a_job_of_several_roles() -> None:
+    """ROLE_RANK and ROLE_WORLD_SIZE count the workers of the node's role in its world;
+    GROUP_WORLD_SIZE the nodes of that world; TORCHELASTIC_MAX_RESTARTS is the job's budget."""
+    job = two_roles(failurePolicy={"maxRestarts": 7})
+    for own_worlds, expected in (
+        # One world shared by the roles: the rollout's first worker is job rank 4, role rank 0.
+        (False, {"RANK": "5", "WORLD_SIZE": "7", "GROUP_RANK": "3", "GROUP_WORLD_SIZE": "5"}),
+        # Each role its own world: ranks, node ranks and sizes count within the role.
+        (True, {"RANK": "1", "WORLD_SIZE": "3", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "3"}),
+    ):
+        nodes = two_role_nodes(own_worlds)
+        assignment = Assignment(
+            job="rl", generation=1, world_size=7, master_addr="127.0.0.1", master_port=3999, nodes=nodes, created_at=0.0
+        )
+        env = worker_env({}, job, assignment, nodes[3], 0, SERVICES)
+        assert {k: env[k] for k in expected} == expected
+        assert (env["ROLE_NAME"], env["ROLE_RANK"], env["ROLE_WORLD_SIZE"]) == ("rollout", "1", "3")
+        assert env["TORCHELASTIC_MAX_RESTARTS"] == "7"
+        actor = worker_env({}, job, assignment, nodes[1], 1, SERVICES)
+        assert (actor["ROLE_RANK"], actor["ROLE_WORLD_SIZE"]) == ("3", "4")
+        assert contract.ERROR_FILE not in env  # no folder given: no stale value either
