@@ -37,13 +37,14 @@ EVENT_RUNBOOKS: dict[FailureEvent, str] = {
     FailureEvent.LOSS_SPIKE: "loss_spike",
     FailureEvent.HANG: "hang",
     FailureEvent.SLOWDOWN: "slowdown",
+    FailureEvent.MFU_DECLINE: "mfu_decline",
     FailureEvent.PREFLIGHT_FAILED: "preflight_failed",
     FailureEvent.CODE_UPDATE: "code_update",
 }
 
 # Classes neither the signatures nor the incidents name, but that on-call meets: a checkpoint that
 # fails its checksums, a NIC the network probe found down, a job whose nodes could not start.
-EXTRA_RUNBOOKS = ("checkpoint_corruption", "nic_down", "nodes_died_before_joining")
+EXTRA_RUNBOOKS = ("capacity_unavailable", "checkpoint_corruption", "nic_down", "nodes_died_before_joining")
 
 # Words people type: `stalwart runbook show xid79`, `... oom-gpu`, `... nan`.
 ALIASES: dict[str, str] = {
@@ -62,6 +63,7 @@ ALIASES: dict[str, str] = {
     "lost": "lost_node",
     "preflight": "preflight_failed",
     "nodesdiedbeforejoining": "nodes_died_before_joining",  # the job's reason, as the status shows it
+    "capacityunavailable": "capacity_unavailable",
     "crash": "worker_crash",
     "checkpoint": "checkpoint_corruption",
     # The probes' machine-fault classes (stalwart.health), by the runbook that covers them.

@@ -84,6 +84,15 @@ def run(
             help="Also serve the web console on 127.0.0.1:PORT while the job runs (you may act in it).",
         ),
     ] = None,
+    max_nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-nodes",
+            min=1,
+            help="The machines the run may use, standbys included; a killed node's machine is lost, so the "
+            "job can run out of them as on a cluster (default: as many as it asks for).",
+        ),
+    ] = None,
 ) -> None:
     """Run a TrainingJob on this machine: etcd, a controller and node agents as local processes.
 
@@ -112,8 +121,9 @@ def run(
             metrics_port=metrics_port,
             console_port=console,
             etcd_outage_seconds=etcd_outage,
+            max_nodes=max_nodes,
         )
-    except ValueError as exc:  # faults that cannot act on this run
+    except ValueError as exc:  # faults or a machine limit that cannot work for this run
         raise _fail(str(exc)) from None
     try:
         result = local.run()

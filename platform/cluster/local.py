@@ -12,15 +12,32 @@ import time
 from pathlib import Path
 
 import psutil
+from pydantic import BaseModel, Field
 
 from stalwart.cluster.agent_zygote import AgentZygote, ForkRequest
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
+from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import ChildProcess, kill_session, signal_session, spawn, wait_for
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
 
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
 NODE_FAULTS_ENV = "STALWART_NODE_FAULTS"  # {"node-1" or "*": {"VAR": "value"}}: injected faults
+CAPACITY_FILE = "capacity.json"  # in the run folder: {"max_nodes": N, "lost": K}
+
+
+class Capacity(BaseModel):
+    """The machines a local run may use, as a cluster has a fixed number: `max_nodes` (standbys
+    included) less the `lost` ones (a node killed as a machine takes its machine with it, as a dead
+    host does, until one is restored). Kept in the run folder, so every controller of the run (a
+    restarted one too) sees the same cluster."""
+
+    max_nodes: int = Field(ge=1)
+    lost: int = Field(default=0, ge=0)
+
+    @property
+    def machines(self) -> int:
+        return max(0, self.max_nodes - self.lost)
 
 
 class LocalCluster(Cluster):
@@ -33,6 +50,8 @@ class LocalCluster(Cluster):
         self.workdir = workdir
         self.job_dir = job_dir
         self.zygote = AgentZygote(workdir / "agent-zygote.log", agent_env)
+        self._pending: set[str] = set()  # nodes asked for while no machine was free (logged once)
+        self.log = get_logger("stalwart.cluster", job=job)
 
     def _node_dir(self, name: str) -> Path:
         return self.workdir / "nodes" / name
@@ -69,7 +88,50 @@ class LocalCluster(Cluster):
         except psutil.Error:
             return False
 
+    # -- capacity (stalwart run --max-nodes) -------------------------------------------------------
+    def capacity(self) -> Capacity | None:
+        """The run's machine limit, or None: as many machines as the job asks for."""
+        try:
+            return Capacity.model_validate_json((self.workdir / CAPACITY_FILE).read_text())
+        except FileNotFoundError:
+            return None
+
+    def limit_machines(self, max_nodes: int) -> None:
+        """Cap the machines this run may use (standbys included)."""
+        self._write_capacity(Capacity(max_nodes=max_nodes))
+
+    def restore_machine(self) -> Capacity | None:
+        """A lost machine comes back (repaired, or a new one joined the pool): one more node fits."""
+        capacity = self.capacity()
+        if capacity is not None and capacity.lost:
+            capacity = capacity.model_copy(update={"lost": capacity.lost - 1})
+            self._write_capacity(capacity)
+        return capacity
+
+    def _write_capacity(self, capacity: Capacity) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        tmp = self.workdir / f"{CAPACITY_FILE}.tmp"
+        tmp.write_text(capacity.model_dump_json())
+        tmp.replace(self.workdir / CAPACITY_FILE)
+
+    def _occupied(self) -> list[str]:
+        """Nodes holding a machine: started and not stopped (a dead one holds it until stopped)."""
+        nodes_dir = self.workdir / "nodes"
+        return [p.parent.name for p in nodes_dir.glob("*/agent.pid")] if nodes_dir.exists() else []
+
     def start_node(self, name: str, role: str | None = None) -> None:
+        """Start the node's agent, or, when every machine is taken, leave it unstarted, as a pod stays
+        Pending: the controller asks again while it waits, and the node starts once a machine is free."""
+        capacity = self.capacity()
+        if capacity is not None and len([n for n in self._occupied() if n != name]) >= capacity.machines:
+            if name not in self._pending:
+                self._pending.add(name)
+                self.log.warning(
+                    "no machine free for a node: it waits",
+                    fields={"node": name, "max_nodes": capacity.max_nodes, "lost": capacity.lost},
+                )
+            return
+        self._pending.discard(name)
         node_dir = self._node_dir(name)
         node_dir.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -122,9 +184,14 @@ class LocalCluster(Cluster):
         (self._node_dir(name) / "agent.pid").unlink(missing_ok=True)
 
     def kill_node(self, name: str) -> list[int]:
-        """Fault injection: the machine dies at once, agent and workers alike (SIGKILL)."""
+        """Fault injection: the machine dies at once, agent and workers alike (SIGKILL). Under a
+        machine limit the machine is lost with it, until restore_machine."""
         pid = self._pid(name)
-        return kill_session(pid) if pid is not None else []
+        killed = kill_session(pid) if pid is not None else []
+        capacity = self.capacity()
+        if capacity is not None and pid is not None:
+            self._write_capacity(capacity.model_copy(update={"lost": capacity.lost + 1}))
+        return killed
 
     def freeze_node(self, name: str) -> list[int]:
         """Fault injection: the machine goes silent (SIGSTOP to everything on it); stop_node ends it."""

@@ -89,9 +89,17 @@ class LocalRun:
         metrics_port: int = 0,
         console_port: int | None = None,
         etcd_outage_seconds: float | None = None,
+        max_nodes: int | None = None,
     ) -> None:
         """`etcd_outage_seconds`: overrides the job's faultTolerance.etcdOutageSeconds, for the
-        runner, the controller and the agents alike (it is submitted with the spec)."""
+        runner, the controller and the agents alike (it is submitted with the spec). `max_nodes`: the
+        machines the run may use, standbys included (a killed node's machine is lost), so that a job
+        can run out of them as on a cluster; None: as many as the job asks for."""
+        if max_nodes is not None and max_nodes < job.spec.node_count:
+            raise ValueError(
+                f"--max-nodes {max_nodes} is fewer than the {job.spec.node_count} nodes the job needs: "
+                "it could never start"
+            )
         if etcd_outage_seconds is not None:
             job = with_etcd_outage(job, etcd_outage_seconds)
         if etcd_endpoint and any(f.kind.on_etcd for f in faults or []):
@@ -101,6 +109,7 @@ class LocalRun:
         self.workdir = workdir.resolve()
         self.external_etcd = etcd_endpoint
         self.faults = faults or []
+        self.max_nodes = max_nodes
         # Off a terminal (CI, a pipe), lines are not wrapped at 80 columns.
         self.console = console or Console(soft_wrap=True, width=terminal_width())
         self.timeout = timeout
@@ -226,6 +235,8 @@ class LocalRun:
             if self.console_port:
                 self._start_web_console(endpoint, self.console_port)
             cluster = LocalCluster(self.job.name, endpoint, self.workdir, self.job_dir)
+            if self.max_nodes is not None:
+                cluster.limit_machines(self.max_nodes)  # before the controller starts a node
             injector = FaultInjector(self.faults, cluster, self._kill_controller, self.etcd_faults)
             self._start_controller(endpoint)
             self.console.print(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,15 @@ def job_variant(
 
 
 def run_job(
-    tmp_path: Path, stalwart_cmd: list[str], job: Path, *inject: str, timeout: float = 240
+    tmp_path: Path,
+    stalwart_cmd: list[str],
+    job: Path,
+    *inject: str,
+    timeout: float = 240,
+    options: Sequence[str] = (),
 ) -> tuple[int, dict[str, Any], str]:
-    """(exit code, the run's JSON summary, its output); fails if the run left a process behind."""
+    """(exit code, the run's JSON summary, its output); fails if the run left a process behind.
+    `options`: more `stalwart run` options (`--max-nodes 2`)."""
     summary = tmp_path / "summary.json"
     argv = [
         *stalwart_cmd,
@@ -58,6 +65,7 @@ def run_job(
     ]
     for fault in inject:
         argv += ["--inject", fault]
+    argv += list(options)
     before = {p.pid for p in tagged_processes()}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60)
     output = proc.stdout + proc.stderr

@@ -168,9 +168,26 @@ class ReconcileCore:
         return None
 
     def _restarting(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
-        if self._replace_dead_slots(plan, obs) or not all(s in obs.registrations for s in plan.state.slots):
+        if self._replace_dead_slots(plan, obs):
             return None
-        return start_generation(plan, obs, Trigger.GENERATION_STARTED, self.job)
+        state = plan.state
+        missing = [s for s in state.slots if s not in obs.registrations]
+        if not missing:
+            return start_generation(plan, obs, Trigger.GENERATION_STARTED, self.job)
+        limit = obs.spec.spec.fault_tolerance.restart_timeout_seconds
+        if plan.now - (state.stage_since or state.created_at) > limit:
+            # A replacement the cluster never started (no standby left, no machine free) would
+            # otherwise be waited for as long as the job lives.
+            fail(
+                plan,
+                Trigger.NODES_NEVER_READY,
+                "CapacityUnavailable",
+                f"the restart waited {limit:g} s for {len(missing)} of {len(state.slots)} nodes to register "
+                f"({', '.join(missing)}): no standby was left and the cluster started no machine for them; "
+                "stalwart runbook show capacity_unavailable",
+                self.job,
+            )
+        return None
 
     def _checking(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
         state = plan.state

@@ -28,7 +28,7 @@ The stages (JobStage; JobPhase, what users see, groups them) and the transitions
                ReplayHorizontal --horizontal judged--> ReplayVertical
                (replay due, horizontal known: StopTimeChecks straight to ReplayVertical)
 
-        to Failed:    Starting --nodes never ready;  Preflight --pre-flight exhausted;
+        to Failed:    Starting, Restarting --nodes never ready;  Preflight --pre-flight exhausted;
                       Starting, Restarting, StopTimeChecks, ReplayHorizontal, ReplayVertical --nodes keep dying;
                       Running --failure fatal
         suspend:      Starting, Preflight, Running, Restarting, StopTimeChecks, ReplayHorizontal,
@@ -137,6 +137,12 @@ TABLE: tuple[Row, ...] = (
         Trigger.GENERATION_STARTED,
         S.RUNNING,
         "every slot node registered (old workers are stopped by their agents): generation + 1",
+    ),
+    Row(
+        S.RESTARTING,
+        Trigger.NODES_NEVER_READY,
+        S.FAILED,
+        "a slot node did not register within restartTimeoutSeconds (no standby left, no machine free)",
     ),
     Row(S.CHECKING, Trigger.CHECKS_DONE, S.RESTARTING, "the checks came back; nodes that failed were evicted"),
     Row(

@@ -76,3 +76,46 @@ def test_a_node_s_identity_is_its_pid_and_start_time(tmp_path: Path) -> None:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=60)
+
+
+def test_under_a_machine_limit_a_node_waits_for_a_free_machine_and_a_killed_one_takes_its_machine(
+    tmp_path: Path,
+) -> None:
+    """`stalwart run --max-nodes 2`: with both machines taken a third node is not started (as a pod stays
+    Pending); a node killed as a machine keeps its machine out of the pool after it is stopped, until one
+    is restored."""
+    c = cluster(tmp_path)
+    c.limit_machines(2)
+    machine = spawn(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", "--node", "node-1"],
+        die_with_parent=True,
+        new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for name, pid in (("node-0", 1), ("node-1", machine.pid)):  # two machines taken
+            (tmp_path / "nodes" / name).mkdir(parents=True)
+            (tmp_path / "nodes" / name / "agent.pid").write_text(str(pid))
+        c.start_node("node-2")
+        assert not (tmp_path / "nodes" / "node-2").exists()  # nothing started: no machine free
+
+        assert c.kill_node("node-1")  # the machine dies with its node
+        machine.wait()
+        c.stop_node("node-1")  # the controller lets the dead node go: its machine does not come back
+        capacity = c.capacity()
+        assert capacity is not None and (capacity.max_nodes, capacity.lost, capacity.machines) == (2, 1, 1)
+        c.start_node("node-2")
+        assert not (tmp_path / "nodes" / "node-2").exists()
+
+        restored = c.restore_machine()
+        assert restored is not None and restored.machines == 2
+        assert LocalCluster("j", "127.0.0.1:1", tmp_path, tmp_path).capacity() == restored  # in the run folder
+    finally:
+        if machine.poll() is None:
+            machine.kill()
+            machine.wait()
+
+
+def test_without_a_machine_limit_the_cluster_has_no_capacity_record(tmp_path: Path) -> None:
+    assert cluster(tmp_path).capacity() is None

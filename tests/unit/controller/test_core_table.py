@@ -394,6 +394,20 @@ def restarted() -> tuple[Seen, Decision]:
     return seen, decision
 
 
+def restarting_never_ready() -> tuple[Seen, Decision]:
+    seen = Seen()
+    seen.put_state(stage=S.RESTARTING, generation=1, restarts=1, stage_since=seen.now - 599)
+    seen.join("node-0", generation=1)  # node-1's replacement was never started: no machine free
+    waiting = seen.decide()
+    assert seen.the_state().stage is S.RESTARTING and not waiting.puts.get(keys.generation(JOB, 2))
+    seen.now += 2  # past faultTolerance.restartTimeoutSeconds (600 by default)
+    decision = seen.decide()
+    state = seen.the_state()
+    assert state.reason == "CapacityUnavailable" and "node-1" in (state.message or "")
+    assert "runbook show capacity_unavailable" in (state.message or "")
+    return seen, decision
+
+
 def checks_done() -> tuple[Seen, Decision]:
     seen = Seen()
     seen.put_state(stage=S.CHECKING, generation=1)
@@ -540,6 +554,7 @@ CASES: dict[tuple[JobStage | None, Trigger], Callable[..., tuple[Seen, Decision]
     (S.RUNNING, Trigger.FAILURE_FATAL): failure_fatal,
     (S.RUNNING, Trigger.EVICT_REQUESTED): evict_requested,
     (S.RESTARTING, Trigger.GENERATION_STARTED): restarted,
+    (S.RESTARTING, Trigger.NODES_NEVER_READY): restarting_never_ready,
     (S.CHECKING, Trigger.CHECKS_DONE): checks_done,
     (S.CHECKING, Trigger.REPLAY_HORIZONTAL_DUE): replay_horizontal_due,
     (S.CHECKING, Trigger.REPLAY_VERTICAL_DUE): replay_vertical_due,

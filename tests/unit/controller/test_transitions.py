@@ -187,6 +187,15 @@ def restarted() -> Harness:
     return h
 
 
+def restarting_never_ready() -> Harness:
+    h = Harness(faultTolerance={"restartTimeoutSeconds": 30})
+    h.put_state(stage=S.RESTARTING, generation=1, restarts=1, stage_since=h.clock.now - 31)
+    h.join("node-0", generation=1)
+    h.tick()
+    assert h.state().reason == "CapacityUnavailable" and "node-1" in (h.state().message or "")
+    return h
+
+
 def checks_done() -> Harness:
     h = Harness()
     h.put_state(stage=S.CHECKING, generation=1)
@@ -360,6 +369,7 @@ SCENARIOS: dict[tuple[JobStage | None, Trigger], Callable[..., Harness]] = {
     (S.RUNNING, Trigger.FAILURE_FATAL): failure_fatal,
     (S.RUNNING, Trigger.EVICT_REQUESTED): evict_requested,
     (S.RESTARTING, Trigger.GENERATION_STARTED): restarted,
+    (S.RESTARTING, Trigger.NODES_NEVER_READY): restarting_never_ready,
     (S.CHECKING, Trigger.CHECKS_DONE): checks_done,
     (S.CHECKING, Trigger.REPLAY_HORIZONTAL_DUE): replay_horizontal_due,
     (S.CHECKING, Trigger.REPLAY_VERTICAL_DUE): replay_vertical_due,
