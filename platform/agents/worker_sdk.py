@@ -166,6 +166,7 @@ def report_step(
     tokens: int | None = None,
     step_time: float | None = None,
     *,
+    flops: float | None = None,
     data_time: float | None = None,
     compute_time: float | None = None,
     optimizer_time: float | None = None,
@@ -175,7 +176,9 @@ def report_step(
 
     The phase times say where the step went: waiting for data, forward and backward, the
     optimizer step, blocked in communication (seconds; leave out what you do not measure). The
-    rest of the wall time since the previous report is reported as `other`.
+    rest of the wall time since the previous report is reported as `other`. `flops`: the model
+    FLOPs this rank did in the step (e.g. 6 x parameters x tokens for a dense transformer's training
+    step): with the role's peakFlopsPerWorker, the job's MFU.
     """
     global _steps_reported, _last_report_at, _saving
     install()
@@ -201,6 +204,7 @@ def report_step(
             step=step,
             loss=loss,
             tokens=tokens,
+            flops=flops,
             step_time=step_time,
             sent_at=time.time(),
             phases=phases,
@@ -399,7 +403,9 @@ class StepTimer:
         """Seconds since the step started (the previous report, or the timer's creation)."""
         return time.perf_counter() - self._started
 
-    def report(self, step: int, loss: float | None = None, tokens: int | None = None) -> float:
+    def report(
+        self, step: int, loss: float | None = None, tokens: int | None = None, flops: float | None = None
+    ) -> float:
         """report_step with this step's phase times; starts the next step. Returns the step time."""
         elapsed = self.step_time()
         t = self.times
@@ -407,6 +413,7 @@ class StepTimer:
             step,
             loss=loss,
             tokens=tokens,
+            flops=flops,
             step_time=elapsed,
             data_time=t.get("data"),
             compute_time=t.get("compute"),

@@ -172,6 +172,8 @@ class WorkerGroup:
         s.phases = report.phases
         if report.tokens is not None and report.step_time:
             s.tokens_per_second = report.tokens / report.step_time
+        if report.flops is not None and report.step_time:
+            s.flops_per_second = report.flops / report.step_time
 
     def statuses(self) -> list[WorkerStatus]:
         return [w.status.model_copy() for w in self.workers]

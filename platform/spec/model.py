@@ -248,6 +248,15 @@ class Role(SpecModel):
             "role's replicas.",
         ),
     ] = None
+    peak_flops_per_worker: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=1e18,
+            description="Peak FLOP/s of one worker's accelerator (e.g. 989e12 for an H100's dense BF16): with the "
+            "FLOPs the workers report per step, the job's model FLOPs utilization (MFU). None: no MFU.",
+        ),
+    ] = None
     image: Annotated[str | None, Field(description="Container image of the role's pods (Kubernetes only).")] = None
     resources: Annotated[Resources, Field(description="Per-node resources (Kubernetes only).")] = Resources()
     template: Annotated[
@@ -417,6 +426,25 @@ class FaultTolerance(SpecModel):
         int,
         Field(ge=0, le=100_000, description="Steps of each generation that are not scored (restart warm-up)."),
     ] = 20
+    throughput_decline: Annotated[
+        float,
+        Field(
+            gt=0,
+            lt=1,
+            description="A job whose throughput (tokens/s, or steps/s where no tokens are reported) stays this "
+            "fraction under its generation's baseline for throughputDeclineWindowSeconds, with no straggler "
+            "named, is an MFUDecline: the stop-time checks run on its nodes.",
+        ),
+    ] = 0.1
+    throughput_decline_window_seconds: Annotated[
+        float,
+        Field(
+            ge=10,
+            le=86_400,
+            description="How long the throughput must stay down; the baseline is the median over the first such "
+            "window after the warm-up.",
+        ),
+    ] = 300.0
     loss_spike_factor: Annotated[
         float, Field(gt=1, le=1000, description="A loss this many times the recent mean is a spike.")
     ] = 5.0
@@ -448,6 +476,7 @@ class FailureEvent(str, Enum):
     LOSS_SPIKE = "LossSpike"
     HANG = "Hang"  # no progress for longer than the adaptive timeout
     SLOWDOWN = "Slowdown"  # one node persistently slower than the rest
+    MFU_DECLINE = "MFUDecline"  # the job's throughput down for a while, no straggler named
     PREFLIGHT_FAILED = "PreflightFailed"
     CODE_UPDATE = "CodeUpdate"  # not a failure: a forced restart to apply a new codeVersion
 
@@ -468,6 +497,7 @@ INFRASTRUCTURE_EVENTS = frozenset(
         FailureEvent.PREFLIGHT_FAILED,
         FailureEvent.HANG,
         FailureEvent.SLOWDOWN,
+        FailureEvent.MFU_DECLINE,
         FailureEvent.CODE_UPDATE,
     }
 )
@@ -481,6 +511,7 @@ DEFAULT_ACTIONS: dict[FailureEvent, FailureAction] = {
     FailureEvent.LOSS_SPIKE: FailureAction.ROLLBACK,
     FailureEvent.HANG: FailureAction.EVICT,
     FailureEvent.SLOWDOWN: FailureAction.EVICT,
+    FailureEvent.MFU_DECLINE: FailureAction.RESTART,  # after the stop-time checks, which may evict
     FailureEvent.PREFLIGHT_FAILED: FailureAction.EVICT,
     FailureEvent.CODE_UPDATE: FailureAction.RESTART,
 }

@@ -320,6 +320,7 @@ class WorkerStatus(Record):
     step: int | None = None
     loss: float | None = None
     tokens_per_second: float | None = None
+    flops_per_second: float | None = None  # the model FLOPs the script said a step does, over its step time
     step_time: float | None = None
     last_progress_at: float | None = None
     # First step this worker reported: tells a resumed run from a reset one.
@@ -604,6 +605,7 @@ class ProgressReport(Record):
     step: int
     loss: float | None = None
     tokens: int | None = None
+    flops: float | None = None  # the model FLOPs this rank did in the step (for MFU), when the script knows
     step_time: float | None = None
     sent_at: float = Field(default=0.0)
     # The sender's generation: a report the old workers sent just before they were stopped must

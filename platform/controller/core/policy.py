@@ -111,8 +111,10 @@ def decide(
     action = policy.action_for(event)
     counted = event not in INFRASTRUCTURE_EVENTS
     suspects = list(classified.suspects)
-    if action is FailureAction.EVICT and not suspects:
-        # Nothing to evict (no machine named): restart, and let the stop-time checks find a culprit.
+    unnamed = action is FailureAction.EVICT and not suspects
+    if unnamed:
+        # Nothing to evict (no machine named: a hang whose stacks blamed no group): restart, and let
+        # the stop-time checks find a culprit; checks that find none count toward a replay.
         action = FailureAction.RESTART
     if action is FailureAction.FAIL:
         return Decision(event, action, counted, suspects, event.value, f"failure policy: {event.value} fails the job")
@@ -139,7 +141,11 @@ def decide(
             f"{event.value} after {counters.restarts} counted restarts (maxRestarts {policy.max_restarts})",
         )
     checks = checks_enabled and (
-        action is FailureAction.ROLLBACK or (action is FailureAction.RESTART and event is FailureEvent.WORKER_CRASH)
+        action is FailureAction.ROLLBACK
+        or (
+            action is FailureAction.RESTART
+            and (unnamed or event in (FailureEvent.WORKER_CRASH, FailureEvent.MFU_DECLINE))
+        )
     )
     return Decision(event, action, counted, suspects, stop_time_checks=checks)
 

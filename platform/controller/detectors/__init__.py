@@ -13,6 +13,7 @@ from stalwart.controller.detectors.loss_spikes import LossSpikes
 from stalwart.controller.detectors.lost_nodes import LostNodes
 from stalwart.controller.detectors.machine_faults import MachineFaults
 from stalwart.controller.detectors.metric_outliers import MetricOutliers
+from stalwart.controller.detectors.mfu_decline import MfuDecline
 from stalwart.controller.detectors.requests import OperatorRequests
 from stalwart.controller.detectors.slowdowns import Slowdowns
 from stalwart.controller.detectors.stragglers import Stragglers
@@ -29,6 +30,7 @@ DETECTORS: tuple[type[Detector], ...] = (
     Slowdowns,
     Stragglers,
     MetricOutliers,
+    MfuDecline,
 )
 
 

@@ -1,0 +1,78 @@
+"""End to end: a rank slowed by a fraction of its step time is a straggler, named by the scores
+alone, and its node is hot-swapped; a healthy job under CPU noise with checkpoints evicts nobody.
+
+The straggler detector's defaults apply (stragglerThreshold 0.8, stragglerWindowSeconds 30); the
+pace detector's factor stays e2e.yaml's 10, so the scores are what decides. The slowdowns are
+given as `factor=` of the rank's own step time, whatever pace this machine's load gives the job.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import stalwart_run
+from support.paths import REPO
+
+pytestmark = pytest.mark.e2e
+
+JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
+STEPS = 900  # long enough to outlast the warm-up, the window and a hot swap on a loaded machine
+DECISION_LIMIT = 120.0  # seconds from the fault to the hot-swapped generation's first step
+WARM = {"warmWorkers": True}
+
+
+def _run(tmp_path: Path, stalwart_cmd: list[str], *inject: str, standbys: int = 1) -> tuple[int, dict[str, Any], str]:
+    job = stalwart_run.job_variant(JOB, tmp_path, args=["--steps", str(STEPS)], fault_tolerance=WARM, standbys=standbys)
+    return stalwart_run.run_job(tmp_path, stalwart_cmd, job, *inject, timeout=420)
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [
+        ("slow-worker:rank=3,step=60,factor=1.2", "slow compute or a throttled host"),
+        ("slow-worker:rank=3,step=60,factor=1.5", "slow compute or a throttled host"),
+        ("slow-data:rank=3,step=60,factor=1.5", "slow data loading"),
+    ],
+)
+def test_a_straggler_s_node_is_hot_swapped_and_the_job_succeeds(
+    tmp_path: Path, stalwart_cmd: list[str], fault: str, cause: str
+) -> None:
+    code, result, output = _run(tmp_path, stalwart_cmd, fault)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS
+    [incident] = snap["incidents"]
+    assert incident["failure_class"] == "Slowdown" and incident["policy_action"] == "Evict", incident
+    assert incident["suspects"] == ["node-1"] and incident["evicted"] == ["node-1"], incident
+    assert incident["verdict"]["failure_class"] == "straggler", incident["verdict"]
+    assert incident["verdict"]["straggler"]["rank"] == 3 and incident["verdict"]["straggler"]["cause"].startswith(cause)
+    assert snap["slots"] == ["node-0", "node-2"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
+    [fired] = result["faults"]
+    took = incident["first_step_at"] - fired["fired_at"]
+    assert took < DECISION_LIMIT, (took, incident)
+
+
+@pytest.fixture
+def busy_cpu() -> Iterator[None]:
+    """A competing process at nice 0 that keeps one core busy for the whole run."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_healthy_job_under_cpu_noise_with_checkpoints_evicts_nobody(
+    tmp_path: Path, stalwart_cmd: list[str], busy_cpu: None
+) -> None:
+    code, result, output = _run(tmp_path, stalwart_cmd, standbys=1)
+    snap = result["snapshot"]
+    assert code == 0, output
+    assert snap["step"] == STEPS
+    assert snap["incidents"] == [] and snap["evicted"] == [], snap["incidents"]
