@@ -108,7 +108,12 @@ def test_infrastructure_failures_do_not_spend_the_budget() -> None:
 
 def test_evict_without_a_suspect_restarts_with_checks_and_rules_override_the_ladder() -> None:
     d = decide(Classified(FailureEvent.HANG, []), FailurePolicy(), Counters())
-    assert d.action is FailureAction.RESTART
+    assert d.action is FailureAction.RESTART and d.stop_time_checks  # the checks look for the culprit
+    assert not decide(
+        Classified(FailureEvent.HANG, []), FailurePolicy(), Counters(), checks_enabled=False
+    ).stop_time_checks
+    named = decide(Classified(FailureEvent.HANG, ["node-1"]), FailurePolicy(), Counters())
+    assert named.action is FailureAction.EVICT and not named.stop_time_checks
     policy = FailurePolicy(rules=[FailurePolicyRule(event=FailureEvent.SLOWDOWN, action=FailureAction.IGNORE)])
     assert decide(Classified(FailureEvent.SLOWDOWN, ["node-3"]), policy, Counters()).action is FailureAction.IGNORE
     with pytest.raises(ValueError, match="more than one rule"):
