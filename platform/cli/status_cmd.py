@@ -97,6 +97,7 @@ class StatusReport(BaseModel):
     step: int | None
     loss: float | None
     tokens_per_second: float | None
+    mfu: float | None = None  # model FLOPs utilization, where the script reports flops and the roles their peak
     ettr: dict[str, float | None]  # stalwart.controller.core.ettr.EttrReport, as JSON (keeps the import lazy)
     age_seconds: float
     layout: str | None = None  # "trainer: tp 2 x pp 2 x dp 2"
@@ -245,6 +246,7 @@ def read_status(store: Store, job: str) -> StatusReport:
         step=max(steps) if steps else state.last_step,
         loss=rank0.loss if rank0 else state.last_loss,
         tokens_per_second=sum(tps) if tps else None,
+        mfu=_mfu(store, job, state, nodes),
         ettr=compute_ettr(state, incidents, now).model_dump(),
         age_seconds=now - state.created_at,
         layout=topology.describe() if topology is not None else None,
@@ -258,6 +260,20 @@ def read_status(store: Store, job: str) -> StatusReport:
         pending_requests=[r for r in requests if r.status is RequestStatus.PENDING],
         detail=nodes is not None,
     )
+
+
+def _mfu(store: Store, job: str, state: JobState, nodes: NodeRecords | None) -> float | None:
+    from stalwart.controller.detectors.throughput import job_throughput
+    from stalwart.spec import SpecError
+    from stalwart.store.jobs import read_spec
+
+    if nodes is None:
+        return None
+    try:
+        spec = read_spec(store, job)
+    except SpecError:
+        return None
+    return job_throughput(state.current_workers(nodes.heartbeats), spec.spec if spec else None).mfu
 
 
 NODE_STYLE = {
@@ -295,7 +311,10 @@ def _header(r: StatusReport) -> Table:
         t.add_row("reason", f"{r.reason or '-'}: {r.message or ''}")
     if r.layout:
         t.add_row("layout", r.layout)
-    t.add_row("progress", f"step {num(r.step)}  loss {num(r.loss, '.4f')}  tokens/s {num(r.tokens_per_second, ',.0f')}")
+    mfu = f"  MFU {r.mfu:.1%}" if r.mfu is not None else ""
+    t.add_row(
+        "progress", f"step {num(r.step)}  loss {num(r.loss, '.4f')}  tokens/s {num(r.tokens_per_second, ',.0f')}{mfu}"
+    )
     t.add_row("restarts", f"{r.restarts} ({r.infra_restarts} caused by the infrastructure)")
     e = r.ettr
     t.add_row(

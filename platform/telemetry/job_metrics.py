@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from stalwart.controller.core.ettr import compute_ettr
 from stalwart.controller.core.standbys import role_standbys
+from stalwart.controller.detectors.throughput import job_throughput
 from stalwart.logs import get_logger
 from stalwart.spec import SpecError, TrainingJob
 from stalwart.store import keys
@@ -167,6 +168,19 @@ def job_families(jobs: Sequence[JobRecords], memo: Memo, now: float) -> list[Met
     interval = GaugeMetricFamily(
         "stalwart_job_checkpoint_interval_steps", "The spec's checkpoint.intervalSteps.", labels=(JOB,)
     )
+    tokens = GaugeMetricFamily(
+        "stalwart_job_tokens_per_second", "Tokens per second: the running ranks' last steps, summed.", labels=(JOB,)
+    )
+    flops = GaugeMetricFamily(
+        "stalwart_job_model_flops_per_second",
+        "Model FLOP/s the running ranks report (report_step flops= over the step time), summed.",
+        labels=(JOB,),
+    )
+    mfu = GaugeMetricFamily(
+        "stalwart_job_mfu_ratio",
+        "Model FLOPs utilization (0-1): the model FLOP/s over the ranks' peak (the roles' peakFlopsPerWorker).",
+        labels=(JOB,),
+    )
     controller = GaugeMetricFamily(
         "stalwart_job_controller_up", "1 while a controller holds the job's leadership in etcd.", labels=(JOB,)
     )
@@ -194,6 +208,10 @@ def job_families(jobs: Sequence[JobRecords], memo: Memo, now: float) -> list[Met
             memo.last_checkpoint[name] = max(memo.last_checkpoint.get(name, 0), max(committed))
         if name in memo.last_checkpoint:
             checkpoint.add_metric([name], float(memo.last_checkpoint[name]))
+        pace = job_throughput(workers, rec.job.spec if rec.job is not None else None)
+        for family, value in ((tokens, pace.tokens_per_second), (flops, pace.flops_per_second), (mfu, pace.mfu)):
+            if value is not None:
+                family.add_metric([name], value)
         report = compute_ettr(state, rec.incidents, now)
         if report.ettr is not None:
             ettr.add_metric([name], min(1.0, max(0.0, report.ettr)))
@@ -227,6 +245,9 @@ def job_families(jobs: Sequence[JobRecords], memo: Memo, now: float) -> list[Met
         nodes_up,
         checkpoint,
         interval,
+        tokens,
+        flops,
+        mfu,
         controller,
     ]
 

@@ -36,7 +36,13 @@ def spec() -> dict[str, object]:
         "metadata": {"name": JOB},
         "spec": {
             "roles": [
-                {"name": "trainer", "replicas": 2, "processesPerNode": 1, "command": ["python", "t.py"]},
+                {
+                    "name": "trainer",
+                    "replicas": 2,
+                    "processesPerNode": 1,
+                    "command": ["python", "t.py"],
+                    "peakFlopsPerWorker": 1e12,
+                },
                 # A role with a standby pool of its own: the job wants both pools.
                 {
                     "name": "evaluator",
@@ -111,7 +117,18 @@ def job_in_etcd(store: Store) -> Iterator[Store]:
             node="node-0",
             generation=3,
             sent_at=NOW,
-            workers=[worker(0, step=42, last_progress_at=NOW - 1, first_step=31, last_checkpoint_step=40)],
+            workers=[
+                worker(
+                    0,
+                    step=42,
+                    last_progress_at=NOW - 1,
+                    first_step=31,
+                    last_checkpoint_step=40,
+                    step_time=0.5,
+                    tokens_per_second=2048.0,
+                    flops_per_second=4e11,
+                )
+            ],
         ),
     )
     yield store
@@ -153,6 +170,7 @@ def test_job_metrics_come_from_the_records_and_match_the_docs(job_in_etcd: Store
     assert value("stalwart_job_node_up", node="node-0") == 1 and value("stalwart_job_node_up", node="node-3") == 0
     assert value("stalwart_job_last_checkpoint_step") == 40 and value("stalwart_job_checkpoint_interval_steps") == 10
     assert value("stalwart_job_controller_up") == 0  # no controller holds the job's leader key
+    assert value("stalwart_job_tokens_per_second") == 2048 and value("stalwart_job_mfu_ratio") == pytest.approx(0.4)
     ettr = value("stalwart_job_ettr_ratio")
     assert ettr is not None and 0 < ettr < 1  # the unrecovered crash keeps costing until now
     assert sample(text, "stalwart_etcd_up") == 1
