@@ -1,5 +1,7 @@
-"""Rung 3: a loss spike in the reported series, rank 0's loss `lossSpikeFactor` times its recent
-mean. (NaN is the worker's own failure: the SDK raises it, and crash classification reads it.)"""
+"""Rung 3: a loss spike in the reported series: the loss of the first rank that reports one (rank 0
+of the role that trains: in an RLHF job the actor, whatever the roles' order) `lossSpikeFactor`
+times its recent mean. (NaN is the worker's own failure: the SDK raises it, and crash
+classification reads it.)"""
 
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ class LossSpikes(Detector):
     name = "loss-spikes"
 
     def reset(self) -> None:
-        self._losses: list[float] = []  # rank 0's loss, one value per change
+        self._losses: list[float] = []  # the reporting rank's loss, one value per change
         self._spike: tuple[int, float] | None = None  # (step, loss) reported and not yet handled
         self._handled_step: int | None = None
 
     def observe(self, view: View) -> Report:
-        rank0 = next((w for w in view.workers if w.rank == 0), None)
+        # Roles that do not train (rollouts, reward, reference) report no loss: the series is the
+        # lowest job-wide rank that does.
+        reporting = [w for w in view.workers if w.loss is not None and w.step is not None]
+        rank0 = min(reporting, key=lambda w: w.rank, default=None)
         if rank0 is None or rank0.loss is None or rank0.step is None:
             return Report()
         recent = self._losses[-LOSS_HISTORY:]

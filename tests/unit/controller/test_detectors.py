@@ -227,6 +227,19 @@ def test_a_loss_spike_rolls_back_past_the_newest_checkpoint() -> None:
     assert h.state().stage is S.CHECKING  # a rollback runs the stop-time checks first
 
 
+def test_a_loss_spike_is_judged_on_the_ranks_that_report_a_loss() -> None:
+    """Rank 0 reports no loss (a rollout or reward worker, a role listed before the trainer): the
+    series is the first rank that reports one."""
+    h = Harness()
+    h.running()
+    for step, loss in enumerate([2.0, 2.1, 1.9, 2.2, 2.0, 12.0], start=31):
+        h.beat("node-0", 1, [worker(0, at=h.clock.now, step=step), worker(1, at=h.clock.now, step=step)])
+        h.beat("node-1", 1, [worker(r, at=h.clock.now, step=step, loss=loss) for r in (2, 3)])
+        h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "LossSpike" and "loss 12 at step 36" in incident.evidence[0]
+
+
 # -- hangs ---------------------------------------------------------------------------------------
 def test_a_hung_rank_is_diagnosed_off_the_loop_and_its_node_evicted() -> None:
     """A Running tick never waits for diagnosis: the capture is launched, the tick returns."""
