@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stalwart.agents.stacks import StackTarget, capture_stacks
+from stalwart.agents.stacks import StackTarget, capture_stacks, recapture
 from stalwart.agents.workers import WorkerGroup, tail_lines
 from stalwart.logs import ContextLogger
 from stalwart.store import keys
@@ -78,7 +78,8 @@ class OnDemandReports:
             self._report_logs(log_request)
 
     def _capture_stacks(self, request: StackRequest, generation: int, targets: list[StackTarget]) -> None:
-        dumps = capture_stacks(targets, timeout=STACK_TIMEOUT_SECONDS)
+        # A dump that cannot tell where its rank is gets a second, native py-spy capture first.
+        dumps = recapture(capture_stacks(targets, timeout=STACK_TIMEOUT_SECONDS), targets)
         report = StackReport(
             request_id=request.id,
             node=self.node,
@@ -95,6 +96,7 @@ class OnDemandReports:
                     "request": request.id,
                     "workers": len(dumps),
                     "methods": sorted({d.method.value for d in dumps}),
+                    "recaptured": sum(1 for d in dumps if d.recaptured),
                     "metric_samples": len(report.metrics),
                 },
             )

@@ -11,6 +11,9 @@ only where the plain dump's Python frames do not already show the rank waiting i
 pipeline transfer (stalwart.diagnosis.stack_state): a rank inside the backward (DDP's all-reduce
 runs from autograd's hooks), a CUDA synchronization or any C++ call shows its wait only in native
 frames. A rank whose Python frames name its collective gets the same verdict either way.
+
+A dump that cannot tell where its rank is (none, cut short, no Python frame) is taken again with
+`py-spy dump --native` before the agent gives up on it (`recapture`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class StackDump(Record):
     captured_at: float = Field(default_factory=time.time)
     error: str | None = None  # why no method worked (method NONE)
     attempts: list[str] = []  # each method that failed, and why
+    recaptured: str | None = None  # why the first dump was taken again with `py-spy dump --native`
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,67 @@ def _with_native(binary: str, pid: int, plain: str, deadline: float, attempts: l
     except (OSError, RuntimeError, TimeoutError) as exc:
         attempts.append(f"{StackMethod.PY_SPY_NATIVE.value}: {exc}")
         return StackMethod.PY_SPY, plain
+
+
+RECAPTURE_BYTES = 4  # a recaptured dump may be this many times max_bytes: it was cut short once
+
+
+def unusable(dump: StackDump) -> str | None:
+    """Why a dump cannot tell where its rank is (None: it can): no stack at all, one cut short, or
+    one with no Python frame on the thread that matters (a faulthandler dump taken on the wrong
+    thread). Diagnosis would blame no one or judge the rank from what is left."""
+    if dump.method is StackMethod.NONE or not dump.text.strip():
+        return "no stack"
+    if dump.truncated:
+        return "truncated"
+    if not parse_stack(dump.text).frames:
+        return "no Python frame"
+    return None
+
+
+def recapture(
+    dumps: Sequence[StackDump],
+    targets: Sequence[StackTarget],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    py_spy: str | None = None,
+) -> list[StackDump]:
+    """The dumps, with each unusable one (`unusable`) taken again by `py-spy dump --native` before
+    giving up: with a larger size bound, in parallel. Where py-spy fails too, the first dump stays,
+    its `attempts` saying why."""
+    binary = py_spy or find_py_spy()
+    redo = [(i, why) for i, d in enumerate(dumps) if (why := unusable(d)) is not None]
+    if not redo:
+        return list(dumps)
+    out = list(dumps)
+
+    def again(i: int, why: str) -> StackDump:
+        first, pid = dumps[i], targets[i].pid
+        tried = [*first.attempts, f"{first.method.value}: {why}"]
+        if binary is None or not Path(binary).exists():
+            return first.model_copy(update={"attempts": [*tried, "py-spy-native: py-spy is not installed"]})
+        if not Path(f"/proc/{pid}").exists():
+            return first.model_copy(update={"attempts": [*tried, f"py-spy-native: no process {pid}"]})
+        try:
+            text = _py_spy(binary, pid, True, timeout)
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            return first.model_copy(update={"attempts": [*tried, f"py-spy-native: {exc}"]})
+        body, truncated = _truncate(text, RECAPTURE_BYTES * max_bytes)
+        return StackDump(
+            rank=first.rank,
+            pid=pid,
+            method=StackMethod.PY_SPY_NATIVE,
+            text=body,
+            truncated=truncated,
+            attempts=tried,
+            recaptured=why,
+        )
+
+    with ThreadPoolExecutor(max_workers=min(len(redo), 16)) as pool:
+        for (i, _), dump in zip(redo, pool.map(lambda job: again(*job), redo), strict=True):
+            out[i] = dump
+    return out
 
 
 def capture_stacks(
