@@ -1,4 +1,4 @@
-"""The CLI's Kubernetes path (stalwart.cli.job_actions): on-call requests as annotations on the
+"""The CLI's Kubernetes path (stalwart.ops.actions): on-call requests as annotations on the
 TrainingJob, suspend and resume as spec.suspend, answers read back from its status. Everything goes
 through the Kubernetes API with the user's kubeconfig, so the cluster's RBAC decides and its audit
 log records: the user needs get and patch on trainingjobs, and list on pods to find a node's job.
@@ -14,8 +14,8 @@ from typing import Any
 import kubernetes
 from kubernetes import client as k8s
 
-from stalwart.cli.errors import EXIT_TIMEOUT, EXIT_USAGE, CliError, err
-from stalwart.cli.operator_requests import POLL_SECONDS, requester
+from stalwart.ops.errors import EXIT_TIMEOUT, EXIT_USAGE, OpsError
+from stalwart.ops.requests import POLL_SECONDS, Waiting, quiet, requester
 from stalwart.store.records import OperatorRequest, RequestKind, RequestStatus
 from stalwart_operator import kube_requests, names
 from stalwart_operator.kube import USER_AGENT, is_status
@@ -36,20 +36,22 @@ def _client() -> tuple[k8s.ApiClient, str]:
             kubernetes.config.load_kube_config()
             _, context = kubernetes.config.list_kube_config_contexts()
         except (kubernetes.config.ConfigException, OSError) as exc:
-            raise CliError(f"cannot use the kubeconfig: {exc}", EXIT_USAGE) from None
+            raise OpsError(f"cannot use the kubeconfig: {exc}", EXIT_USAGE) from None
         namespace = (context or {}).get("context", {}).get("namespace") or "default"
     api = k8s.ApiClient()
     api.user_agent = f"{USER_AGENT} (cli)"
     return api, namespace
 
 
-def kubernetes_actions(namespace: str | None) -> KubernetesActions:
+def kubernetes_actions(namespace: str | None, waiting: Waiting = quiet) -> KubernetesActions:
+    """The entry point stalwart.ops.actions loads; `waiting` shows the waits (the CLI's spinner)."""
     api, default = _client()
-    return KubernetesActions(api, namespace or default)
+    return KubernetesActions(api, namespace or default, waiting)
 
 
 class KubernetesActions:
-    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+    def __init__(self, api: k8s.ApiClient, namespace: str, waiting: Waiting = quiet) -> None:
+        self.waiting = waiting
         self.custom = k8s.CustomObjectsApi(api)
         self.core = k8s.CoreV1Api(api)
         self.namespace = namespace
@@ -74,7 +76,7 @@ class KubernetesActions:
     def _require(self, job: str) -> dict[str, Any]:
         body = self._get(job)
         if body is None:
-            raise CliError(f"no TrainingJob {job!r} in namespace {self.namespace} (kubectl get tj -n {self.namespace})")
+            raise OpsError(f"no TrainingJob {job!r} in namespace {self.namespace} (kubectl get tj -n {self.namespace})")
         return body
 
     def is_job(self, name: str) -> bool:
@@ -99,7 +101,7 @@ class KubernetesActions:
             }
         )
         if len(jobs) > 1:
-            raise CliError(f"node {node!r} is in several jobs ({', '.join(jobs)}): pass --job")
+            raise OpsError(f"node {node!r} is in several jobs ({', '.join(jobs)}): pass --job")
         return jobs[0] if jobs else None
 
     # -- acting ------------------------------------------------------------------------------------
@@ -117,7 +119,7 @@ class KubernetesActions:
             )
         except Exception as exc:
             if is_status(exc, 404):
-                raise CliError(f"no TrainingJob {job!r} in namespace {self.namespace}") from None
+                raise OpsError(f"no TrainingJob {job!r} in namespace {self.namespace}") from None
             raise _api_error(exc, f"patch TrainingJob {job}") from None
 
     def ask(self, job: str, kind: RequestKind, node: str | None, reason: str, timeout: float) -> OperatorRequest:
@@ -131,7 +133,7 @@ class KubernetesActions:
         what = f"{kind.value} {node or 'every node'} in {self.namespace}/{job}"
         deadline = time.monotonic() + timeout
         try:
-            with err.status(f"waiting for the operator and controller to {what} (request {request_id})"):
+            with self.waiting(f"waiting for the operator and controller to {what} (request {request_id})"):
                 while time.monotonic() < deadline:
                     answer = next(
                         (
@@ -148,7 +150,7 @@ class KubernetesActions:
             self._patch(job, kube_requests.removal_patch([annotation]))
             raise
         self._patch(job, kube_requests.removal_patch([annotation]))  # the operator withdraws it
-        raise CliError(
+        raise OpsError(
             f"no answer to request {request_id} ({what}) within {timeout:.0f}s, so it was withdrawn; is the "
             f"operator running? (kubectl get tj {job} -n {self.namespace}; --timeout waits longer)",
             EXIT_TIMEOUT,
@@ -163,14 +165,14 @@ class KubernetesActions:
         self._patch(job, {"spec": {"suspend": suspended}})
         verb = "suspend" if suspended else "resume"
         deadline = time.monotonic() + timeout
-        with err.status(f"waiting for the operator to {verb} {self.namespace}/{job}"):
+        with self.waiting(f"waiting for the operator to {verb} {self.namespace}/{job}"):
             while time.monotonic() < deadline:
                 status = self._require(job).get("status") or {}
                 phase = status.get("phase")
                 if _followed(status, suspended):
                     return f"{self.namespace}/{job}: {phase}"
                 time.sleep(POLL_SECONDS)
-        raise CliError(
+        raise OpsError(
             f"spec.suspend of {self.namespace}/{job} is set to {str(suspended).lower()}, but its status did not follow "
             f"within {timeout:.0f}s; is the operator running? (kubectl describe tj {job} -n {self.namespace})",
             EXIT_TIMEOUT,
@@ -208,7 +210,7 @@ def _as_request(state: RequestState) -> OperatorRequest:
     )
 
 
-def _api_error(exc: Exception, what: str) -> CliError:
+def _api_error(exc: Exception, what: str) -> OpsError:
     if is_status(exc, 401, 403):
-        return CliError(f"the Kubernetes API refused to {what}: {getattr(exc, 'reason', exc)} (check your RBAC)")
-    return CliError(f"cannot {what} through the Kubernetes API: {exc}")
+        return OpsError(f"the Kubernetes API refused to {what}: {getattr(exc, 'reason', exc)} (check your RBAC)")
+    return OpsError(f"cannot {what} through the Kubernetes API: {exc}")

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from stalwart.cli.operator_requests import withdraw
+from stalwart.ops.requests import withdraw
 from stalwart.logs import get_logger
 from stalwart.store import keys
 from stalwart.store.client import Store

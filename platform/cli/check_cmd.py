@@ -12,9 +12,10 @@ import typer
 
 from stalwart.cli import operator_requests
 from stalwart.cli.connection import EtcdOption
-from stalwart.cli.errors import CliError, cli_errors
+from stalwart.cli.errors import cli_errors
 from stalwart.cli.job_actions import NamespaceOption, open_actions
 from stalwart.cli.output import OutputFormat, OutputOption
+from stalwart.ops.errors import OpsError
 from stalwart.store.records import RequestKind
 
 
@@ -47,7 +48,7 @@ def check(
             found = actions.job_for_node(target, job)
             node = target
             if found is None:
-                raise CliError(f"{target!r} is neither a job nor a node of a running job ({actions.where})")
+                raise OpsError(f"{target!r} is neither a job nor a node of a running job ({actions.where})")
             owner = found
         final = actions.ask(owner, RequestKind.CHECK, node, "health check by on-call", timeout)
     operator_requests.report(final, output)

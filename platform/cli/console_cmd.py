@@ -15,9 +15,11 @@ from typing import Annotated
 
 import typer
 
-from stalwart.cli.connection import EtcdOption, resolve
-from stalwart.cli.errors import EXIT_USAGE, CliError, cli_errors, err
+from stalwart.cli.connection import EtcdOption
+from stalwart.cli.errors import cli_errors, err
 from stalwart.console.access import AccessSettings, Role, read_tokens
+from stalwart.ops.connection import resolve
+from stalwart.ops.errors import EXIT_USAGE, OpsError
 
 SECRET_ENV = "STALWART_CONSOLE_SECRET"
 DEFAULT_PORT = 8090
@@ -41,9 +43,9 @@ def read_secret(path: Path | None) -> bytes:
         try:
             data = path.read_bytes().strip()
         except OSError as exc:
-            raise CliError(f"cannot read the secret file {path}: {exc.strerror}", EXIT_USAGE) from None
+            raise OpsError(f"cannot read the secret file {path}: {exc.strerror}", EXIT_USAGE) from None
         if len(data) < 16:
-            raise CliError(f"the secret in {path} is too short (16 bytes at least)", EXIT_USAGE)
+            raise OpsError(f"the secret in {path} is too short (16 bytes at least)", EXIT_USAGE)
         return data
     if os.environ.get(SECRET_ENV):
         return os.environ[SECRET_ENV].encode()
@@ -61,11 +63,11 @@ def access_settings(
     try:
         proxies = [ipaddress.ip_network(p, strict=False) for p in trust_proxy]
     except ValueError as exc:
-        raise CliError(f"--trust-proxy: {exc}", EXIT_USAGE) from None
+        raise OpsError(f"--trust-proxy: {exc}", EXIT_USAGE) from None
     try:
         holders = read_tokens(tokens) if tokens is not None else []
     except ValueError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
+        raise OpsError(str(exc), EXIT_USAGE) from None
     settings = AccessSettings(
         trusted_proxies=proxies,
         operator_groups=operator_group or ["stalwart-operators"],
@@ -75,7 +77,7 @@ def access_settings(
     )
     if not settings.configured:
         if not _is_loopback(host):
-            raise CliError(
+            raise OpsError(
                 f"the console would listen on {host} with no way to tell who is asking: pass --trust-proxy CIDR "
                 "(behind an authenticating proxy), --tokens FILE, or --anonymous viewer",
                 EXIT_USAGE,
@@ -158,7 +160,7 @@ def console(
     settings = access_settings(host, trust_proxy or [], operator_group or [], viewer_group or [], tokens, anonymous)
     conn = resolve(etcd)
     if conn.etcd is None:
-        raise CliError(
+        raise OpsError(
             "no etcd given: pass --etcd HOST:PORT, set STALWART_ETCD, or write 'etcd: HOST:PORT' in the config file",
             EXIT_USAGE,
         )

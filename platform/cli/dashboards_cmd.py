@@ -12,7 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from stalwart.cli.errors import EXIT_USAGE, CliError, cli_errors
+from stalwart.cli.errors import cli_errors
+from stalwart.ops.errors import EXIT_USAGE, OpsError
 
 TOKEN_ENV = "GRAFANA_TOKEN"
 app = typer.Typer(help="The Grafana dashboard: show it, or push it to a Grafana.", no_args_is_help=True)
@@ -49,11 +50,11 @@ def push(
         from grafana_client import GrafanaApi
         from grafana_client.client import GrafanaClientError, GrafanaException
     except ImportError:
-        raise CliError(
+        raise OpsError(
             "stalwart dashboards push needs grafana-client: pip install 'stalwart[grafana]'", EXIT_USAGE
         ) from None
     if not grafana.startswith(("http://", "https://")):
-        raise CliError(f"--grafana must be an http(s) URL, got {grafana!r}", EXIT_USAGE)
+        raise OpsError(f"--grafana must be an http(s) URL, got {grafana!r}", EXIT_USAGE)
     credential = token or os.environ.get(TOKEN_ENV) or None
     api = GrafanaApi.from_url(grafana, credential=credential, timeout=10.0)
     payload: dict[str, Any] = {"dashboard": {**dashboard_model(), "id": None}, "overwrite": True}
@@ -62,8 +63,8 @@ def push(
     try:
         answer = api.dashboard.update_dashboard(payload)
     except GrafanaClientError as exc:
-        raise CliError(f"Grafana at {grafana} refused the dashboard: {exc}", 1) from None
+        raise OpsError(f"Grafana at {grafana} refused the dashboard: {exc}", 1) from None
     except (GrafanaException, OSError) as exc:
-        raise CliError(f"cannot reach Grafana at {grafana}: {exc}", 1) from None
+        raise OpsError(f"cannot reach Grafana at {grafana}: {exc}", 1) from None
     url = answer.get("url", "") if isinstance(answer, dict) else ""
     typer.echo(f"dashboard {dashboard_model()['uid']} pushed to {grafana.rstrip('/')}{url}")

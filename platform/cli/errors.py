@@ -1,7 +1,7 @@
-"""One-line errors and exit codes for the on-call commands: a person at 3 a.m. reads one line, not a traceback.
+"""One-line errors for the on-call commands: a person at 3 a.m. reads one line, not a traceback.
 
-Exit codes (scripts rely on them): 0 done, 1 failed or not found, 2 bad usage, 3 etcd or the
-diagnosis service unreachable, 4 the controller did not answer a request in time.
+The errors and their exit codes are the operations layer's (stalwart.ops.errors); this module prints
+them and ends the command with the code.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from stalwart.ops.errors import EXIT_FAILED, EXIT_UNREACHABLE, OpsError
 from stalwart.store.client import StoreUnavailable
 
 try:  # typer >= 0.2x carries its own copy of click; older typer runs on click itself
@@ -22,30 +23,12 @@ try:  # typer >= 0.2x carries its own copy of click; older typer runs on click i
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_TIMEOUT = 4
 DEBUG_ENV = "STALWART_DEBUG"
 
 err = Console(stderr=True)
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class CliError(Exception):
-    """A failure to report in one line; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class NotFound(CliError):
-    """The job, node, rank or incident named does not exist; the message lists what does.
-
-    The console turns it into a 404 page, the CLI into exit 1 like any other failure."""
 
 
 def print_error(message: str) -> None:
@@ -67,7 +50,7 @@ def cli_errors(fn: Callable[P, T]) -> Callable[P, T]:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, click_exceptions.ClickException):
             raise
-        except CliError as exc:
+        except OpsError as exc:
             print_error(str(exc))
             raise typer.Exit(exc.code) from None
         except StoreUnavailable as exc:

@@ -6,67 +6,26 @@ import time
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel
 from rich import box
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from stalwart.cli.connection import EtcdOption, open_store
+from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
-from stalwart.cli.lookup import find_incident, job_names, require_state
 from stalwart.cli.output import (
     OutputFormat,
     OutputOption,
-    ago,
-    clock,
-    duration,
-    num,
     out,
     print_json,
 )
+from stalwart.ops.connection import open_store
+from stalwart.ops.incidents import IncidentRow, incident_row, read_incidents
+from stalwart.ops.lookup import find_incident
+from stalwart.ops.readable import ago, clock, duration, num
 from stalwart.runbooks import runbook_for_incident
-from stalwart.store import keys
 from stalwart.store.records import Incident
-
-
-class IncidentRow(BaseModel):
-    id: str
-    job: str
-    failure_class: str
-    generation: int
-    node: str | None
-    rank: int | None
-    exit_code: int | None
-    action: str
-    policy_action: str | None
-    suspects: list[str]
-    failed_at: float
-    detect_seconds: float
-    downtime_seconds: float | None
-    recovered: bool
-    runbook: str
-
-
-def incident_row(inc: Incident) -> IncidentRow:
-    return IncidentRow(
-        id=inc.id,
-        job=inc.job,
-        failure_class=inc.failure_class.value,
-        generation=inc.generation,
-        node=inc.node,
-        rank=inc.rank,
-        exit_code=inc.exit_code,
-        action=inc.action,
-        policy_action=inc.policy_action.value if inc.policy_action else None,
-        suspects=inc.suspects,
-        failed_at=inc.failed_at,
-        detect_seconds=inc.detected_at - inc.failed_at,
-        downtime_seconds=inc.downtime,
-        recovered=inc.recovered,
-        runbook=runbook_for_incident(inc),
-    )
 
 
 def where(node: str | None, rank: int | None) -> str:
@@ -97,12 +56,6 @@ def incidents_table(rows: list[IncidentRow], *, show_job: bool, title: str = "in
         )
         t.add_row(*cells)
     return t
-
-
-def read_incidents(store, job: str | None) -> list[Incident]:  # type: ignore[no-untyped-def]
-    jobs = [require_state(store, job).job] if job else job_names(store)
-    found = [inc for j in jobs for inc in store.get_prefix(keys.incidents_prefix(j), Incident)]
-    return sorted(found, key=lambda i: i.failed_at)
 
 
 @cli_errors

@@ -1,114 +1,21 @@
-"""`stalwart logs JOB [--rank N]`: the tail of workers' output, fetched from their nodes through etcd.
-
-The CLI cannot read a pod's files; every agent watches the job's log-request key and answers with a
-LogReport of its workers' tails (as for stacks). Agents that do not answer in time are named; for
-workers that already exited, the tail their agent put in the heartbeat is shown instead.
-"""
+"""`stalwart logs JOB [--rank N]`: the tail of workers' output, fetched from their nodes now
+(stalwart.ops.logs says how)."""
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Callable
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel
 from rich.rule import Rule
 from rich.text import Text
 
-from stalwart.cli.connection import EtcdOption, open_store
-from stalwart.cli.errors import CliError, NotFound, cli_errors, err, print_note
-from stalwart.cli.lookup import JobArg, current_assignment, require_state
-from stalwart.cli.output import OutputFormat, OutputOption, num, out, print_json
-from stalwart.processes import wait_for
-from stalwart.store import keys
-from stalwart.store.client import Store
-from stalwart.store.nodes import read_nodes
-from stalwart.store.records import JobState, LogReport, LogRequest
-
-
-class RankOutput(BaseModel):
-    rank: int
-    node: str
-    source: str  # agent (answered the request) or heartbeat (the tail kept after the worker exited)
-    exit_code: int | None
-    lines: list[str]
-
-
-def request_logs(store: Store, job: str, rank: int | None, lines: int) -> str:
-    request = LogRequest(id=f"log-{uuid.uuid4().hex[:10]}", rank=rank, lines=lines, requested_at=time.time())
-    store.put(keys.log_request(job), request)
-    return request.id
-
-
-def collect_logs(store: Store, job: str, request_id: str, nodes: list[str], timeout: float) -> list[LogReport]:
-    """Reports from `nodes`, waiting up to `timeout` seconds; a node that does not answer is missing.
-
-    The reports are deleted once read: the asker owns its request, and a console that follows a log
-    live asks every few seconds."""
-
-    def reports() -> list[LogReport]:
-        return store.get_prefix(keys.logs_prefix(job, request_id), LogReport)
-
-    wait_for(lambda: {r.node for r in reports()} >= set(nodes), timeout, interval=0.2)
-    found = sorted(reports(), key=lambda r: r.node)
-    store.delete_prefix(keys.logs_prefix(job, request_id))
-    return found
-
-
-def log_nodes(store: Store, job: str, rank: int | None) -> tuple[JobState, list[str]]:
-    """The running generation's nodes to ask (the rank's one when given); NotFound for a rank the job lacks."""
-    state = require_state(store, job)
-    assignment = current_assignment(store, state)
-    owners = assignment.rank_nodes()
-    if rank is not None and rank not in owners:
-        raise NotFound(f"job {job!r} has no rank {rank} (ranks 0-{assignment.world_size - 1})")
-    return state, [owners[rank]] if rank is not None else [n.node for n in assignment.nodes]
-
-
-def read_logs(
-    store: Store,
-    job: str,
-    rank: int | None,
-    lines: int,
-    timeout: float,
-    on_note: Callable[[str], None] = print_note,
-) -> list[RankOutput]:
-    """Ask the nodes for their workers' tails now; `on_note` hears about nodes that did not answer."""
-    state, nodes = log_nodes(store, job, rank)
-    request_id = request_logs(store, job, rank, lines)
-    reports = collect_logs(store, job, request_id, nodes, timeout)
-    found: dict[int, RankOutput] = {}
-    for report in reports:
-        for w in report.workers:
-            if rank is None or w.rank == rank:
-                found[w.rank] = RankOutput(
-                    rank=w.rank, node=report.node, source="agent", exit_code=None, lines=w.lines[-lines:]
-                )
-    answered = {r.node for r in reports}
-    silent = [n for n in nodes if n not in answered]
-    beats = read_nodes(store, job).heartbeats
-    for node in silent:
-        beat = beats.get(node)
-        for ws in beat.workers if beat and beat.generation == state.running_generation(node) else []:
-            if (rank is None or ws.rank == rank) and ws.log_tail and ws.rank not in found:
-                found[ws.rank] = RankOutput(
-                    rank=ws.rank, node=node, source="heartbeat", exit_code=ws.exit_code, lines=ws.log_tail[-lines:]
-                )
-    if silent:
-        on_note(
-            f"no answer from {', '.join(silent)} within {timeout:.0f}s"
-            + ("; showing the tails their heartbeats kept for exited workers" if found else "")
-        )
-    if not found:
-        raise CliError(
-            f"no output from job {job!r}"
-            + (f" rank {rank}" if rank is not None else "")
-            + f": {len(silent)} of {len(nodes)} node(s) did not answer the log request "
-            "(is the agent running? stalwart status JOB)"
-        )
-    return [found[r] for r in sorted(found)]
+from stalwart.cli.connection import EtcdOption
+from stalwart.cli.errors import cli_errors, err, print_note
+from stalwart.cli.lookup import JobArg
+from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
+from stalwart.ops.connection import open_store
+from stalwart.ops.logs import read_logs
+from stalwart.ops.readable import num
 
 
 @cli_errors
@@ -136,7 +43,7 @@ def logs(
         open_store(etcd) as store,
         err.status(f"asking the job's nodes for their workers' output (up to {timeout:.0f}s)"),
     ):
-        found = read_logs(store, job, rank, lines, timeout)
+        found = read_logs(store, job, rank, lines, timeout, on_note=print_note)
     if output is OutputFormat.JSON:
         print_json(found)
         return

@@ -195,8 +195,8 @@ def main() -> int:
 def kubectl_main() -> int:
     """`kubectl stalwart ...`: kubectl finds `kubectl-stalwart` on PATH and runs it; as a kubectl
     plugin the CLI acts through the Kubernetes API (the kubeconfig) before any configured etcd."""
-    from stalwart.cli.job_actions import PREFER_KUBERNETES_ENV
     from stalwart.cli.on_call import run_app
+    from stalwart.ops.actions import PREFER_KUBERNETES_ENV
 
     os.environ[PREFER_KUBERNETES_ENV] = "1"
     return run_app(app, prog_name="kubectl stalwart")

@@ -1,8 +1,8 @@
 """`stalwart node list|cordon|uncordon|evict`: take a machine out of service, or put it back.
 
-Inside a running job the controller does it (an OperatorRequest, see operator_requests.py): it
+Inside a running job the controller does it (an OperatorRequest, see stalwart.ops.requests): it
 owns the job's slots and standby pool. With a kubeconfig the request goes through the Kubernetes
-API (job_actions.py), so the cluster's RBAC and audit log apply. A machine in no running job is
+API (stalwart.ops.actions), so the cluster's RBAC and audit log apply. A machine in no running job is
 cordoned by writing its Cordon record directly (etcd only: no controller is there to race with).
 """
 
@@ -18,19 +18,21 @@ from rich.table import Table
 from rich.text import Text
 
 from stalwart.cli import operator_requests
-from stalwart.cli.connection import EtcdOption, open_store
-from stalwart.cli.errors import CliError, cli_errors, print_note
+from stalwart.cli.connection import EtcdOption
+from stalwart.cli.errors import cli_errors, print_note
 from stalwart.cli.job_actions import JobActions, NamespaceOption, open_actions
-from stalwart.cli.lookup import job_states
 from stalwart.cli.output import (
     OutputFormat,
     OutputOption,
-    ago,
-    duration,
     out,
     print_json,
 )
-from stalwart.cli.verdict_view import rank_ranges
+from stalwart.ops.connection import open_store
+from stalwart.ops.errors import OpsError
+from stalwart.ops.lookup import job_states, require_state
+from stalwart.ops.readable import ago, duration, rank_ranges
+from stalwart.ops.requests import requester
+from stalwart.ops.status import node_records, node_rows
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import Assignment, Cordon, RequestKind
@@ -57,7 +59,7 @@ def confirm(question: str, yes: bool) -> None:
     except typer.Abort:  # end of input: no answer is a no
         ok = False
     if not ok:
-        raise CliError("not confirmed; nothing was done (--yes skips the question)")
+        raise OpsError("not confirmed; nothing was done (--yes skips the question)")
 
 
 def _ask_controller(
@@ -69,7 +71,7 @@ def _ask_controller(
 def _machine_store(actions: JobActions, node: str, verb: str) -> Store:
     """etcd, to cordon a machine in no job; through the Kubernetes API that is the cluster's own."""
     if actions.store is None:
-        raise CliError(
+        raise OpsError(
             f"{node!r} is in no TrainingJob reachable through {actions.where}: to keep a Kubernetes node out "
             f"of every workload, `kubectl {verb} NODE`; or name the job with --job (and -n)"
         )
@@ -103,7 +105,7 @@ def evict(
     with open_actions(etcd, namespace) as actions:
         target = actions.job_for_node(node, job)
         if target is None:
-            raise CliError(
+            raise OpsError(
                 f"node {node!r} is not in any running job; to keep it out of future jobs: stalwart node cordon {node}"
             )
         confirm(
@@ -144,7 +146,7 @@ def cordon(
             _ask_controller(actions, target, RequestKind.CORDON, node, reason, timeout, output)
             return
         store = _machine_store(actions, node, "cordon")
-        record = Cordon(node=node, reason=reason, cordoned_at=time.time(), by=operator_requests.requester())
+        record = Cordon(node=node, reason=reason, cordoned_at=time.time(), by=requester())
         if not store.create(keys.cordon(node), record):
             existing = store.get(keys.cordon(node), Cordon)
             print_note(
@@ -223,15 +225,13 @@ def list_nodes(
 
         stalwart node list --job pretrain-tiny -o json
     """
-    from stalwart.cli.status_cmd import NODE_STYLE, node_records, node_rows
+    from stalwart.cli.status_cmd import NODE_STYLE
 
     now = time.time()
     with open_store(etcd) as store:
         rows: list[MachineRow] = []
         states = [s for s in job_states(store) if (job is None and not s.phase.terminal) or s.job == job]
         if job is not None and not states:
-            from stalwart.cli.lookup import require_state
-
             require_state(store, job)
         for state in states:
             assignment = (

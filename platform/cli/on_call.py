@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import typer
 
-from stalwart.cli.errors import EXIT_USAGE, click_exceptions, print_error
+from stalwart.cli.errors import click_exceptions, print_error
+from stalwart.ops.errors import EXIT_USAGE
 
 PANEL = "On call"
 
@@ -42,8 +43,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _register_console(app: typer.Typer) -> None:
-    """`stalwart console`: the web console, which reads etcd through these same commands' readers."""
-    from stalwart.console.command import console
+    """`stalwart console`: the web console, which reads etcd through the same operations layer
+    (stalwart.ops) as these commands; the one place the CLI reaches into the console is here."""
+    from stalwart.cli.console_cmd import console
 
     app.command("console", rich_help_panel=PANEL)(console)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from enum import Enum
 from typing import Annotated, Any
@@ -37,33 +36,3 @@ def print_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any] | list[Any
     else:
         payload = data
     print(json.dumps(payload, indent=2))
-
-
-def duration(seconds: float | None) -> str:
-    """12.3s, 4m05s, 3h12m, 2d04h: short enough for a table column."""
-    if seconds is None:
-        return "-"
-    s = max(0.0, seconds)
-    if s < 60:
-        return f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    if s < 86400:
-        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
-
-
-def ago(t: float | None, now: float | None = None) -> str:
-    return "-" if t is None else f"{duration((now or time.time()) - t)} ago"
-
-
-def clock(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-
-def num(value: float | None, spec: str = "") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def percent(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio * 100:.1f}%"

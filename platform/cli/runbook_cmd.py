@@ -8,8 +8,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from stalwart.cli.errors import CliError, cli_errors
+from stalwart.cli.errors import cli_errors
 from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
+from stalwart.ops.errors import OpsError
 from stalwart.runbooks import UnknownRunbook, list_runbooks, load_runbook, runbooks_dir
 
 app = typer.Typer(help="Runbooks: what each failure class means and what to do about it.", no_args_is_help=True)
@@ -36,7 +37,7 @@ def list_cmd(output: OutputOption = OutputFormat.TABLE) -> None:
     """
     books = list_runbooks()
     if not books:
-        raise CliError(f"no runbooks found in {runbooks_dir()} (STALWART_RUNBOOKS points at another folder)")
+        raise OpsError(f"no runbooks found in {runbooks_dir()} (STALWART_RUNBOOKS points at another folder)")
     if output is OutputFormat.JSON:
         print_json(books)
         return
@@ -79,7 +80,7 @@ def show(
     try:
         book = load_runbook(failure_class)
     except UnknownRunbook as exc:
-        raise CliError(str(exc)) from None
+        raise OpsError(str(exc)) from None
     if output is OutputFormat.JSON:
         print_json(book)
     elif raw:

@@ -1,9 +1,9 @@
 """`stalwart suspend JOB` / `stalwart resume JOB`: set or unset the job's `spec.suspend`, then wait
-for it to be carried out. Through etcd (a `stalwart run` job: stalwart.cli.suspension) the job's
+for it to be carried out. Through etcd (a `stalwart run` job: stalwart.ops.suspension) the job's
 controller stops its workers and nodes; through the Kubernetes API (stalwart_operator.cli_actions)
 the operator does, from the TrainingJob. Either way the state, incidents and checkpoints stay, no
 incident or restart is counted, and resuming starts a new generation from the newest checkpoint.
-`stalwart.cli.job_actions` says which way a command goes."""
+`stalwart.ops.actions` says which way a command goes."""
 
 from __future__ import annotations
 

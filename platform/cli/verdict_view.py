@@ -6,7 +6,7 @@ readable for verdicts written by an older or newer diagnosis service.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rich import box
@@ -16,31 +16,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from stalwart.ops.readable import nodes_of, rank_ranges
+
 MAX_FRAMES = 8
 MAX_EVIDENCE = 4
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8': a thousand ranks must fit on a line."""
-    xs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(parts) or "-"
-
-
-def nodes_of(ranks: Iterable[int], rank_nodes: Mapping[int, str] | None) -> str:
-    if not rank_nodes:
-        return ""
-    nodes = sorted({rank_nodes[r] for r in ranks if r in rank_nodes})
-    if not nodes:
-        return ""
-    return " on " + (", ".join(nodes) if len(nodes) <= 4 else f"{', '.join(nodes[:4])} +{len(nodes) - 4} nodes")
 
 
 def _frames(frames: list[Any]) -> list[str]:

@@ -13,14 +13,14 @@ import time
 import uuid
 from enum import Enum
 
-from stalwart.cli import operator_requests
-from stalwart.cli.lookup import job_for_node, require_state
-from stalwart.cli.spec_edit import SpecEditError, set_suspend
 from stalwart.console.access import Identity
 from stalwart.logs import get_logger
+from stalwart.ops import requests
+from stalwart.ops.lookup import job_for_node, require_state
+from stalwart.ops.spec_edit import SpecEditError, set_suspend
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import AuditEntry, JobPhase, JobState, RequestKind
+from stalwart.store.records import AuditEntry, JobPhase, JobState, OperatorRequest, RequestKind
 
 log = get_logger("stalwart.console.actions")
 
@@ -120,7 +120,7 @@ def perform(store: Store, job: str, action: Action, node: str | None, reason: st
 
 
 def _request(store: Store, job: str, kind: RequestKind, action: Action, entry: AuditEntry, who: Identity) -> None:
-    request = operator_requests.new_request(kind, entry.node, entry.reason, requested_by=f"{who.user} (console)")
+    request = requests.new_request(kind, entry.node, entry.reason, requested_by=f"{who.user} (console)")
     entry.request_id = request.id
     request_key = keys.request(job, request.id)
     # Both or neither: an action nobody can trace, or a trace of an action never asked, would mislead.
@@ -133,9 +133,9 @@ def _request(store: Store, job: str, kind: RequestKind, action: Action, entry: A
     ).start()
 
 
-def _await(store: Store, job: str, request: operator_requests.OperatorRequest, timeout: float) -> None:
+def _await(store: Store, job: str, request: OperatorRequest, timeout: float) -> None:
     try:
-        final = operator_requests.await_answer(store, job, request, timeout)
+        final = requests.await_answer(store, job, request, timeout)
     except Exception as exc:  # etcd gone, job deleted: the request record says what happened, if anything
         log.warning("request not followed", fields={"job": job, "request": request.id, "error": str(exc)})
         return

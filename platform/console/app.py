@@ -29,11 +29,6 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Match
 from starlette.types import Scope
 
-from stalwart.cli.errors import CliError, NotFound
-from stalwart.cli.incidents_cmd import incident_row, read_incidents
-from stalwart.cli.lookup import find_incident, job_states, require_state
-from stalwart.cli.output import duration, num, percent
-from stalwart.cli.verdict_view import nodes_of, rank_ranges
 from stalwart.console import charts
 from stalwart.console.access import SESSION_COOKIE, SESSION_SECONDS, AccessError, Gate, Identity, same_origin
 from stalwart.console.actions import CONSEQUENCES, Action, BadForm, Conflict, perform
@@ -42,6 +37,12 @@ from stalwart.console.runbook_html import runbook_html
 from stalwart.console.views import JobView, job_view, jobs_view
 from stalwart.diagnosis.service import RequestTimer
 from stalwart.logs import get_logger
+from stalwart.ops.errors import NotFound, OpsError
+from stalwart.ops.incidents import incident_row, read_incidents
+from stalwart.ops.logs import log_nodes, read_logs
+from stalwart.ops.lookup import find_incident, job_states, require_state
+from stalwart.ops.readable import duration, nodes_of, num, percent, rank_ranges
+from stalwart.ops.stacks import stacks_now
 from stalwart.runbooks import runbook_for_incident
 from stalwart.store import keys
 from stalwart.store.client import Store, StoreUnavailable
@@ -241,12 +242,12 @@ def create_app(
 
         return handler
 
-    # NotFound before CliError: the handler of the closest class in the exception's MRO answers.
+    # NotFound before OpsError: the handler of the closest class in the exception's MRO answers.
     for error, status, title in (
         (NotFound, 404, "Not found"),
         (Conflict, 409, "Cannot do that now"),
         (BadForm, 400, "Bad request"),
-        (CliError, 400, "Bad request"),
+        (OpsError, 400, "Bad request"),
     ):
         app.add_exception_handler(error, plain(status, title))
 
@@ -385,8 +386,6 @@ def create_app(
         rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         lines: Annotated[int, Query(ge=1, le=2000)] = LOG_LINES,
     ) -> HTMLResponse:
-        from stalwart.cli.logs_cmd import log_nodes, read_logs
-
         state = require_state(store, job)
         output: Any = None
         notes: list[str] = []
@@ -401,7 +400,7 @@ def create_app(
                 log_nodes(store, job, rank)  # an unknown rank is a 404 before anything is asked
             except NotFound:
                 raise
-            except CliError as exc:  # between generations: no node to ask now, the page says so
+            except OpsError as exc:  # between generations: no node to ask now, the page says so
                 problem = str(exc)
 
             def fetch() -> tuple[Any, list[str], str | None]:
@@ -410,7 +409,7 @@ def create_app(
                     return read_logs(store, job, rank, lines, timeout=5.0, on_note=said.append), said, None
                 except NotFound:
                     raise
-                except CliError as exc:
+                except OpsError as exc:
                     return None, said, str(exc)
 
             if problem is None:
@@ -451,7 +450,7 @@ def create_app(
             result = cache.get(
                 ("stacks", job, tp_size, pp_size),
                 STACKS_CACHE_SECONDS,
-                lambda: _stacks_now(store, job, tp_size, pp_size),
+                lambda: stacks_now(store, job, tp_size, pp_size),
             )
         return page(
             request, "stacks.html", {"job": job, "state": state, "result": result, "tp": tp_size, "pp": pp_size}
@@ -542,44 +541,3 @@ def _bounds(incidents: list[Incident]) -> tuple[float, float]:
     start = min(i.failed_at for i in incidents)
     end = max((i.first_step_at or i.detected_at) for i in incidents)
     return start - 5, max(end, start + 1) + 5
-
-
-class StacksNow(BaseModel):
-    generation: int
-    verdict: dict[str, Any]
-    by: str
-    captured: int
-    world: int
-    seconds: float
-    silent: list[str]
-    notes: list[str]
-    rank_nodes: dict[int, str]
-    captured_at: float
-
-
-def _stacks_now(store: Store, job: str, tp: int | None, pp: int | None) -> StacksNow:
-    """The same capture and diagnosis as `stalwart diagnose JOB`."""
-    from stalwart.cli.diagnose_cmd import capture, run_diagnosis, service_token, service_url
-    from stalwart.cli.lookup import current_assignment
-
-    state = require_state(store, job)
-    assignment = current_assignment(store, state)
-    # The job's own layout (its spec's parallelism), unless the page asks for another.
-    layout = (tp or 1, pp or 1, None) if tp is not None or pp is not None else (None, None, None)
-    taken = capture(store, state, assignment, "auto", layout, timeout=30.0)
-    url, source = service_url(store, None)
-    notes: list[str] = []
-    token = service_token(store) if url else None
-    verdict, by = run_diagnosis(taken.bundle, url, source, False, on_note=notes.append, token=token)
-    return StacksNow(
-        generation=state.generation,
-        verdict=verdict.model_dump(mode="json"),
-        by=by,
-        captured=sum(1 for s in taken.bundle.stacks if s.text),
-        world=assignment.world_size,
-        seconds=taken.seconds,
-        silent=taken.silent,
-        notes=notes,
-        rank_nodes=taken.bundle.topology.rank_nodes if taken.bundle.topology else {},
-        captured_at=time.time(),
-    )

@@ -62,7 +62,7 @@ class History:
                 self._series.popitem(last=False)
 
     def sample_once(self) -> None:
-        from stalwart.cli.lookup import job_names
+        from stalwart.ops.lookup import job_names
 
         now = time.time()
         for job in job_names(self.store):

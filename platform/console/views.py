@@ -1,5 +1,6 @@
-"""What each page shows, read from etcd through the CLI's readers (one reader per idea: the console
-adds only what a page needs beyond the terminal: the timeline, the rank grid, the audit trail)."""
+"""What each page shows, read from etcd through the operations layer's readers, the CLI's too (one
+reader per idea: the console adds only what a page needs beyond the terminal: the timeline, the rank
+grid, the audit trail)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import cast
 
 from pydantic import BaseModel
 
-from stalwart.cli.jobs_cmd import JobRow, read_jobs
-from stalwart.cli.lookup import job_namespace, job_topology, require_state, spec_document
-from stalwart.cli.status_cmd import NodeRow, RankRow, StatusReport, read_status
+from stalwart.ops.jobs import JobRow, read_jobs
+from stalwart.ops.lookup import job_namespace, job_topology, require_state, spec_document
+from stalwart.ops.status import NodeRow, RankRow, StatusReport, read_status
 from stalwart.spec.topology import GroupKind, RoleLayout, Topology
 from stalwart.store import keys
 from stalwart.store.client import Store

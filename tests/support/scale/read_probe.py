@@ -232,7 +232,7 @@ def probe(store: Store, job: TrainingJob, nodes: int, repeats: int = 3) -> dict[
         out["job_state_bytes"] = len(state.dumps())
 
         def cli_jobs() -> dict[str, Any]:
-            from stalwart.cli.jobs_cmd import read_jobs
+            from stalwart.ops.jobs import read_jobs
 
             return {"jobs": len(read_jobs(store))}
 

@@ -19,8 +19,8 @@ from support.cli_invoke import Result
 from typer.testing import CliRunner
 
 from stalwart.cli import errors
-from stalwart.cli.connection import CONFIG_ENV, DIAGNOSIS_ENV, ETCD_ENV, resolve
-from stalwart.cli.errors import CliError
+from stalwart.ops.connection import CONFIG_ENV, DIAGNOSIS_ENV, ETCD_ENV, resolve
+from stalwart.ops.errors import OpsError
 from stalwart.cli.main import app
 from stalwart.net import free_port
 from stalwart.store.etcd_server import EtcdServer
@@ -91,7 +91,7 @@ def test_a_config_file_with_a_typo_is_refused(tmp_path: Path, monkeypatch: pytes
     config.write_text("etdc: host:2379\n")
     monkeypatch.setenv(CONFIG_ENV, str(config))
     monkeypatch.delenv(ETCD_ENV, raising=False)
-    with pytest.raises(CliError, match="bad config file"):
+    with pytest.raises(OpsError, match="bad config file"):
         resolve()
 
 
@@ -154,12 +154,12 @@ def test_a_long_error_stays_one_line_in_a_narrow_terminal(tmp_path: Path, cli, m
 
 
 def test_the_parallel_layout_must_multiply_to_the_world_size() -> None:
-    from stalwart.cli.diagnose_cmd import topology_sizes
+    from stalwart.ops.stacks import topology_sizes
 
     assert topology_sizes(8, 2, 2, None) == (2, 2, 2)
     assert topology_sizes(4, 1, 1, None) == (1, 1, 4)
     for bad in ((4, 3, 1, None), (8, 2, 1, 2)):
-        with pytest.raises(CliError) as exc:
+        with pytest.raises(OpsError) as exc:
             topology_sizes(*bad)
         assert exc.value.code == 2 and "world size" in str(exc.value)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.cli.connection import store_auth
-from stalwart.cli.errors import CliError
+from stalwart.ops.connection import store_auth
+from stalwart.ops.errors import OpsError
 
 
 @pytest.fixture
@@ -36,5 +36,5 @@ def test_no_settings_anywhere_is_plain(config: Path) -> None:
 
 def test_settings_that_do_not_fit_are_a_usage_error(config: Path) -> None:
     config.write_text("etcd_user: oncall\netcd_password_file: /secret\n")
-    with pytest.raises(CliError, match="only sent over TLS"):
+    with pytest.raises(OpsError, match="only sent over TLS"):
         store_auth()

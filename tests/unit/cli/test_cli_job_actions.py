@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.cli.errors import CliError
-from stalwart.cli.job_actions import PREFER_KUBERNETES_ENV, EtcdActions, open_actions
+from stalwart.ops.actions import PREFER_KUBERNETES_ENV, EtcdActions, open_actions
+from stalwart.ops.errors import OpsError
 from stalwart.store import Store, keys
 from stalwart.store.records import JobState
 
@@ -23,7 +23,7 @@ def nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_with_nothing_to_act_through_the_error_says_what_to_set(nowhere: Path) -> None:
-    with pytest.raises(CliError, match="--etcd HOST:PORT.*kubeconfig"), open_actions(None, "ml"):
+    with pytest.raises(OpsError, match="--etcd HOST:PORT.*kubeconfig"), open_actions(None, "ml"):
         pass
 
 
@@ -33,5 +33,5 @@ def test_with_etcd_the_namespace_qualifies_the_job(nowhere: Path, store: Store) 
         assert isinstance(actions, EtcdActions) and actions.store is not None
         assert actions.job_id("demo") == "ml.demo" and actions.job_id("ml.demo") == "ml.demo"
         assert actions.is_job("demo") and not actions.is_job("other")
-        with pytest.raises(CliError, match="no spec in etcd"):  # the etcd path edits ml.demo's spec
+        with pytest.raises(OpsError, match="no spec in etcd"):  # the etcd path edits ml.demo's spec
             actions.suspend("demo", True, 1.0)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from stalwart.cli.diagnose_cmd import engine_topology
-from stalwart.cli.errors import CliError
+from stalwart.ops.errors import OpsError
+from stalwart.ops.stacks import engine_topology
 from stalwart.cli.main import app
 from stalwart.store import Store, keys
 from stalwart.store.records import (
@@ -92,5 +92,5 @@ def test_diagnose_takes_the_layout_from_the_job_and_flags_override_it(store: Sto
     assert (topology.tp, topology.pp, topology.dp) == (2, 2, 2) and topology.rank_nodes[5] == "node-2"
     override = engine_topology(store, JOB, layout_job, (None, 4, None))
     assert (override.tp, override.pp, override.dp) == (1, 4, 2)
-    with pytest.raises(CliError, match="does not divide"):
+    with pytest.raises(OpsError, match="does not divide"):
         engine_topology(store, JOB, layout_job, (3, None, None))

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stalwart.cli.main import app
-from stalwart.cli.operator_requests import WITHDRAWN
+from stalwart.ops.requests import WITHDRAWN
 from stalwart.spec.model import FailureAction, FailureEvent
 from stalwart.store import Store, keys
 from stalwart.store.etcd_server import EtcdServer
@@ -406,8 +406,8 @@ def test_evict_outside_any_job_says_what_to_do_instead(store: Store) -> None:
 def test_the_diagnosis_service_is_found_by_flag_env_config_then_etcd(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stalwart.cli.connection import CONFIG_ENV, DIAGNOSIS_ENV
-    from stalwart.cli.diagnose_cmd import service_url
+    from stalwart.ops.connection import CONFIG_ENV, DIAGNOSIS_ENV
+    from stalwart.ops.stacks import service_url
     from stalwart.store.records import ServiceEndpoint
 
     monkeypatch.delenv(DIAGNOSIS_ENV, raising=False)
@@ -433,7 +433,7 @@ def test_listings_read_no_heartbeat_and_no_stack_report(store: Store, monkeypatc
     """`stalwart jobs` and `incidents` find jobs by skipping from one job's keys to the next, count
     nodes from a keys-only listing, and read no node record's value (issue 23: at 10,000 nodes
     those are tens of MB)."""
-    from stalwart.cli import status_cmd
+    from stalwart.ops import status as status_reader
 
     report_key = keys.stack_report(JOB, "stk-1", "node-a")
     store.put(report_key, "x" * 1000)
@@ -453,7 +453,7 @@ def test_listings_read_no_heartbeat_and_no_stack_report(store: Store, monkeypatc
         assert not [p for p in valued if "/nodes/" in p or "/stacks/" in p or p == keys.jobs_prefix()], valued
         # A job bigger than DETAIL_NODES: its status reads no heartbeat either, and lists no rank.
         reads.clear()
-        monkeypatch.setattr(status_cmd, "DETAIL_NODES", 1)
+        monkeypatch.setattr(status_reader, "DETAIL_NODES", 1)
         report = json.loads(stalwart(store, "status", JOB, "-o", "json").stdout)
         states = {n["node"]: n["state"] for n in report["nodes"]}
         assert states["node-a"] == "up" and states["node-b"] == "lost" and states["node-c"] == "standby"

@@ -9,7 +9,7 @@ import uuid
 
 from typer.testing import CliRunner
 
-from stalwart.cli.errors import EXIT_TIMEOUT
+from stalwart.ops.errors import EXIT_TIMEOUT
 from stalwart.cli.main import app
 from stalwart.store import Store, keys
 from stalwart.store.records import JobStage, JobState

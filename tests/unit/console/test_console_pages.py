@@ -561,8 +561,8 @@ def test_an_open_incidents_page_of_a_live_job_keeps_asking(app, records: Store) 
 
 
 def test_the_console_refuses_to_listen_beyond_loopback_with_no_sign_in() -> None:
-    from stalwart.cli.errors import CliError
-    from stalwart.console.command import access_settings
+    from stalwart.cli.console_cmd import access_settings
+    from stalwart.ops.errors import OpsError as CliError
 
     assert access_settings("127.0.0.1", [], [], [], None, None).anonymous is Role.VIEWER
     with pytest.raises(CliError, match="no way to tell who is asking"):
