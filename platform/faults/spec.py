@@ -21,6 +21,7 @@ class FaultKind(str, Enum):
     HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
     SLOW_WORKER = "slow-worker"  # one rank turns slow: every later step takes longer (SIGRTMIN+1)
     SLOW_DATA = "slow-data"  # one rank's data loading alone turns slow: every later batch waits (SIGRTMIN+2)
+    SLOW_OPTIMIZER = "slow-optimizer"  # one rank's optimizer step alone turns slow (SIGRTMIN+3)
     CORRUPT_COMPUTE = "corrupt-compute"  # pre-flight: the node's compute check gives wrong bits
     COLLECTIVE_HANG = "collective-hang"  # pre-flight: the node never joins the collective test
     # A bad machine no check catches: its workers die, with no message, 5 steps into every run.
@@ -57,14 +58,15 @@ class FaultSpec(BaseModel):
         default=None,
         gt=0,
         le=600,
-        description="slow-worker, slow-data: the delay; pause-etcd (default 10), kill-etcd: how long etcd is away",
+        description="slow-worker, slow-data, slow-optimizer: the delay; pause-etcd (default 10), kill-etcd: how long "
+        "etcd is away",
     )
     factor: float | None = Field(
         default=None,
         gt=1,
         le=100,
-        description="slow-worker, slow-data (instead of seconds): the rank's steps take this many times its "
-        "own step time before the fault",
+        description="slow-worker, slow-data, slow-optimizer (instead of seconds): the rank's steps take this "
+        "many times its own step time before the fault",
     )
     after: Literal["recovery"] | None = Field(
         default=None,
@@ -87,6 +89,7 @@ _REQUIRED = {
     FaultKind.HANG_WORKER: "rank",
     FaultKind.SLOW_WORKER: "rank",
     FaultKind.SLOW_DATA: "rank",
+    FaultKind.SLOW_OPTIMIZER: "rank",
     FaultKind.CORRUPT_COMPUTE: "node",
     FaultKind.COLLECTIVE_HANG: "node",
     FaultKind.BAD_NODE: "node",
@@ -97,7 +100,8 @@ _PREFLIGHT_ENV = {
 }
 BAD_NODE_CRASH_AFTER_STEPS = 5
 # Faults the injector fires with a signal that the worker's hooks answer (stalwart.faults.worker_faults).
-_WORKER_SIGNAL_FAULTS = (FaultKind.HANG_WORKER, FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA)
+_WORKER_SIGNAL_FAULTS = (FaultKind.HANG_WORKER, FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA, FaultKind.SLOW_OPTIMIZER)
+_SLOW_FAULTS = (FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA, FaultKind.SLOW_OPTIMIZER)
 
 
 def _node_name(node: str) -> str:
@@ -129,6 +133,8 @@ def node_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
         **({"slow_data_seconds": delays[FaultKind.SLOW_DATA]} if FaultKind.SLOW_DATA in delays else {}),
         **({"slow_step_factor": factors[FaultKind.SLOW_WORKER]} if FaultKind.SLOW_WORKER in factors else {}),
         **({"slow_data_factor": factors[FaultKind.SLOW_DATA]} if FaultKind.SLOW_DATA in factors else {}),
+        **({"slow_optimizer_seconds": delays[FaultKind.SLOW_OPTIMIZER]} if FaultKind.SLOW_OPTIMIZER in delays else {}),
+        **({"slow_optimizer_factor": factors[FaultKind.SLOW_OPTIMIZER]} if FaultKind.SLOW_OPTIMIZER in factors else {}),
     )
     bad = {_node_name(f.node) for f in faults if f.kind is FaultKind.BAD_NODE and f.node is not None}
     out: dict[str, dict[str, str]] = {}
@@ -167,8 +173,8 @@ def parse_fault(text: str) -> FaultSpec:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"--inject {text!r}: {problems}") from None
-    if spec.factor is not None and spec.kind not in (FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA):
-        raise ValueError(f"--inject {text!r}: factor= is for slow-worker and slow-data only")
+    if spec.factor is not None and spec.kind not in _SLOW_FAULTS:
+        raise ValueError(f"--inject {text!r}: factor= is for slow-worker, slow-data and slow-optimizer only")
     if spec.factor is not None and spec.seconds is not None:
         raise ValueError(f"--inject {text!r}: give seconds= or factor=, not both")
     needed = _REQUIRED.get(spec.kind)

@@ -4,7 +4,8 @@ SDK's hook module (stalwart.agents.fault_hooks), when the worker's environment a
 - Signals from the injector (`stalwart run --inject`): SIGUSR2 hangs the rank at its next step,
   before its next collective, as a real hang would; SIGRTMIN+1 makes every later step slower
   (a throttled GPU, a flapping link); SIGRTMIN+2 makes its data loading alone slower (a slow
-  filesystem or a starved loader).
+  filesystem or a starved loader); SIGRTMIN+3 its optimizer step alone (an offloaded optimizer on a
+  busy CPU).
 - A bad machine no check catches: its workers die, with no message, a few steps into every run.
 """
 
@@ -24,6 +25,7 @@ from stalwart.agents import fault_hooks
 HANG_SIGNAL = signal.SIGUSR2
 SLOW_SIGNAL: int = signal.SIGRTMIN + 1
 SLOW_DATA_SIGNAL: int = signal.SIGRTMIN + 2
+SLOW_OPTIMIZER_SIGNAL: int = signal.SIGRTMIN + 3
 HANG_LIMIT_SECONDS = 3600.0  # an injected hang ends by itself after this: nothing waits forever
 SLOW_STEP_SECONDS = 0.4  # what each step of a slowed rank pays, before its next collective (default)
 SLOW_DATA_SECONDS = 0.4  # what each batch of a rank with slow data loading pays (default)
@@ -44,6 +46,8 @@ class WorkerFaults(BaseModel):
     # before the fault (the median of its last STEP_HISTORY steps, fixed at the first slowed step).
     slow_step_factor: float | None = Field(default=None, gt=1, le=100, description="a slowed rank's step, x")
     slow_data_factor: float | None = Field(default=None, gt=1, le=100, description="a slow loader's step, x")
+    slow_optimizer_seconds: float = Field(default=SLOW_DATA_SECONDS, gt=0, description="a slow optimizer's delay")
+    slow_optimizer_factor: float | None = Field(default=None, gt=1, le=100, description="a slow optimizer's step, x")
 
 
 class _Armed:
@@ -51,7 +55,7 @@ class _Armed:
 
     def __init__(self, faults: WorkerFaults) -> None:
         self.faults = faults
-        self.hang = self.slow = self.slow_data = False
+        self.hang = self.slow = self.slow_data = self.slow_optimizer = False
         self.steps = 0
         self._intervals: deque[float] = deque(maxlen=STEP_HISTORY)  # the rank's recent step times
         self._last_step_at: float | None = None
@@ -67,7 +71,7 @@ class _Armed:
 
     def at_step(self, _step: int) -> None:
         now = time.monotonic()
-        if self._last_step_at is not None and not (self.slow or self.slow_data):
+        if self._last_step_at is not None and not (self.slow or self.slow_data or self.slow_optimizer):
             self._intervals.append(now - self._last_step_at)
         self._last_step_at = now
         if self.hang:
@@ -81,6 +85,9 @@ class _Armed:
     def at_phase(self, phase: str) -> None:
         if phase == "data" and self.slow_data:
             time.sleep(self._delay("data", self.faults.slow_data_seconds, self.faults.slow_data_factor))
+        if phase == "optimizer" and self.slow_optimizer:
+            f = self.faults
+            time.sleep(self._delay("optimizer", f.slow_optimizer_seconds, f.slow_optimizer_factor))
 
     def arm(self, signum: int, _frame: object) -> None:
         if signum == HANG_SIGNAL:
@@ -89,6 +96,8 @@ class _Armed:
             self.slow = True
         elif signum == SLOW_DATA_SIGNAL:
             self.slow_data = True
+        elif signum == SLOW_OPTIMIZER_SIGNAL:
+            self.slow_optimizer = True
 
 
 def _injected_hang() -> None:
@@ -103,7 +112,7 @@ def install(config: str) -> None:
     faults = WorkerFaults.model_validate_json(config)
     armed = _Armed(faults)
     if faults.signals and threading.current_thread() is threading.main_thread():
-        for signum in (HANG_SIGNAL, SLOW_SIGNAL, SLOW_DATA_SIGNAL):
+        for signum in (HANG_SIGNAL, SLOW_SIGNAL, SLOW_DATA_SIGNAL, SLOW_OPTIMIZER_SIGNAL):
             signal.signal(signum, armed.arm)
     fault_hooks.on_step(armed.at_step)
     fault_hooks.on_phase(armed.at_phase)

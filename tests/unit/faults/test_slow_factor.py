@@ -24,7 +24,7 @@ def test_a_factor_reaches_the_workers_and_is_described() -> None:
     ("text", "problem"),
     [
         ("slow-worker:rank=3,factor=1.2,seconds=0.1", "not both"),
-        ("kill-worker:rank=3,factor=2", "slow-worker and slow-data only"),
+        ("kill-worker:rank=3,factor=2", "slow-worker, slow-data and slow-optimizer only"),
         ("slow-data:rank=3,factor=1", "factor: Input should be greater than 1"),
     ],
 )
@@ -47,3 +47,18 @@ def test_the_delay_is_the_factor_of_the_rank_s_step_time_before_the_fault(monkey
         armed.at_step(step)
         clock[0] += 0.2 + (slept[-1] if slept else 0.0)
     assert slept == pytest.approx([0.1] * 5)  # (1.5 - 1) x 0.2 s, fixed: the slowed steps do not feed it
+
+
+def test_a_slow_optimizer_slows_the_optimizer_phase_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stalwart.faults.worker_faults import SLOW_OPTIMIZER_SIGNAL
+
+    slept: list[float] = []
+    monkeypatch.setattr("stalwart.faults.worker_faults.time.sleep", slept.append)
+    armed = _Armed(WorkerFaults(signals=True, slow_optimizer_seconds=0.2))
+    armed.arm(SLOW_OPTIMIZER_SIGNAL, None)
+    for phase in ("data", "compute", "optimizer", "comm"):
+        armed.at_phase(phase)
+    assert slept == [0.2]
+    fault = parse_fault("slow-optimizer:rank=1,step=5,factor=1.5")
+    armed_env = json.loads(node_fault_env([fault])["*"][contract.FAULT_HOOKS])
+    assert armed_env["signals"] and armed_env["slow_optimizer_factor"] == 1.5
