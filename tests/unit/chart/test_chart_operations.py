@@ -11,7 +11,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from support.chart import VALUE_SETS, notes, render
+from support.chart import CHART, VALUE_SETS, notes, render
 
 from stalwart.net import free_port
 from stalwart.store.etcd_server import EtcdServer
@@ -124,3 +124,33 @@ def test_trainingjobs_are_in_the_aggregated_view_edit_and_admin_roles() -> None:
 def test_the_notes_say_helm_never_upgrades_the_crd() -> None:
     text = notes()
     assert "never upgrades" in text and "helm show crds" in text and "helm test stalwart" in text
+
+
+def test_every_shipped_alert_has_a_window_and_an_absolute_runbook_link() -> None:
+    [rule] = by_kind(render(VALUE_SETS["monitored-with-console"]), "PrometheusRule").values()
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert len(alerts) >= 12
+    for alert in alerts:
+        assert alert.get("for"), f"{alert['alert']} has no for:"
+        url = alert["annotations"]["runbook_url"]
+        assert url.startswith("https://git.example/stalwart/blob/main/runbooks/") and url.endswith(".md"), url
+    names = {a["alert"] for a in alerts}
+    assert {
+        "StalwartNodeAgentDown",
+        "StalwartCheckpointSavesFailing",
+        "StalwartRestartStorm",
+        "StalwartDiagnosisServiceDown",
+    } <= names
+
+
+def test_the_prometheus_rule_needs_a_runbook_base_url() -> None:
+    """A relative runbook_url is no link in Alertmanager or Grafana: the rule is refused without one."""
+    from helm_python import Chart
+    from helm_python.errors import HelmRenderError, HelmValuesError
+
+    with Chart.load(CHART) as chart:
+        for base, message in (("", "runbookBaseUrl: the URL"), ("https://", "runbookBaseUrl")):
+            values = {"monitoring": {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}}
+            with pytest.raises((HelmRenderError, HelmValuesError)) as refused:
+                chart.render(values=values, name="stalwart", namespace="stalwart")
+            assert message in str(refused.value), str(refused.value)
