@@ -1,17 +1,16 @@
 # Two commands on a fresh machine:
 #   make demo   installs what it needs, then runs the example job with an injected worker crash
-#   make test   installs what it needs, then runs the checks (ruff, mypy, import contracts) and every test
-#               (mypy and the unit tests beside the end-to-end tests, then the tests that mostly wait:
-#               tests/support/suite.py)
+#   make test   installs what it needs, then runs the checks (ruff, import contracts, mypy) and then
+#               every test in one pytest run on TEST_WORKERS pytest-xdist workers (docs/testing.md)
 # While working:
-#   make test-fast  the unit tests (tests/unit), under a minute
+#   make test-fast  the unit tests (tests/unit) on WORKERS xdist workers, under a minute
+#   make test-e2e   the end-to-end tests (tests/e2e) on TEST_WORKERS xdist workers
 #   make lint       ruff format --check, ruff check, the import contracts (.importlinter)
 #   make typecheck  mypy over platform/ and operators/
 #   make flakes TEST=... RUNS=10 LOAD=2   run a test many times, under CPU load, to find flakes
-#   make durations  make test, recording the tests' durations (tests/durations.json: longest first)
-# The unit tests run on WORKERS pytest-xdist processes (tests/conftest.py keeps each worker's
-# processes, shared memory and data apart); the end-to-end tests on E2E_WORKERS (2: one per core;
-# E2E_WORKERS=0 runs them in this process).
+# pre-commit (.pre-commit-config.yaml) runs the same ruff, import contracts and mypy at each commit.
+# tests/conftest.py keeps each xdist worker's processes and shared memory apart, and the tests that
+# share a module-scoped run on one worker (--dist loadgroup). WORKERS=0 runs in one process.
 # The interpreter: Debian's python3.11 where it is installed with venv, else the first python3.11 on
 # PATH. Debian builds it with profile-guided and link-time optimization, which a pyenv build skips
 # by default: the same job takes about 9% fewer CPU-seconds in a virtual environment made from it.
@@ -34,18 +33,17 @@ HTMX    := $(CONSOLE)/static/vendor/htmx.min.js
 # `stalwart` (DESIGN.md), so they read it through links under build/packages.
 PACKAGES := build/packages
 
-WORKERS     ?= 3
+WORKERS      ?= 3
+# The end-to-end tests mostly wait on processes (leases, restarts, step delays), so make test runs
+# more workers than the machine has cores.
+TEST_WORKERS ?= 4
 
 # Python writes its bytecode caches (and pytest its rewritten test modules) even where the shell
-# says not to: without them every pytest worker compiles and rewrites the suite again, a sixth of
-# `make test-fast` (docs/testing.md).
+# says not to: without them every pytest worker compiles and rewrites the suite again.
 unexport PYTHONDONTWRITEBYTECODE
-E2E_WORKERS ?= 2
-xdist        = $(if $(filter 0,$(1)),,-n $(1) --dist loadgroup)
-XDIST       := $(call xdist,$(WORKERS))
-E2E_XDIST   := $(call xdist,$(E2E_WORKERS))
+xdist = $(if $(filter 0,$(1)),,-n $(1) --dist loadgroup)
 
-.PHONY: install browser demo demo-clean test durations test-fast test-e2e lint typecheck format flakes clean
+.PHONY: install browser demo demo-clean test test-fast test-e2e lint typecheck format flakes clean
 
 # The package's own metadata takes ranges (Python 3.10-3.12, torch>=2.5: docs/install.md); this
 # machine's exact versions come from the constraints file, passed to pip and uv alike.
@@ -112,10 +110,10 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests/unit -q $(XDIST)
+	$(BIN)/python -m pytest tests/unit -q $(call xdist,$(WORKERS))
 
 test-e2e: install
-	$(BIN)/python -m pytest tests/e2e $(E2E_XDIST)
+	$(BIN)/python -m pytest tests/e2e $(call xdist,$(TEST_WORKERS))
 
 # Run a test many times, optionally beside busy processes, to find flakes (docs/testing.md):
 #   make flakes TEST=tests/e2e/operator/test_operator_e2e.py RUNS=5 LOAD=2
@@ -124,20 +122,8 @@ LOAD ?= 0
 flakes: $(STAMP)
 	$(BIN)/python tests/support/flakes.py $(TEST) --runs $(RUNS) --load $(LOAD)
 
-# mypy and the unit tests run beside the end-to-end tests, niced, in the CPU those leave idle
-# (tests/support/suite.py; their logs go to .stalwart/test-logs/). Beside them the unit tests need
-# no third worker: each worker's collection costs 9 CPU-seconds, and the idle time is what they use.
-# Once they are done, a late lane runs the end-to-end modules that mostly wait (suite.py's LATE).
-BESIDE_WORKERS ?= 2
-BESIDE_NICE ?= 10
-test: lint install
-	$(BIN)/python tests/support/suite.py --workers $(BESIDE_WORKERS) --e2e-workers $(E2E_WORKERS) --nice $(BESIDE_NICE)
-
-# `make test`, recording every test's duration in tests/durations.json: xdist starts the longest
-# work first from it (tests/support/schedule.py). Run it when tests were added or got much longer.
-durations: lint install
-	$(BIN)/python tests/support/suite.py --workers $(BESIDE_WORKERS) --e2e-workers $(E2E_WORKERS) --nice $(BESIDE_NICE) \
-		--record-durations tests/durations.json
+test: lint typecheck install
+	$(BIN)/python -m pytest tests $(call xdist,$(TEST_WORKERS))
 
 clean:
 	rm -rf $(VENV) .stalwart .pytest_cache

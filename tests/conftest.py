@@ -19,12 +19,11 @@ import pytest
 from support.orphans import cmdline, tagged_processes
 from support.paths import REPO
 from support.ranks import close_shared_host
-from support.schedule import shared_groups
 
 from stalwart.store import Store
 from stalwart.store.etcd_server import EtcdServer
 
-pytest_plugins = ["support.dataloader", "support.cli_invoke", "support.schedule"]
+pytest_plugins = ["support.dataloader", "support.cli_invoke"]
 
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # Under `pytest -n`, workers run jobs with the same names at once: each gets its own folder of
@@ -44,27 +43,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = item.path.relative_to(REPO / "tests").parts
         if parts[0] in ("unit", "e2e"):
             item.add_marker(parts[0])
-    # `pytest -n N --dist loadgroup` (make test) keeps the tests that share one run (a module-scoped
-    # fixture) on one worker, and spreads every other test on its own (support.schedule.shared_groups).
-    for item, group in zip(items, shared_groups([_shared_fixtures(item) for item in items]), strict=True):
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        # `--dist loadgroup` (make test) keeps a module's tests on one worker when they share a run
+        # (a module- or class-scoped fixture), so the run starts once; every other test goes alone.
+        if item.get_closest_marker("xdist_group") is None and _uses_a_shared_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))
 
 
-def _shared_fixtures(item: pytest.Item) -> list[str]:
-    """`where::name` of each fixture the test shares with others: one instance of a module-scoped
-    (or class-scoped) fixture serves its module, one of a package-scoped fixture its package."""
+def _uses_a_shared_fixture(item: pytest.Item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
-        return []
-    keys = []
-    for name, defs in info.name2fixturedefs.items():
-        scopes = {d.scope for d in defs}
-        if "package" in scopes:
-            keys.append(f"{item.path.parent.relative_to(REPO)}::{name}")
-        elif scopes & {"module", "class"}:
-            keys.append(f"{item.path.relative_to(REPO)}::{name}")
-    return sorted(keys)
+        return False
+    return any(d.scope in ("package", "module", "class") for defs in info.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture(scope="session", autouse=True)
