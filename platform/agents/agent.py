@@ -41,6 +41,7 @@ from stalwart.agents.standby import StandbyDuty
 from stalwart.agents.warm_pool import READY_WAIT_SECONDS, WarmPool, warm_size
 from stalwart.agents.workers import WorkerGroup
 from stalwart.health.collective_runner import WORKER_MODULE, start_cold
+from stalwart.health.node_expectations import node_expectations
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.logs import get_logger
 from stalwart.processes import ChildProcess
@@ -110,7 +111,7 @@ class NodeAgent:
         self.inbox = ProgressInbox()
         self.metrics = MetricsExporter(job, node)
         self.history = MetricsHistory()
-        self.probes = ProbeLoop(self.metrics)
+        self.probes = ProbeLoop(self.metrics, node_expectations(self.job.spec))
         self._hand_down_job_token()
         self.checkpoint_token = CheckpointToken(store, job)
         self.warm = WarmPool(
@@ -151,7 +152,16 @@ class NodeAgent:
             wake=self._wake.set,
         )
         self.checks = CheckDuty(
-            store, job, node, self.address, self.node_dir, self.log, self._start_check_rank, wake=self._wake.set
+            store,
+            job,
+            node,
+            self.address,
+            self.node_dir,
+            self.log,
+            self._start_check_rank,
+            wake=self._wake.set,
+            machine_check=self.probes.check_now,
+            bandwidth_floor_gbps=self.probes.expected.min_bus_bandwidth_gbps,
         )
         self.standby = StandbyDuty(
             store, self.job, node, self.log, lambda: self._listed_standby, self.checkpoint_token.get

@@ -40,10 +40,16 @@ class CheckDuty:
         log: ContextLogger,
         start: RankStarter = start_cold,
         wake: Callable[[], None] = lambda: None,
+        machine_check: Callable[[], list[str]] = lambda: [],
+        bandwidth_floor_gbps: float | None = None,
     ) -> None:
         """`start` starts a check rank (the agent forks it from its fork server when it can);
-        `wake()` wakes the loop that calls `serve`."""
+        `wake()` wakes the loop that calls `serve`; `machine_check()` runs the node's probes once and
+        says its machine faults (a GPU missing, a required NIC down), which fail its share whatever
+        the collectives say; `bandwidth_floor_gbps` is the spec's floor for this node's links."""
         self.store, self.job, self.node, self.address = store, job, node, address
+        self.machine_check = machine_check
+        self.bandwidth_floor_gbps = bandwidth_floor_gbps
         self.wake = wake
         self.start = start
         self.workdir = workdir
@@ -89,11 +95,19 @@ class CheckDuty:
             fields={"request": request.id, "nodes": len(request.nodes), "procs": request.procs_per_node},
         )
         try:
+            # The probes first: a node refused for a missing GPU still runs its ranks, so its peers'
+            # collectives do not wait for it in vain.
+            faults = self.machine_check()
+        except Exception as exc:  # says nothing about the machine (as a probe that crashes: not available)
+            self.log.warning("the probes could not run", fields={"request": request.id, "error": repr(exc)[:200]})
+            faults = []
+        try:
             report = run_share(
                 request, self.node, self.workdir / "checks" / request.id, self._rendezvous(request), self.start
             )
         except Exception as exc:  # a share that cannot run still answers, so the requester need not time out
             report = NodeCheckReport(request_id=request.id, node=self.node, error=f"{type(exc).__name__}: {exc}")
+        report = report.model_copy(update={"machine_faults": faults, "bandwidth_floor_gbps": self.bandwidth_floor_gbps})
         try:
             self.store.put(keys.check_report(self.job, request.id, self.node), report)
         except StoreUnavailable as exc:
@@ -106,6 +120,7 @@ class CheckDuty:
                 "seconds": round(time.monotonic() - started, 2),
                 "finished": all(r.finished for r in report.ranks) and not report.error,
                 "error": report.error,
+                "machine_faults": report.machine_faults,
             },
         )
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from stalwart.health.bandwidth import slow_links
 from stalwart.health.collective_records import (
     BACKEND_ENV,
     NUMEL_ENV,
@@ -249,9 +250,11 @@ def assemble(
     backend: str,
     started_at: float,
     reference: Reference | None = None,
+    bandwidth_floors: Mapping[int, float] | None = None,
 ) -> CollectiveCheckReport:
-    """Judge every rank's report (however they were gathered) into the run's report."""
-    verdicts = judge(reports, procs_per_node, timed_out, reference)
+    """Judge every rank's report (however they were gathered) into the run's report; bus bandwidth
+    against `bandwidth_floors` (per node index) or the peers' median (stalwart.health.bandwidth)."""
+    verdicts = with_slow_links(judge(reports, procs_per_node, timed_out, reference), reports, bandwidth_floors)
     passed = (
         all(v.passed for v in verdicts)
         and all(r.finished and r.phase == "done" for r in reports)
@@ -269,6 +272,16 @@ def assemble(
     )
 
 
+def with_slow_links(
+    verdicts: list[NodeVerdict], reports: list[RankReport], floors: Mapping[int, float] | None
+) -> list[NodeVerdict]:
+    slow = slow_links(reports, floors)
+    return [
+        v.model_copy(update={"passed": False, "reasons": v.reasons + slow[v.node]}) if v.node in slow else v
+        for v in verdicts
+    ]
+
+
 def run_collective_check(
     workdir: Path | str,
     *,
@@ -282,9 +295,11 @@ def run_collective_check(
     master_port: int | None = None,
     reference: Reference | None = None,
     start: RankStarter = start_cold,
+    bandwidth_floor_gbps: float | None = None,
 ) -> CollectiveCheckReport:
     """Run the checks on `nodes` x `procs_per_node` local processes; never longer than `timeout`.
-    `rank_env` adds environment variables to single ranks (fault injection in tests)."""
+    `rank_env` adds environment variables to single ranks (fault injection in tests);
+    `bandwidth_floor_gbps` is every node's floor (None: the peers' median, on GPUs)."""
     started = time.time()
     world = nodes * procs_per_node
     outcome = run_ranks(
@@ -309,6 +324,7 @@ def run_collective_check(
         backend=backend,
         started_at=started,
         reference=reference,
+        bandwidth_floors=dict.fromkeys(range(nodes), bandwidth_floor_gbps) if bandwidth_floor_gbps else None,
     )
 
 

@@ -64,6 +64,11 @@ def _run_check(
     report.write(path)
 
 
+# 64M float32 elements (256 MiB): where nccl-tests' bus bandwidth reaches its plateau on NVLink and
+# InfiniBand, so a degraded link shows.
+GPU_NUMEL = 1 << 26
+
+
 def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -74,6 +79,8 @@ def main() -> int:
     timeout = float(os.environ.get(TIMEOUT_ENV, "30"))
     rendezvous_timeout = float(os.environ.get(RENDEZVOUS_TIMEOUT_ENV, "300"))
     backend, device = _backend_and_device(local_rank)
+    if device.type == "cuda":
+        numel = max(numel, GPU_NUMEL)  # a few hundred KiB measure latency, not NVLink or InfiniBand
     report = RankReport(
         rank=rank, node=rank // per_node, local_rank=local_rank, pid=os.getpid(), backend=backend, device=str(device)
     )

@@ -50,6 +50,8 @@ class NodeCheckReport(Record):
     timed_out_ranks: list[int] = []
     exit_codes: dict[int, int | None] = {}
     error: str | None = None  # the share could not run at all (no rendezvous, a spawn failure)
+    machine_faults: list[str] = []  # what the node's probes found just before: each one fails the node
+    bandwidth_floor_gbps: float | None = None  # the spec's floor for this node (None: its peers' median)
 
 
 def node_ranks(request: CheckRequest, node: str) -> list[int]:
@@ -101,12 +103,14 @@ def judge_shares(
 ) -> tuple[CollectiveCheckReport, dict[str, list[str]]]:
     """Every node's share judged together, as one local run would be. A node that sent no report
     (its agent is gone, or hung) counts as ranks that never started: the hung participant.
-    Also returns, per node, what its agent said beyond its ranks (no report, an error)."""
+    Also returns, per node, what its agent said beyond its ranks (no report, an error, the machine
+    faults its probes found: a GPU missing, a required NIC down), each of which fails the node."""
     per = request.procs_per_node
     ranks: list[RankReport] = []
     timed_out: list[int] = []
     exit_codes: dict[int, int | None] = {}
     notes: dict[str, list[str]] = {}
+    floors: dict[int, float] = {}
     for index, node in enumerate(request.nodes):
         share = reports.get(node)
         mine = node_ranks(request, node)
@@ -119,6 +123,10 @@ def judge_shares(
         else:
             timed_out += share.timed_out_ranks
             exit_codes.update(share.exit_codes)
+        if share is not None and share.machine_faults:
+            notes.setdefault(node, []).extend(f"machine fault: {f}" for f in share.machine_faults)
+        if share is not None and share.bandwidth_floor_gbps is not None:
+            floors[index] = share.bandwidth_floor_gbps
     report = assemble(
         ranks,
         per,
@@ -127,5 +135,6 @@ def judge_shares(
         backend=request.backend,
         started_at=request.requested_at,
         reference=reference,
+        bandwidth_floors=floors,
     )
     return report, notes

@@ -1,8 +1,13 @@
 """The kernel log: NVIDIA Xid events, OOM-killer kills and panics, parsed from its lines.
 
 The parsers are pure and accept every prefix seen in recorded logs: `dmesg` (`[  219.470994] `),
-`dmesg -T`, syslog/journal (`Dec  2 11:38:47 host kernel: `) and bare lines. The reader runs
-`dmesg` with a timeout and says None where the log is not readable (no permission, no dmesg).
+`dmesg -T`, `dmesg --time-format iso`, syslog/journal (`Dec  2 11:38:47 host kernel: `) and bare
+lines. The reader runs `dmesg --time-format iso` (plain `dmesg` where that option is unknown) with a
+timeout and says None where the log is not readable (no permission, no dmesg).
+
+Evidence is only what was logged inside a window (`since_window`): an Xid from last week is not a
+reason to evict a node today. A line whose time cannot be read (a log printed without timestamps)
+is kept: the reader's own output always has them.
 """
 
 from __future__ import annotations
@@ -10,8 +15,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
+
+import psutil
 
 from stalwart.health.records import Finding, Severity
 from stalwart.processes import spawn, stop_process
@@ -63,6 +72,10 @@ _OOM_KILL = re.compile(
 )
 _PANIC = re.compile(r"Kernel panic - not syncing: (?P<reason>.*)$")
 _SOFT_LOCKUP = re.compile(r"BUG: soft lockup - CPU#(?P<cpu>\d+) stuck")
+_ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d+))?([+-]\d\d:?\d\d|Z)?")
+_BOOT_TIME = re.compile(r"^(?:\S+\s+\S+\s+\S+\s+\S+\s+kernel:\s*|kernel:\s*)?\[\s*(\d+\.\d+)\]")
+_CTIME = re.compile(r"^\[(\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})\]")
+_SYSLOG_TIME = re.compile(r"^(\w{3} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel:")
 _PREFIX = re.compile(r"^(?:\S+\s+\S+\s+\S+\s+\S+\s+kernel:\s*|kernel:\s*)?(?:\[[^\]]*\]\s*)*")
 
 
@@ -98,6 +111,46 @@ class KernelLogScan(Record):
 def strip_prefix(line: str) -> str:
     """The message without its dmesg/syslog timestamp and host prefix."""
     return _PREFIX.sub("", line.rstrip("\n"), count=1).strip()
+
+
+def line_time(line: str, boot_time: float, now: float) -> float | None:
+    """When a kernel log line was logged (epoch seconds), from whichever timestamp it carries; None
+    where it has none. `boot_time` turns dmesg's seconds-since-boot into a time; `now` gives a
+    syslog line (which has no year) the latest year that does not put it in the future. Local time
+    where the line names no zone, as dmesg -T and syslog print it."""
+    if m := _ISO_TIME.match(line):
+        zone = m.group(3) or ""
+        text = m.group(1) + "." + (m.group(2) or "0")[:6] + ("+00:00" if zone in ("", "Z") else zone)
+        stamp = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%z")
+        return stamp.timestamp() if zone else stamp.replace(tzinfo=None).timestamp()
+    if m := _CTIME.match(line):
+        return datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").timestamp()
+    if m := _SYSLOG_TIME.match(line):
+        year = datetime.fromtimestamp(now).year
+        for y in (year, year - 1):
+            t = datetime.strptime(f"{y} {m.group(1)}", "%Y %b %d %H:%M:%S").timestamp()
+            if t <= now + 60:  # a minute of clock skew between the log and this reader
+                return t
+        return None
+    if m := _BOOT_TIME.match(line):
+        return boot_time + float(m.group(1))
+    return None
+
+
+def since_window(lines: Iterable[str], since: float, *, boot_time: float, now: float | None = None) -> list[str]:
+    """The lines logged at or after `since` (epoch seconds). A continuation line (no timestamp of its
+    own, as a multi-line driver message prints them) goes with the line before it; a log with no
+    timestamps at all is kept whole."""
+    now = time.time() if now is None else now
+    kept: list[str] = []
+    keep_undated = True  # until a dated line says otherwise
+    for line in lines:
+        t = line_time(line, boot_time, now)
+        if t is not None:
+            keep_undated = t >= since
+        if keep_undated:
+            kept.append(line)
+    return kept
 
 
 def parse_xid_line(line: str) -> XidEvent | None:
@@ -239,16 +292,54 @@ def host_kernel_findings(scan: KernelLogScan) -> list[Finding]:
 
 
 def read_kernel_log(timeout: float = 5.0, max_lines: int = 20_000, binary: str = "dmesg") -> list[str] | None:
-    """The last `max_lines` kernel log lines via `dmesg`, or None where it cannot be read."""
+    """The last `max_lines` kernel log lines via `dmesg --time-format iso` (each line dated with its
+    zone, so a window needs no boot time), plain `dmesg` where that fails; None where neither can
+    read it."""
     path = shutil.which(binary)
     if path is None:
         return None
-    proc = spawn([path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    for args in (["--time-format", "iso"], []):
+        lines = _run_dmesg([path, *args], timeout)
+        if lines is not None:
+            return lines[-max_lines:]
+    return None
+
+
+def _run_dmesg(argv: list[str], timeout: float) -> list[str] | None:
+    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_process(proc, grace=1.0)
         return None
     if proc.returncode != 0:
-        return None  # typically "Operation not permitted" (kernel.dmesg_restrict)
-    return out.decode(errors="replace").splitlines()[-max_lines:]
+        return None  # typically "Operation not permitted" (kernel.dmesg_restrict), or an old dmesg
+    return out.decode(errors="replace").splitlines()
+
+
+class WindowedKernelLog:
+    """A kernel log reader that keeps only what was logged in the window: since `started_at` (the
+    agent's start), or the last `minutes` when they are given."""
+
+    def __init__(
+        self,
+        started_at: float,
+        minutes: int | None = None,
+        reader: Callable[[], list[str] | None] = read_kernel_log,
+        boot_time: Callable[[], float] = psutil.boot_time,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.started_at, self.minutes = started_at, minutes
+        self.reader, self.boot_time, self.clock = reader, boot_time, clock
+
+    def since(self) -> float:
+        return self.clock() - self.minutes * 60 if self.minutes is not None else self.started_at
+
+    def __call__(self) -> list[str] | None:
+        lines = self.reader()
+        if lines is None:
+            return None
+        return since_window(lines, self.since(), boot_time=self.boot_time(), now=self.clock())
+
+    def describe(self) -> str:
+        return f"the last {self.minutes} minutes" if self.minutes is not None else "since the agent started"

@@ -335,7 +335,7 @@ def evaluate_network(
                     message=f"{n.name} is {n.operstate} (not used by the job)",
                 )
             )
-    for missing in required - {x.name for x in now.nics}:
+    for missing in sorted(required - {x.name for x in now.nics}):
         findings.append(
             Finding(
                 code="nic_missing",
@@ -343,7 +343,7 @@ def evaluate_network(
                 subject=missing,
                 machine_fault=True,
                 failure_class="nic_down",
-                message=f"{n} does not exist",
+                message=f"{missing} does not exist",
             )
         )
     deltas = error_deltas(now, previous)

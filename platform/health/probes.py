@@ -6,12 +6,14 @@ it is reported as not available with the error, never as healthy and never as a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from stalwart.health.gpu_probe import GpuProbe
 from stalwart.health.host import HostProbe
+from stalwart.health.kernel_log import WindowedKernelLog, read_kernel_log
 from stalwart.health.network import NetworkProbe
+from stalwart.health.node_expectations import NodeExpectations
 from stalwart.health.records import ProbeResult
 
 
@@ -38,10 +40,24 @@ def default_probes(
     writable_paths: Iterable[str] = (),
     required_nics: Iterable[str] = (),
     sysfs_root: str = "/sys",
+    kernel_log_reader: Callable[[], list[str] | None] = read_kernel_log,
 ) -> list[Probe]:
-    """The node agent's probe set: GPU, host and network."""
+    """The probe set: GPU, host and network."""
     return [
-        GpuProbe(expected_count=expected_gpus),
-        HostProbe(paths=list(disk_paths), writable_paths=list(writable_paths)),
+        GpuProbe(expected_count=expected_gpus, kernel_log_reader=kernel_log_reader),
+        HostProbe(paths=list(disk_paths), writable_paths=list(writable_paths), kernel_log_reader=kernel_log_reader),
         NetworkProbe(sysfs_root=sysfs_root, required_nics=list(required_nics)),
     ]
+
+
+def node_probes(expected: NodeExpectations, started_at: float, sysfs_root: str = "/sys") -> list[Probe]:
+    """The node agent's probes, told what the job's spec expects of the node, reading the kernel
+    log only in the spec's window (since `started_at`, the agent's start, by default)."""
+    return default_probes(
+        expected_gpus=expected.expected_gpus,
+        disk_paths=expected.watched_disks,
+        writable_paths=expected.writable_paths,
+        required_nics=expected.required_nics,
+        sysfs_root=sysfs_root,
+        kernel_log_reader=WindowedKernelLog(started_at, expected.kernel_log_window_minutes),
+    )

@@ -190,6 +190,62 @@ class Parallelism(SpecModel):
         return world // self.model_parallel
 
 
+class NodeHealth(SpecModel):
+    """What a node of this role must have, for its agent's probes and pre-flight to judge it by."""
+
+    expected_gpus: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=64,
+            description="GPUs each node must show (NVML or nvidia-smi). Fewer is a machine fault (gpu_missing): "
+            "the node is refused at pre-flight and evicted while running. None: not checked.",
+        ),
+    ] = None
+    required_nics: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]],
+        Field(
+            max_length=64,
+            description="Network interfaces the job's traffic uses (e.g. ib0, eth1): one down or absent is a "
+            "machine fault (nic_down). Others down are reported as info only.",
+        ),
+    ] = []
+    watched_disks: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=4096)]],
+        Field(
+            max_length=64,
+            description="Paths whose disk is watched: full is a machine fault (disk_full), missing one too "
+            "(mount_missing).",
+        ),
+    ] = ["/"]
+    writable_paths: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=4096)]],
+        Field(
+            max_length=64,
+            description="Paths that must be on a writable mount (checkpoints, scratch): a read-only one is a "
+            "machine fault (mount_read_only).",
+        ),
+    ] = []
+    kernel_log_window_minutes: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=10_080,
+            description="Kernel-log evidence (Xid, ECC, fallen off the bus, panics) counts only from the last N "
+            "minutes. None: only what was logged since the node's agent started.",
+        ),
+    ] = None
+    min_bus_bandwidth_gbps: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=1e5,
+            description="Bus bandwidth floor (GB/s, as nccl-tests reports it) for the node checks' collectives. "
+            "None: a node is judged against its peers' median (below half of it fails).",
+        ),
+    ] = None
+
+
 class Role(SpecModel):
     """A group of identical nodes running the same command (trainer, actor, rollout, ...)."""
 
@@ -276,6 +332,10 @@ class Role(SpecModel):
             "replicas x processesPerNode / (tensor x context x pipeline)."
         ),
     ] = Parallelism()
+    health: Annotated[
+        NodeHealth,
+        Field(description="What each node of this role must have (GPUs, NICs, disks), and how its probes judge it."),
+    ] = NodeHealth()
 
     @field_validator("name")
     @classmethod

@@ -19,8 +19,8 @@ from stalwart.store.records import WorkerStatus
 
 
 def check_procs(spec: TrainingJobSpec) -> int:
-    """Processes per node for the checks: enough to test intra-node collectives, no more."""
-    return min(2, max(r.processes_per_node for r in spec.roles))
+    """Processes per node for the checks: one per worker (per GPU), so every GPU of every node is checked."""
+    return max(r.processes_per_node for r in spec.roles)
 
 
 @dataclass
