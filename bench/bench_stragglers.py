@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from stalwart.controller.detectors.straggler_scores import Sample, score_group, slow_ranks
+from stalwart.spec import ALLOWED_PATHS_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "pretrain-tiny.yaml"
@@ -182,6 +183,7 @@ def main() -> None:
     p.add_argument("--no-anchor", action="store_true")
     p.add_argument("--output", type=Path, default=RESULTS / "bench_stragglers.md")
     args = p.parse_args()
+    os.environ[ALLOWED_PATHS_ENV] = str(EXAMPLE.parent)  # the job file lives in a temporary folder
     factors = [float(f) for f in args.factors.split(",")]
     kinds = args.kinds.split(",")
     started = datetime.datetime.now(datetime.UTC)
