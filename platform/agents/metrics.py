@@ -17,6 +17,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
+from stalwart.health.gpu_health import PROBE as GPU_PROBE
 from stalwart.health.node_vector import NodeMetricVector
 from stalwart.health.records import ProbeResult, ProbeStatus, Severity
 from stalwart.signatures.scanner import SignatureMatch
@@ -310,6 +311,15 @@ class MetricsExporter:
                 sum(f.severity is severity for f in result.findings)
             )
         self.probe_last_run.labels(*labels).set(result.checked_at)
+        if result.probe == GPU_PROBE:  # the GPU probe's summary: the node's GPU panels and outlier checks
+            utilization, temperature = (
+                result.readings.get("mean_utilization_pct"),
+                result.readings.get("max_temperature_c"),
+            )
+            if isinstance(utilization, int | float):
+                self.node_gpu_utilization.labels(self.job, self.node).set(utilization / 100.0)
+            if isinstance(temperature, int | float):
+                self.node_gpu_temperature.labels(self.job, self.node).set(temperature)
 
     def record_heartbeat(self, generation: int, sent_at: float | None = None) -> None:
         labels = (self.job, self.node)

@@ -6,9 +6,14 @@ for `stalwart dashboards push`) is generated here; a test fails when it differs.
     python -m stalwart.telemetry.dashboard > charts/stalwart/dashboards/stalwart.json
 
 Three rows: the fleet, one job (the `$job` variable: phase timeline, ETTR, incidents, throughput,
-loss, per-node health, standbys) and its checkpoints. Runbooks cite panels by their titles
-(`Grafana panel "Throughput"`); a test checks every title they cite is here. Every query selects
-by `training_job`, never `job` (Prometheus's own target label).
+loss, per-node health and GPUs, standbys) and its checkpoints. `$namespace` narrows both to one
+Kubernetes namespace (a TrainingJob's `training_job` is `<namespace>.<name>`; `stalwart run`'s jobs
+have none and show under All). Runbooks cite panels by their titles (`Grafana panel "Throughput"`);
+a test checks every title they cite is here. Every query selects by `training_job`, never `job`
+(Prometheus's own target label). Counters are shown as increases or rates over `$__rate_interval`
+and histogram quantiles are taken over the rate of their buckets, so a panel shows what happened
+then, not since the job started; an e2e test runs every query against a real Prometheus scraping a
+live `stalwart run` job.
 
 grafana-foundation-sdk is needed only to regenerate (the `observability-dev` extra); the product
 reads the committed JSON.
@@ -24,6 +29,9 @@ from typing import Any, Literal
 UID = "stalwart-training"
 TITLE = "Stalwart training"
 JOB = 'training_job=~"$job"'
+# The fleet's jobs in the chosen namespace (All: every job, `stalwart run`'s included).
+NAMESPACE = 'training_job=~"$namespace\\\\..+|$namespace"'
+RATE = "$__rate_interval"
 
 Kind = Literal["timeseries", "stat", "statetimeline"]
 
@@ -48,36 +56,46 @@ def q(expr: str, legend: str = "") -> Query:
     return Query(" ".join(expr.split()), legend)
 
 
+def quantile(phi: float, histogram: str, legend: str) -> Query:
+    """A quantile of the observations in each interval (the rate of the buckets), not since the start."""
+    return q(f"histogram_quantile({phi}, sum by (le) (rate({histogram}_bucket{{{JOB}}}[{RATE}])))", legend)
+
+
 FLEET = (
     PanelSpec(
         "Jobs by phase",
         "How many jobs are in each phase now.",
-        (q("sum by (phase) (stalwart_job_phase == 1)", "{{phase}}"),),
+        (q(f"sum by (phase) (stalwart_job_phase{{{NAMESPACE}}} == 1)", "{{phase}}"),),
         kind="stat",
     ),
     PanelSpec(
         "Throughput by job",
         "Tokens per second of each job: rate() of the ranks' token counters.",
-        (q("sum by (training_job) (rate(stalwart_worker_tokens_total[1m]))", "{{training_job}}"),),
+        (q(f"sum by (training_job) (rate(stalwart_worker_tokens_total{{{NAMESPACE}}}[{RATE}]))", "{{training_job}}"),),
         unit="short",
     ),
     PanelSpec(
         "ETTR by job",
         "Effective training time ratio of each job since its first step.",
-        (q("stalwart_job_ettr_ratio", "{{training_job}}"),),
+        (q(f"stalwart_job_ettr_ratio{{{NAMESPACE}}}", "{{training_job}}"),),
         unit="percentunit",
     ),
     PanelSpec(
         "Incidents by class",
-        "Incidents recorded so far, by failure class, over every job.",
-        (q("sum by (failure_class) (stalwart_job_incidents_total)", "{{failure_class}}"),),
+        "Incidents recorded in each interval, by failure class, over every job.",
+        (
+            q(
+                f"sum by (failure_class) (increase(stalwart_job_incidents_total{{{NAMESPACE}}}[{RATE}]))",
+                "{{failure_class}}",
+            ),
+        ),
     ),
     PanelSpec(
         "Control plane",
         "etcd as the exporter sees it (1 up), and each job's controller (1 leading).",
         (
             q("max(stalwart_etcd_up)", "etcd"),
-            q("stalwart_job_controller_up", "controller {{training_job}}"),
+            q(f"stalwart_job_controller_up{{{NAMESPACE}}}", "controller {{training_job}}"),
         ),
         width=16,
     ),
@@ -96,12 +114,12 @@ ONE_JOB = (
     ),
     PanelSpec(
         "Incidents",
-        "Incidents recorded, by failure class.",
-        (q(f"sum by (failure_class) (stalwart_job_incidents_total{{{JOB}}})", "{{failure_class}}"),),
+        "Incidents recorded in each interval, by failure class.",
+        (q(f"sum by (failure_class) (increase(stalwart_job_incidents_total{{{JOB}}}[{RATE}]))", "{{failure_class}}"),),
     ),
     PanelSpec(
         "Recovery time by class",
-        "Mean failure-to-first-step time (MTTR) by class, and mean detection time.",
+        "Mean failure-to-first-step time (MTTR) by class, and mean detection time, over the job's incidents so far.",
         (
             q(
                 f"sum by (failure_class) (stalwart_job_recovery_duration_seconds_sum{{{JOB}}}) / "
@@ -119,7 +137,7 @@ ONE_JOB = (
     PanelSpec(
         "Throughput",
         "Tokens per second over the job's ranks.",
-        (q(f"sum(rate(stalwart_worker_tokens_total{{{JOB}}}[1m]))", "tokens/s"),),
+        (q(f"sum(rate(stalwart_worker_tokens_total{{{JOB}}}[{RATE}]))", "tokens/s"),),
     ),
     PanelSpec("Loss", "The loss rank 0 reports.", (q(f'stalwart_worker_loss{{{JOB},rank="0"}}', "loss"),)),
     PanelSpec(
@@ -153,6 +171,18 @@ ONE_JOB = (
         unit="percentunit",
     ),
     PanelSpec(
+        "GPU utilization by node",
+        "Mean utilization of each node's GPUs (0-1), as its agent's GPU probe reads them (NVML or nvidia-smi).",
+        (q(f"stalwart_node_gpu_utilization_ratio{{{JOB}}}", "{{node}}"),),
+        unit="percentunit",
+    ),
+    PanelSpec(
+        "GPU temperature by node",
+        "The hottest GPU of each node: a GPU near its slowdown temperature throttles its clocks.",
+        (q(f"stalwart_node_gpu_temperature_celsius{{{JOB}}}", "{{node}}"),),
+        unit="celsius",
+    ),
+    PanelSpec(
         "Machine faults by node",
         "1 when a probe of the node reports a machine fault (evict at once).",
         (q(f"max by (node) (stalwart_probe_machine_fault{{{JOB}}})", "{{node}}"),),
@@ -164,15 +194,15 @@ ONE_JOB = (
     ),
     PanelSpec(
         "Restarts by cause",
-        "Restarts counted against maxRestarts, and those caused by the infrastructure.",
-        (q(f"stalwart_job_restarts_total{{{JOB}}}", "{{cause}}"),),
+        "Restarts in each interval: counted against maxRestarts, and those caused by the infrastructure.",
+        (q(f"sum by (cause) (increase(stalwart_job_restarts_total{{{JOB}}}[{RATE}]))", "{{cause}}"),),
     ),
     PanelSpec(
         "Evictions by node",
-        "Times each node was evicted, and hot-swaps (a standby took the evicted node's ranks).",
+        "Evictions of each node in each interval, and hot-swaps (a standby took the evicted node's ranks).",
         (
-            q(f"stalwart_job_evictions_total{{{JOB}}}", "{{node}}"),
-            q(f"stalwart_job_hot_swaps_total{{{JOB}}}", "hot-swaps"),
+            q(f"sum by (node) (increase(stalwart_job_evictions_total{{{JOB}}}[{RATE}]))", "{{node}}"),
+            q(f"sum(increase(stalwart_job_hot_swaps_total{{{JOB}}}[{RATE}]))", "hot-swaps"),
         ),
     ),
 )
@@ -188,30 +218,24 @@ CHECKPOINTS = (
     ),
     PanelSpec(
         "Checkpoint saves by outcome",
-        "Saves finished by the job's ranks, committed or failed.",
-        (q(f"sum by (outcome) (stalwart_checkpoint_saves_total{{{JOB}}})", "{{outcome}}"),),
+        "Saves the job's ranks finished in each interval, committed or failed.",
+        (q(f"sum by (outcome) (increase(stalwart_checkpoint_saves_total{{{JOB}}}[{RATE}]))", "{{outcome}}"),),
     ),
     PanelSpec(
         "Checkpoint save stall",
-        "Time training waited per save (the blocking part), 50th and 99th percentiles.",
+        "Time training waited per save (the blocking part), 50th and 99th percentiles of the saves in each interval.",
         (
-            q(f"histogram_quantile(0.5, sum by (le) (stalwart_checkpoint_save_stall_seconds_bucket{{{JOB}}}))", "p50"),
-            q(f"histogram_quantile(0.99, sum by (le) (stalwart_checkpoint_save_stall_seconds_bucket{{{JOB}}}))", "p99"),
+            quantile(0.5, "stalwart_checkpoint_save_stall_seconds", "p50"),
+            quantile(0.99, "stalwart_checkpoint_save_stall_seconds", "p99"),
         ),
         unit="s",
     ),
     PanelSpec(
         "Checkpoint save duration",
-        "Save from the call to the commit, 50th and 99th percentiles.",
+        "Save from the call to the commit, 50th and 99th percentiles of the saves in each interval.",
         (
-            q(
-                f"histogram_quantile(0.5, sum by (le) (stalwart_checkpoint_save_duration_seconds_bucket{{{JOB}}}))",
-                "p50",
-            ),
-            q(
-                f"histogram_quantile(0.99, sum by (le) (stalwart_checkpoint_save_duration_seconds_bucket{{{JOB}}}))",
-                "p99",
-            ),
+            quantile(0.5, "stalwart_checkpoint_save_duration_seconds", "p50"),
+            quantile(0.99, "stalwart_checkpoint_save_duration_seconds", "p99"),
         ),
         unit="s",
     ),
@@ -229,9 +253,9 @@ CHECKPOINTS = (
     ),
     PanelSpec(
         "Checkpoint bytes by tier",
-        "Bytes written into committed checkpoints, by tier.",
-        (q(f"sum by (tier) (stalwart_checkpoint_saved_bytes_total{{{JOB}}})", "{{tier}}"),),
-        unit="bytes",
+        "Bytes per second written into committed checkpoints, by tier.",
+        (q(f"sum by (tier) (rate(stalwart_checkpoint_saved_bytes_total{{{JOB}}}[{RATE}]))", "{{tier}}"),),
+        unit="Bps",
     ),
     PanelSpec(
         "Data loader ready batches",
@@ -273,10 +297,22 @@ def build() -> dict[str, Any]:
         .timezone("browser")
         .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
         .with_variable(
+            dashboard.QueryVariable("namespace")
+            .label("Namespace")
+            .datasource(datasource)
+            .query("label_values(stalwart_job_phase, training_job)")
+            .regex("/^([^.]+)\\./")  # a TrainingJob's training_job is <namespace>.<name>
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(VariableSort.ALPHABETICAL_ASC)
+            .include_all(True)
+            .all_value(".*")
+            .multi(False)
+        )
+        .with_variable(
             dashboard.QueryVariable("job")
             .label("Training job")
             .datasource(datasource)
-            .query("label_values(stalwart_job_phase, training_job)")
+            .query(f"label_values(stalwart_job_phase{{{NAMESPACE}}}, training_job)")
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(VariableSort.ALPHABETICAL_ASC)
             .include_all(True)

@@ -1,10 +1,14 @@
 """A real Prometheus (Debian's package) on loopback scrapes a real `stalwart run` job that loses a
-node: every dashboard panel's query returns series, queries by training_job work, and the incident
-counter shows the fault. One job, one Prometheus, every assertion in this module."""
+node: every dashboard panel's query returns series (with Grafana's variables as a user sets them:
+`$__rate_interval`, the namespace and the job), queries by training_job work, and the incident
+counter shows the fault. The machine has no GPU: the agents' GPU probe reads `nvidia-smi -q` output
+recorded on an H100 (tests/data/health), through an `nvidia-smi` on the job's PATH that prints it,
+so the GPU panels have their series. One job, one Prometheus, every assertion in this module."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +26,25 @@ from stalwart.processes import spawn, stop_process, wait_for
 
 JOB = "pretrain-tiny"
 DASHBOARD = REPO / "charts" / "stalwart" / "dashboards" / "stalwart.json"
+RECORDED_SMI = REPO / "tests" / "data" / "health" / "nvidia-smi" / "h100-80gb-hbm3-driver-580.txt"
+# What Grafana puts in the queries: All namespaces (the variable's allValue), this job, and a
+# $__rate_interval of at least 4 scrapes (1 s here).
+VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*", "$job": JOB}
+
+
+def grafana_expr(expr: str, variables: dict[str, str] = VARIABLES) -> str:
+    for name, value in variables.items():
+        expr = expr.replace(name, value)
+    return expr
+
+
+def recorded_gpu_path(bin_dir: Path) -> str:
+    """A PATH whose `nvidia-smi` prints the recorded H100 output (`-q` is all the probe asks)."""
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec cat {RECORDED_SMI}\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 class Live:
@@ -106,6 +129,7 @@ def live(example_shards: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**os.environ, "PATH": recorded_gpu_path(tmp / "gpu-bin"), "STALWART_PROBE_INTERVAL": "2"},
         )
     # One client for the whole module: each `httpx.get` builds a TLS context (the CA bundle read
     # again), which made this module's polling 9 CPU-seconds of the end-to-end run.
@@ -137,11 +161,30 @@ def test_the_fault_shows_and_every_panel_returns_series(live: Live) -> None:
     # Queries by training_job work on the agents' series too (not renamed exported_job).
     assert live.query(f"stalwart_worker_step{{{sel}}}")
     assert not live.query('{exported_job!=""}')
+    live.wait("the GPU probe's readings", lambda: live.query(f"stalwart_node_gpu_temperature_celsius{{{sel}}}"))
     model = json.loads(DASHBOARD.read_text())
     empty = []
     for panel in model["panels"]:
         for target in panel.get("targets", []):
-            expr = target["expr"].replace("$job", JOB)
+            expr = grafana_expr(target["expr"])
+            assert "$" not in expr, expr  # every variable the dashboard uses is one Grafana fills in
             if not live.query(expr):
                 empty.append(f"{panel['title']}: {expr}")
     assert not empty, "panels with no data from a live job:\n" + "\n".join(empty)
+    titles = {p["title"] for p in model["panels"]}
+    assert {"GPU utilization by node", "GPU temperature by node"} <= titles
+    # The variables: `namespace` lists the namespaces of TrainingJobs (none under `stalwart run`);
+    # `job` lists the jobs of the chosen namespace, every job under All.
+    variables = {v["name"]: v for v in model["templating"]["list"]}
+    assert variables["namespace"]["allValue"] == ".*" and variables["namespace"]["includeAll"] is True
+    jobs = (
+        variables["job"]["query"]["query"] if isinstance(variables["job"]["query"], dict) else variables["job"]["query"]
+    )
+    selector = jobs.removeprefix("label_values(").removesuffix(", training_job)")
+    listed = {r["metric"]["training_job"] for r in live.query(grafana_expr(selector))}
+    assert JOB in listed
+    assert not live.query(grafana_expr(selector, {**VARIABLES, "$namespace": "team-a"}))
+    # Recent windows: a counter's increase over the last minutes, not its lifetime total.
+    lifetime = live.value(f"sum(stalwart_worker_tokens_total{{{sel}}})")
+    recent = live.value(f"sum(increase(stalwart_worker_tokens_total{{{sel}}}[5s]))")
+    assert 0 <= recent < lifetime

@@ -158,3 +158,26 @@ def test_stop_frees_the_port() -> None:
     m.stop()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_the_gpu_probes_readings_feed_the_node_gpu_gauges() -> None:
+    """The GPU probe's summary (from recorded nvidia-smi output) sets the node's GPU utilization and
+    hottest temperature, which the dashboard's GPU panels plot."""
+    from support.paths import REPO
+
+    from stalwart.health.gpu_health import evaluate_gpus
+    from stalwart.health.nvidia_smi import parse_nvidia_smi_q
+
+    text = (REPO / "tests" / "data" / "health" / "nvidia-smi" / "a100-sxm4-80gb-healthy.txt").read_text()
+    report = parse_nvidia_smi_q(text)
+    result = evaluate_gpus(report.gpus, source="nvidia-smi")
+    m = MetricsExporter(job="pretrain", node="node-0")
+    m.record_probe(result)
+    rendered = m.render().decode()
+    at = {"training_job": "pretrain", "node": "node-0"}
+    [gpu] = report.gpus
+    assert gpu.temperature_c is not None and gpu.utilization_gpu_pct is not None
+    assert sample(rendered, "stalwart_node_gpu_temperature_celsius", **at) == gpu.temperature_c
+    assert sample(rendered, "stalwart_node_gpu_utilization_ratio", **at) == gpu.utilization_gpu_pct / 100
+    m.record_probe(ProbeResult(probe="gpu", status=ProbeStatus.NOT_AVAILABLE, reason="no NVML"))
+    assert sample(m.render().decode(), "stalwart_node_gpu_temperature_celsius", **at) == gpu.temperature_c  # kept
