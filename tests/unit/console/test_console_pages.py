@@ -14,10 +14,12 @@ import re
 import time
 from collections.abc import Iterator
 from html import unescape
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from stalwart.console import rendering
 from stalwart.console.access import AccessSettings, Gate, Role, TokenHolder
 from stalwart.console.app import ConsoleConfig, create_app
 from stalwart.console.history import History
@@ -202,15 +204,25 @@ def holder(user: str, role: Role, token: str) -> TokenHolder:
     return TokenHolder(user=user, role=role, sha256=hashlib.sha256(token.encode()).hexdigest())
 
 
-@pytest.fixture(scope="module")
-def app(records: Store):  # type: ignore[no-untyped-def]
+def console(records: Store, htmx: Path):  # type: ignore[no-untyped-def]
+    """The console as if htmx were installed at `htmx` (or not, where nothing is there): its pages
+    poll only with htmx beside them, and `make install`, not the tests, puts it there."""
     settings = AccessSettings(
         trusted_proxies=[f"{PROXY}/32"],  # type: ignore[list-item]
         operator_groups=["sre"],
         tokens=[holder("tok-op", Role.OPERATOR, OPERATOR_TOKEN), holder("tok-view", Role.VIEWER, VIEWER_TOKEN)],
     )
     history = History(records, interval=60, points=5)
-    return create_app(records, Gate(settings, b"k" * 32), history, ConsoleConfig(allowed_hosts=["*"]))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rendering, "HTMX", htmx)
+        return create_app(records, Gate(settings, b"k" * 32), history, ConsoleConfig(allowed_hosts=["*"]))
+
+
+@pytest.fixture(scope="module")
+def app(records: Store, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    htmx = tmp_path_factory.mktemp("vendor") / "htmx.min.js"
+    htmx.write_text("/* htmx */\n")
+    return console(records, htmx)
 
 
 def client(app, peer: str = PROXY) -> TestClient:  # type: ignore[no-untyped-def]
@@ -558,6 +570,12 @@ def test_an_open_incidents_page_of_a_live_job_keeps_asking(app, records: Store) 
     assert 'hx-trigger="every' not in c.get(f"/incidents?job={DONE}", headers=VIEWER).text
     runbook = c.get("/runbooks/hang", headers=VIEWER).text
     assert 'href="/runbooks/' in runbook and '.md"' not in runbook  # links between runbooks stay in the console
+
+
+def test_without_htmx_a_live_page_says_so_and_does_not_poll(records: Store, tmp_path: Path) -> None:
+    page = client(console(records, tmp_path / "missing" / "htmx.min.js")).get(f"/incidents?job={LIVE}", headers=VIEWER)
+    assert page.status_code == 200 and 'hx-trigger="every' not in page.text
+    assert "Live updates are off: htmx is not installed" in page.text
 
 
 def test_the_console_refuses_to_listen_beyond_loopback_with_no_sign_in() -> None:
