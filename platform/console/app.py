@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.types import Scope
+from starlette.routing import Mount
 
 from stalwart.console import (
     routes_actions,
@@ -32,7 +32,7 @@ from stalwart.console.context import ConsoleConfig, ConsoleContext
 from stalwart.console.error_pages import install_error_pages
 from stalwart.console.history import History
 from stalwart.console.rendering import HERE, Pages
-from stalwart.diagnosis.http_guard import RequestTimer
+from stalwart.diagnosis.http_guard import RequestTimer, route_label
 from stalwart.store.client import Store
 
 __all__ = ["ConsoleConfig", "create_app"]
@@ -93,17 +93,12 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
 
+    mounts = [route for route in app.router.routes if isinstance(route, Mount)]  # /static
     app.add_middleware(
         RequestTimer,
-        routes=route_of,
+        routes=route_label([*mounts, *(route for router in ROUTERS for route in router.routes)]),
         observe=lambda method, route, status, seconds: ctx.metrics.http_seconds.labels(method, route, status).observe(
             seconds
         ),
     )
     return app
-
-
-def route_of(scope: Scope) -> str:
-    """The route template the request matched (the router notes it in the scope); unknown paths
-    share one label."""
-    return str(getattr(scope.get("route"), "path", None) or "other")

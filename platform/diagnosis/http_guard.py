@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Collection, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, MutableMapping, Sequence
 from typing import Any
+
+from starlette.routing import BaseRoute, Match
 
 from stalwart.store.credentials import bearer_token, tokens_match
 
@@ -65,6 +67,20 @@ class BearerAuth:
             await send_json_error(send, 403, "the bearer token is not this service's")
             return
         await self.app(scope, receive, send)
+
+
+def route_label(routes: Sequence[BaseRoute]) -> Callable[[Scope], str]:
+    """RequestTimer's `routes`: the template of the route among `routes` that the request's path and
+    method match (the routers' own routes: an app lists an included router as one opaque entry), also
+    for a request refused before routing; unknown paths share one label."""
+
+    def label(scope: Scope) -> str:
+        for route in routes:
+            if route.matches(scope)[0] is Match.FULL:
+                return str(getattr(route, "path", "other"))
+        return "other"
+
+    return label
 
 
 class RequestTimer:

@@ -1,4 +1,5 @@
 """The diagnosis HTTP service: POST an evidence bundle, get a verdict; read incidents from etcd.
+create_app assembles the routers (routes_diagnose, routes_incidents, routes_open) behind the guards.
 
     STALWART_DIAGNOSIS_TOKEN=... python -m stalwart.diagnosis.service --host 127.0.0.1 --port 8470 \\
         --etcd 127.0.0.1:2379
@@ -26,114 +27,44 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query, Request, Security
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from starlette.requests import ClientDisconnect
-from starlette.routing import Match
+from fastapi.responses import JSONResponse
 
-from stalwart.diagnosis.bundle_worker import diagnose_body
-from stalwart.diagnosis.http_guard import BearerAuth, RequestTimer, Scope
-from stalwart.diagnosis.models import EvidenceBundle, Verdict
+from stalwart.diagnosis import routes_diagnose, routes_incidents, routes_open
+from stalwart.diagnosis.http_guard import BearerAuth, RequestTimer, route_label
+from stalwart.diagnosis.models import EvidenceBundle
 from stalwart.diagnosis.problems import validation_problem
-from stalwart.diagnosis.worker_pool import Admission, Busy, WorkerLost, WorkerPool
+from stalwart.diagnosis.service_context import MIB, Limits, ServiceContext
 from stalwart.net import inherited_listener
-from stalwart.store import keys
-from stalwart.store.client import Store, StoreUnavailable
+from stalwart.store.client import Store
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, check_token
-from stalwart.store.records import Incident
 
-MIB = 1024 * 1024
-MAX_BODY_BYTES = 32 * MIB
-MAX_DECODED_BYTES = 256 * MIB
+__all__ = ["MIB", "Limits", "create_app", "main", "read_token"]
+
 VERSION = "1"
 OPEN_PATHS = ("/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one service spends at most on requests."""
-
-    max_body_bytes: int = MAX_BODY_BYTES  # as sent (compressed or not)
-    max_decoded_bytes: int = MAX_DECODED_BYTES  # after gunzip
-    max_concurrent: int = 2  # bundles decoded and diagnosed at once (one worker process each)
-    max_queued: int = 4  # admitted requests waiting for a worker; past that, 503 at once
-    queue_wait_seconds: float = 20.0  # the longest wait for a worker before a 503
-    body_seconds: float = 60.0  # the longest time a client may take to send its body (408 after)
-    retry_after_seconds: int = 5
-    worker_memory_bytes: int = 4096 * MIB  # address space each worker may add (0: unlimited)
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:g} MiB"
-
-
-async def _read_body(request: Request, limits: Limits) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():  # bounded: stops at the limit
-        size += len(chunk)
-        if size > limits.max_body_bytes:
-            raise HTTPException(413, f"request body exceeds the limit of {_mib(limits.max_body_bytes)}")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def create_app(store: Store | None = None, *, token: str | None, limits: Limits | None = None) -> FastAPI:
     """The service; `store` (etcd) serves the incident endpoints, which answer 503 without one.
     `token` None serves everyone (`--no-auth`, for a loopback-only service)."""
-    limits = limits or Limits()
-    registry = CollectorRegistry(auto_describe=True)
-    diagnoses = Counter(
-        "stalwart_diagnosis_requests",
-        "Verdicts returned, by evidence kind and failure class.",
-        ("kind", "failure_class"),
-        registry=registry,
-    )
-    latency = Histogram(
-        "stalwart_diagnosis_seconds",
-        "Time to diagnose one evidence bundle.",
-        ("kind",),
-        registry=registry,
-        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-    )
-    rejected = Counter(
-        "stalwart_diagnosis_rejected_requests", "Requests refused, by HTTP status.", ("status",), registry=registry
-    )
-    incidents_served = Counter(
-        "stalwart_diagnosis_incident_reads", "Incident reads, by outcome.", ("outcome",), registry=registry
-    )
-    requests = Histogram(
-        "stalwart_diagnosis_http_request_duration_seconds",
-        "HTTP requests answered, from arrival to the response, by method, route and status.",
-        ("method", "route", "status"),
-        registry=registry,
-        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-    )
-    in_flight = Gauge(
-        "stalwart_diagnosis_bundles_in_flight", "Bundles being diagnosed or waiting.", ("state",), registry=registry
-    )
-    admission = Admission(limits.max_concurrent, limits.max_queued, limits.queue_wait_seconds)
-    pool = WorkerPool(limits.max_concurrent, limits.worker_memory_bytes)
-    in_flight.labels("working").set_function(lambda: admission.working)
-    in_flight.labels("waiting").set_function(lambda: admission.waiting)
+    svc = ServiceContext.create(store, limits or Limits())
+    rejected = svc.metrics.rejected
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        warming = asyncio.create_task(pool.warm())
+        warming = asyncio.create_task(svc.pool.warm())
         try:
             yield
         finally:
             warming.cancel()
-            pool.stop()
+            svc.pool.stop()
 
     app = FastAPI(
         title="Stalwart diagnosis",
@@ -142,8 +73,7 @@ def create_app(store: Store | None = None, *, token: str | None, limits: Limits 
         "Every endpoint but /healthz, /metrics and this document needs the service's bearer token.",
         lifespan=lifespan,
     )
-    app.state.store = store
-    bearer = HTTPBearer(auto_error=False, description="The service's token (STALWART_DIAGNOSIS_TOKEN).")
+    app.state.service = svc
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -157,125 +87,9 @@ def create_app(store: Store | None = None, *, token: str | None, limits: Limits 
             rejected.labels(str(exc.status_code)).inc()
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
-    auth: dict[int | str, dict[str, Any]] = {
-        401: {"description": "no bearer token"},
-        403: {"description": "a bearer token that is not the service's"},
-    }
-    diagnose_errors: dict[int | str, dict[str, Any]] = {
-        **auth,
-        400: {"description": "the body is not JSON (or not gzip)"},
-        408: {"description": "the body did not arrive in time"},
-        413: {"description": "the body is larger than the limit, as sent or once inflated"},
-        415: {"description": "a Content-Type other than JSON, or a Content-Encoding other than gzip"},
-        422: {"description": "not a valid evidence bundle; the message names the fields"},
-        503: {"description": "every diagnosis worker is busy (see Retry-After), or one died"},
-    }
-    busy_headers = {"Retry-After": str(limits.retry_after_seconds)}
-
-    @app.post(
-        "/v1/diagnose",
-        response_model=Verdict,
-        summary="Diagnose one failure from its evidence",
-        responses=diagnose_errors,
-        dependencies=[Security(bearer)],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EvidenceBundle"}}},
-            }
-        },
-    )
-    async def post_diagnose(request: Request) -> Response:
-        """Decoded, validated and diagnosed in a worker process; the event loop only moves bytes."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_body_bytes:
-            raise HTTPException(
-                413,
-                f"request body is {int(declared)} bytes; the limit is {_mib(limits.max_body_bytes)} "
-                "(send stack texts once in `texts`, or gzip the body)",
-            )
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("identity", "", "gzip"):
-            raise HTTPException(415, f"unsupported Content-Encoding {encoding[:40]!r}; use gzip or none")
-        media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        if media != "application/json" and not media.endswith("+json"):
-            raise HTTPException(415, f"unsupported Content-Type {media[:60]!r}; send application/json")
-        try:
-            async with admission.slot():
-                try:
-                    async with asyncio.timeout(limits.body_seconds):
-                        body = await _read_body(request, limits)
-                except TimeoutError:
-                    raise HTTPException(408, f"the body did not arrive within {limits.body_seconds:g}s") from None
-                except ClientDisconnect:
-                    raise HTTPException(400, "the client went away before its body arrived") from None
-                result = await pool.run(diagnose_body, body, encoding == "gzip", limits.max_decoded_bytes)
-        except Busy as exc:
-            raise HTTPException(503, f"busy: {exc}; retry later", headers=busy_headers) from None
-        except WorkerLost as exc:
-            raise HTTPException(503, str(exc), headers=busy_headers) from None
-        if result.status == 200:
-            latency.labels(result.kind).observe(result.seconds)
-            diagnoses.labels(result.kind, result.failure_class).inc()
-        else:
-            rejected.labels(str(result.status)).inc()
-        return Response(result.body, status_code=result.status, media_type="application/json")
-
-    def _incident(job: str, incident_id: str) -> dict[str, Any]:
-        if app.state.store is None:
-            incidents_served.labels("no_store").inc()
-            raise HTTPException(503, "this diagnosis service has no etcd store configured (start it with --etcd)")
-        try:
-            key = keys.incident(job, incident_id)
-        except ValueError:
-            incidents_served.labels("bad_request").inc()
-            raise HTTPException(400, f"invalid job or incident id: {job[:64]!r}, {incident_id[:64]!r}") from None
-        try:
-            incident = app.state.store.get(key, Incident)
-        except StoreUnavailable as exc:
-            incidents_served.labels("store_unavailable").inc()
-            raise HTTPException(503, f"etcd did not answer: {exc}") from None
-        if incident is None:
-            incidents_served.labels("not_found").inc()
-            raise HTTPException(404, f"no incident {incident_id!r} for job {job!r}")
-        incidents_served.labels("found").inc()
-        return incident.model_dump(mode="json")
-
-    incident_errors: dict[int | str, dict[str, Any]] = {
-        **auth,
-        400: {"description": "not a valid job or incident id"},
-        404: {"description": "no such incident"},
-        422: {"description": "a required parameter is missing"},
-        503: {"description": "no etcd configured, or etcd did not answer"},
-    }
-
-    @app.get(
-        "/v1/incidents/{job}/{incident_id}",
-        summary="One incident of a job, as the controller recorded it",
-        responses=incident_errors,
-        dependencies=[Security(bearer)],
-    )
-    def get_incident(job: str, incident_id: str) -> dict[str, Any]:
-        return _incident(job, incident_id)
-
-    @app.get(
-        "/v1/incidents/{incident_id}",
-        summary="One incident (the job as a query parameter)",
-        responses=incident_errors,
-        dependencies=[Security(bearer)],
-    )
-    def get_incident_by_id(
-        incident_id: str, job: str = Query(..., description="the job the incident belongs to")
-    ) -> dict[str, Any]:
-        return _incident(job, incident_id)
-
-    @app.get("/healthz", summary="Liveness (open, read-only)")
-    async def healthz() -> dict[str, str]:  # on the event loop itself: no thread to wait for
-        return {"status": "ok", "store": "configured" if app.state.store is not None else "none"}
-
-    @app.get("/metrics", summary="Prometheus metrics (open, read-only)", response_class=Response)
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    routers = (routes_diagnose.router, routes_incidents.router, routes_open.router)
+    for router in routers:
+        app.include_router(router)
 
     def openapi() -> dict[str, Any]:
         """FastAPI's document, plus the EvidenceBundle schema that /v1/diagnose's body refers to
@@ -293,17 +107,12 @@ def create_app(store: Store | None = None, *, token: str | None, limits: Limits 
     app.add_middleware(
         BearerAuth, token=token, open_paths=OPEN_PATHS, on_reject=lambda status: rejected.labels(str(status)).inc()
     )
-
-    def route_of(scope: Scope) -> str:
-        for route in app.router.routes:
-            if route.matches(scope)[0] is Match.FULL:
-                return str(getattr(route, "path", "other"))
-        return "other"
-
     app.add_middleware(  # added last: outermost
         RequestTimer,
-        routes=route_of,
-        observe=lambda method, route, status, seconds: requests.labels(method, route, status).observe(seconds),
+        routes=route_label([route for router in routers for route in router.routes]),
+        observe=lambda method, route, status, seconds: svc.metrics.requests.labels(method, route, status).observe(
+            seconds
+        ),
     )
     return app
 
