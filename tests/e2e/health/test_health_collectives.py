@@ -97,3 +97,22 @@ def test_a_slow_starting_rank_is_not_mistaken_for_a_hung_one(tmp_path: Path) -> 
         rank_env={1: {"STALWART_FAULT_SLOW_START_SECONDS": "4"}},
     )
     assert report.passed, report.model_dump_json(indent=1)
+
+
+def test_a_node_with_four_workers_checks_all_four(tmp_path: Path) -> None:
+    """One rank per worker (controller.core.work.check_procs): every GPU of the node takes part."""
+    report = run_collective_check(
+        tmp_path,
+        nodes=1,
+        procs_per_node=4,
+        timeout=TIMEOUT,
+        start=forked_check_rank,
+        collective_timeout=COLLECTIVE_TIMEOUT,
+        numel=1024,
+        bandwidth_floor_gbps=1e-9,  # the spec's floor, judged: any working loopback clears it
+    )
+    assert report.passed, report.model_dump_json(indent=1)
+    assert sorted(r.local_rank for r in report.ranks) == [0, 1, 2, 3]
+    for r in report.ranks:
+        [intra] = [c for c in r.checks if c.name == "all_to_all"]
+        assert intra.group == [0, 1, 2, 3] and intra.passed and intra.bus_bandwidth_gbps
