@@ -311,7 +311,7 @@ class MetricsExporter:
                 sum(f.severity is severity for f in result.findings)
             )
         self.probe_last_run.labels(*labels).set(result.checked_at)
-        if result.probe == GPU_PROBE:  # the GPU probe's summary: the node's GPU panels and outlier checks
+        if result.probe == GPU_PROBE:  # the GPU probe's summary feeds the node's GPU gauges (dashboard panels)
             utilization, temperature = (
                 result.readings.get("mean_utilization_pct"),
                 result.readings.get("max_temperature_c"),
