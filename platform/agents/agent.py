@@ -38,7 +38,7 @@ from stalwart.agents.progress_inbox import ProgressInbox
 from stalwart.agents.reports import OnDemandReports
 from stalwart.agents.saved_checkpoints import SavedCheckpoints, without_secrets
 from stalwart.agents.standby import StandbyDuty
-from stalwart.agents.warm_pool import READY_WAIT_SECONDS, WarmPool, warm_size
+from stalwart.agents.warm_pool import READY_WAIT_SECONDS, WarmPool, warm_imports, warm_size
 from stalwart.agents.workers import WorkerGroup
 from stalwart.health.collective_runner import WORKER_MODULE, start_cold
 from stalwart.health.node_expectations import node_expectations
@@ -118,6 +118,7 @@ class NodeAgent:
             warm_size(self.job.spec.roles),
             enabled=self.ft.warm_workers,
             log=self.node_dir / "fork-server.log",
+            imports=warm_imports(self.job.spec.roles),
         )
         self.data_plane = DataPlane(
             self.job,

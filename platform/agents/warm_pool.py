@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -55,6 +56,11 @@ USE_TIME_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV_PREFIXES) and k not in USE_TIME_ENV}
+
+
+def warm_imports(roles: list[Role]) -> list[str]:
+    """The modules the fork server imports beyond its own list: every forkable role's `warmImports`."""
+    return sorted({m for r in roles if warm_eligible(r.command) for m in r.warm_imports})
 
 
 def warm_size(roles: list[Role]) -> int:
@@ -119,12 +125,14 @@ def _take_preforked() -> PreforkedServer | None:
 
 
 class WarmPool:
-    def __init__(self, size: int, enabled: bool = True, log: Path | None = None) -> None:
+    def __init__(self, size: int, enabled: bool = True, log: Path | None = None, imports: Sequence[str] = ()) -> None:
         """`size` 0 or `enabled` False: every worker starts cold. Enabling it makes this process a
         child subreaper (the forked workers become its children). A server this process forked
-        already (`prefork_server`) is the first server, else one is started."""
+        already (`prefork_server`) is the first server, else one is started. `imports`: modules the
+        server imports before it forks (the roles' warmImports)."""
         self.enabled = enabled and size > 0 and become_subreaper()
         self.size = size
+        self.imports = list(imports)
         self.log = log
         self.spares: set[int] = set()  # the server's spares (our children once adopted), not yet handed out
         self.server: subprocess.Popen[bytes] | PreforkedServer | None = None
@@ -155,7 +163,14 @@ class WarmPool:
                 stderr = open(self.log, "ab")  # closed below, once the server holds it
             try:
                 self.server = spawn(
-                    [sys.executable, "-m", "stalwart.agents.warm_start", "--spares", str(self.size)],
+                    [
+                        sys.executable,
+                        "-m",
+                        "stalwart.agents.warm_start",
+                        "--spares",
+                        str(self.size),
+                        *(["--imports", ",".join(self.imports)] if self.imports else []),
+                    ],
                     env=self._env,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
@@ -242,7 +257,7 @@ class WarmPool:
             stop_process(server, grace=1.0)
             return
         try:
-            server.stdin.write(f"spares {self.size}\n".encode())
+            server.stdin.write(f"spares {self.size} {','.join(self.imports)}".rstrip().encode() + b"\n")
             server.stdin.flush()
         except OSError:
             stop_process(server, grace=1.0)

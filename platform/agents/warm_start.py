@@ -393,7 +393,8 @@ def _exit_code_of(exc: BaseException) -> int:
 
 def preload(entries: Sequence[str] = PRELOAD) -> None:
     """Import what every worker would (a missing one is the worker's own business), then keep it
-    out of the garbage collector: never collected in a worker, nor its pages copied by the GC."""
+    out of the garbage collector: never collected in a worker, nor its pages copied by the GC. A
+    module named by the job (warmImports) that fails otherwise is said on stderr and left out."""
     for entry in entries:
         module, _, name = entry.partition(":")
         try:
@@ -402,7 +403,14 @@ def preload(entries: Sequence[str] = PRELOAD) -> None:
                 getattr(loaded, name)  # a lazy export: loads its module, binds the name
         except (ImportError, AttributeError):
             pass
+        except Exception as exc:  # a framework's own import-time failure: the worker meets it cold
+            print(f"stalwart fork server: importing {module} failed: {exc!r}", file=sys.stderr, flush=True)
     gc.freeze()
+
+
+def job_imports(text: str) -> list[str]:
+    """The roles' warmImports as the agent passes them: comma-separated module names."""
+    return [m for m in text.split(",") if m]
 
 
 def run(agent: int, spares: int, lines: PipeLines | None = None) -> bool:
@@ -431,10 +439,14 @@ def serve_when_sized(agent: int) -> int:
     if line is None:
         return 0  # the agent forks no workers
     try:
-        spares = int(line.split()[1])
+        fields = line.split()
+        spares = int(fields[1])
+        imports = job_imports(fields[2]) if len(fields) > 2 else []
     except (IndexError, ValueError):
-        print(f"stalwart fork server: expected 'spares N', got {line!r}", file=sys.stderr, flush=True)
+        print(f"stalwart fork server: expected 'spares N [MODULES]', got {line!r}", file=sys.stderr, flush=True)
         return 2
+    if imports:
+        preload(imports)  # the job's frameworks, beside what the agent zygote imported
     try:
         if not run(agent, spares, lines):
             return 0  # the server, once the agent has gone
@@ -448,7 +460,8 @@ def serve_when_sized(agent: int) -> int:
 
 
 def main() -> None:
-    preload()
+    extra = job_imports(sys.argv[sys.argv.index("--imports") + 1]) if "--imports" in sys.argv else []
+    preload((*PRELOAD, *extra))
     spares = int(sys.argv[sys.argv.index("--spares") + 1]) if "--spares" in sys.argv else 0
     run(os.getppid(), spares)
 

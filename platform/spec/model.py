@@ -272,6 +272,16 @@ class Role(SpecModel):
     processes_per_node: Annotated[
         int, Field(ge=1, le=64, description="Worker processes per node (usually one per GPU).")
     ] = 1
+    warm_imports: Annotated[
+        list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=200)]],
+        Field(
+            max_length=64,
+            description="Python modules the node's fork server imports before it forks this role's workers "
+            "(faultTolerance.warmWorkers), beside torch: the frameworks the script imports (transformers, "
+            "lightning), so a restarted worker does not import them again. Only modules that start no "
+            "thread at import; one that fails to import is left to the worker.",
+        ),
+    ] = []
     command: Annotated[
         list[Annotated[str, Field(max_length=MAX_ARG_CHARS)]],
         Field(min_length=1, max_length=256, description="Worker command, run once per process."),

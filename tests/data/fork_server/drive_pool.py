@@ -5,7 +5,8 @@ the first worker argument, it then waits for the server's spares and launches on
 before that, it does what an agent forked from the agent zygote does: it imports what the zygote
 does, then forks its fork server from itself (warm_pool.prefork_server), which the pool takes. With
 `helper` after that, it also has the pool fork `python -m report_worker` (exit 5), as the agent has it
-fork its shadow loader and its check ranks (WarmPool.launch_module)."""
+fork its shadow loader and its check ranks (WarmPool.launch_module). WARM_IMPORTS (comma-separated)
+are the job's warmImports the pool hands its server."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ with_helper = bool(codes) and codes[0] == "helper"
 codes = codes[1:] if with_helper else codes
 with_spare = bool(codes) and codes[0] == "spare"
 codes = codes[1:] if with_spare else codes
-pool = WarmPool(2, log=out / "fork-server.log")
+pool = WarmPool(2, log=out / "fork-server.log", imports=[m for m in os.environ.get("WARM_IMPORTS", "").split(",") if m])
 took_preforked = isinstance(pool.server, PreforkedServer)
 results = []
 spares: list[int] = []

@@ -23,6 +23,7 @@ with open(out + ".tmp", "w") as f:  # renamed when whole: the driver kills this 
             "torch_preloaded": "torch" in sys.modules,
             "engine_preloaded": "stalwart.checkpoint.engine" in sys.modules,
             "grpc_loaded": "grpc" in sys.modules,
+            "job_imports_preloaded": "wave" in sys.modules and "colorsys" in sys.modules,  # warmImports
             "open_loader_is_the_function": inspect.isfunction(open_loader),
             "random": random.random(),
         },

@@ -9,6 +9,7 @@ shadow loader, check ranks) are forked the same way."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,10 +21,15 @@ from support.paths import REPO
 DRIVER = REPO / "tests" / "data" / "fork_server" / "drive_pool.py"
 
 
-def drive(out: Path, *args: str) -> dict[str, Any]:
+def drive(out: Path, *args: str, warm_imports: str = "") -> dict[str, Any]:
     """Run the stand-in agent (drive_pool.py) and return what it saw."""
     done = subprocess.run(
-        [sys.executable, str(DRIVER), str(out), *args], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, str(DRIVER), str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "WARM_IMPORTS": warm_imports},
     )
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -47,6 +53,20 @@ def test_forked_workers_are_the_agents_children_with_their_own_exit_codes(tmp_pa
         assert saw["open_loader_is_the_function"]  # a preloaded submodule does not hide a lazy export
         assert f"rank {i} says hello" in (tmp_path / f"w{i}.log").read_text()
     assert len({saw["random"] for saw in seen}) == 4  # forked, yet not one random state
+
+
+@pytest.mark.parametrize("server", ["started", "prefork"])
+def test_the_jobs_warm_imports_are_imported_by_the_server_before_it_forks(tmp_path: Path, server: str) -> None:
+    """A role's warmImports (its frameworks) are in every forked worker's modules already; a module
+    that does not exist is left to the worker and the server still serves."""
+    args = [server] if server == "prefork" else []
+    report = drive(tmp_path, *args, "0", warm_imports="wave,colorsys,no_such_module_here")
+    assert [w["returncode"] for w in report["workers"]] == [0]
+    assert json.loads((tmp_path / "w0.json").read_text())["job_imports_preloaded"]
+    (tmp_path / "plain").mkdir()
+    plain = drive(tmp_path / "plain", *args, "0")
+    assert plain["workers"][0]["returncode"] == 0
+    assert not json.loads((tmp_path / "plain" / "w0.json").read_text())["job_imports_preloaded"]
 
 
 def test_a_helper_module_is_forked_as_python_m_would_run_it(tmp_path: Path) -> None:
