@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from stalwart.health.gpu_readings import GpuReading
@@ -243,8 +243,8 @@ def parse_nvidia_smi_q(text: str) -> NvidiaSmiReport:
     )
 
 
-def run_nvidia_smi(timeout: float = 20.0, binary: str = "nvidia-smi") -> str | None:
-    """The text of `nvidia-smi -q`, or None where nvidia-smi is not installed.
+def run_nvidia_smi(timeout: float = 20.0, binary: str = "nvidia-smi", args: Sequence[str] = ("-q",)) -> str | None:
+    """The text of `nvidia-smi -q` (or of `args`), or None where nvidia-smi is not installed.
 
     A hung driver makes nvidia-smi hang, so it is bounded by `timeout` and stopped after it; a
     timeout raises TimeoutError, which is itself a health signal the caller reports.
@@ -252,10 +252,10 @@ def run_nvidia_smi(timeout: float = 20.0, binary: str = "nvidia-smi") -> str | N
     path = shutil.which(binary)
     if path is None:
         return None
-    proc = spawn([path, "-q"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = spawn([path, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_process(proc, grace=1.0)
-        raise TimeoutError(f"nvidia-smi -q did not answer within {timeout:.0f}s") from None
+        raise TimeoutError(f"nvidia-smi {' '.join(args)} did not answer within {timeout:.0f}s") from None
     return out.decode(errors="replace")

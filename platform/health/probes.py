@@ -14,6 +14,7 @@ from stalwart.health.host import HostProbe
 from stalwart.health.kernel_log import WindowedKernelLog, read_kernel_log
 from stalwart.health.network import NetworkProbe
 from stalwart.health.node_expectations import NodeExpectations
+from stalwart.health.nvlink import NvlinkProbe
 from stalwart.health.records import ProbeResult
 
 
@@ -42,9 +43,10 @@ def default_probes(
     sysfs_root: str = "/sys",
     kernel_log_reader: Callable[[], list[str] | None] = read_kernel_log,
 ) -> list[Probe]:
-    """The probe set: GPU, host and network."""
+    """The probe set: GPU, NVLink, host and network."""
     return [
         GpuProbe(expected_count=expected_gpus, kernel_log_reader=kernel_log_reader),
+        NvlinkProbe(),
         HostProbe(paths=list(disk_paths), writable_paths=list(writable_paths), kernel_log_reader=kernel_log_reader),
         NetworkProbe(sysfs_root=sysfs_root, required_nics=list(required_nics)),
     ]

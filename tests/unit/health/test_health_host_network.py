@@ -163,4 +163,4 @@ class Exploding:
 def test_a_crashing_probe_is_not_available_never_healthy() -> None:
     [result] = run_probes([Exploding()])
     assert result.status is ProbeStatus.NOT_AVAILABLE and "boom" in (result.reason or "")
-    assert [p.name for p in default_probes()] == ["gpu", "host", "network"]
+    assert [p.name for p in default_probes()] == ["gpu", "nvlink", "host", "network"]
