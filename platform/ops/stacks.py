@@ -26,7 +26,7 @@ from stalwart.store.nodes import read_nodes
 from stalwart.store.records import Assignment, JobState, ServiceEndpoint, StackReport
 
 if TYPE_CHECKING:
-    from stalwart.diagnosis.models import EvidenceBundle
+    from stalwart.diagnosis.models import EvidenceBundle, Verdict
     from stalwart.diagnosis.models import Topology as EngineTopology
 
 
@@ -107,14 +107,14 @@ def service_token(store: Store) -> str | None:
     return os.environ.get(DIAGNOSIS_TOKEN_ENV) or published(store, "diagnosis")
 
 
-def run_diagnosis(  # type: ignore[no-untyped-def]
-    bundle,
+def run_diagnosis(
+    bundle: EvidenceBundle,
     url: str | None,
     source: str,
     local: bool,
     on_note: Callable[[str], None] = lambda _note: None,
     token: str | None = None,
-):
+) -> tuple[Verdict, str]:
     """(verdict, who diagnosed): the service when there is one and it answers, else the local engine."""
     from stalwart.diagnosis.engine import diagnose as local_diagnose
 
@@ -168,6 +168,8 @@ def capture(
 
 
 class StacksNow(BaseModel):
+    """Every rank's stack captured now and its verdict: what the console's stacks page shows."""
+
     generation: int
     verdict: dict[str, Any]
     by: str

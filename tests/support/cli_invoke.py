@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import pytest
 
-from stalwart.ops.connection import CONFIG_ENV, DIAGNOSIS_ENV, ETCD_ENV
 from stalwart.cli.main import app
 from stalwart.cli.on_call import run_app
+from stalwart.ops.connection import CONFIG_ENV, DIAGNOSIS_ENV, ETCD_ENV
 
 
 class Result(NamedTuple):

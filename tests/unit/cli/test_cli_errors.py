@@ -19,10 +19,10 @@ from support.cli_invoke import Result
 from typer.testing import CliRunner
 
 from stalwart.cli import errors
-from stalwart.ops.connection import CONFIG_ENV, DIAGNOSIS_ENV, ETCD_ENV, resolve
-from stalwart.ops.errors import OpsError
 from stalwart.cli.main import app
 from stalwart.net import free_port
+from stalwart.ops.connection import CONFIG_ENV, DIAGNOSIS_ENV, ETCD_ENV, resolve
+from stalwart.ops.errors import OpsError
 from stalwart.store.etcd_server import EtcdServer
 
 runner = CliRunner()

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
+from stalwart.cli.main import app
 from stalwart.ops.errors import OpsError
 from stalwart.ops.stacks import engine_topology
-from stalwart.cli.main import app
 from stalwart.store import Store, keys
 from stalwart.store.records import (
     Assignment,

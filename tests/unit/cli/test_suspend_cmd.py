@@ -9,8 +9,8 @@ import uuid
 
 from typer.testing import CliRunner
 
-from stalwart.ops.errors import EXIT_TIMEOUT
 from stalwart.cli.main import app
+from stalwart.ops.errors import EXIT_TIMEOUT
 from stalwart.store import Store, keys
 from stalwart.store.records import JobStage, JobState
 
