@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from stalwart.agents.stacks import StackDump, StackTarget, capture_stacks
+from stalwart.agents.stacks import StackDump, StackTarget, capture_stacks, recapture
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process, wait_for
 
@@ -65,6 +65,7 @@ class Scenario:
     extra: list[str] = field(default_factory=list)
     throttle: float = 0.0  # SIGSTOP duty cycle for the faulty rank (CPU throttling), 0..1
     nice: int = 0  # the faulty rank's niceness: at 19 on a busy host the kernel starves it of CPU
+    truncate: int = 0  # bytes: the first capture is cut there, and the agent's recapture takes it again
     faulty_nodes: list[str] | None = None  # default: the faulty rank's node (none for user code)
     failure_class: str = ""
     blame: str = ""
@@ -167,6 +168,9 @@ class Run:
     def stacks(self, native: bool = True) -> list[StackDump]:
         methods = ("faulthandler",) if self.sc.method == "faulthandler" else ("py-spy",)
         targets = [StackTarget(pid=p.pid, rank=r, log_path=self.logs[r]) for r, p in enumerate(self.procs)]
+        if self.sc.truncate:  # cut short, then taken again as the agent does (py-spy --native)
+            first = capture_stacks(targets, timeout=60, methods=methods, native=False, max_bytes=self.sc.truncate)
+            return recapture(first, targets, timeout=60, max_bytes=self.sc.truncate)
         dumps = capture_stacks(targets, timeout=60, methods=methods, native=native)
         bad = [d for d in dumps if not d.text]
         if bad:
@@ -246,7 +250,8 @@ def stack_rows(dumps: list[StackDump], sc: Scenario, texts: Texts) -> list[dict]
 
 def node_series(run: Run, sc: Scenario, skip: int = 2) -> list[dict]:  # type: ignore[type-arg]
     """Per-node metric series from the ranks' per-step records, aggregated as a heartbeat's vector is:
-    step time mean and max over the node's ranks, tokens/s summed, CPU % mean, compute time mean and max."""
+    step time mean and max over the node's ranks, tokens/s summed, CPU % mean, compute time mean and max
+    (and data and optimizer time, where the run recorded them)."""
     rows: dict[int, list[dict]] = {}  # type: ignore[type-arg]
     for r in range(sc.world):
         p = run.out / f"metrics-rank-{r}.jsonl"
@@ -276,6 +281,11 @@ def node_series(run: Run, sc: Scenario, skip: int = 2) -> list[dict]:  # type: i
             ct = [rows[r][i]["compute_time_s"] for r in ranks]
             series["compute_time_s"].append(round(sum(ct) / len(ct), 6))
             series["compute_time_max_s"].append(round(max(ct), 6))
+            for phase in ("data", "optimizer"):  # own-work phases, where the run recorded them
+                if all(f"{phase}_time_s" in rows[r][i] for r in ranks):
+                    pt = [rows[r][i][f"{phase}_time_s"] for r in ranks]
+                    series.setdefault(f"{phase}_time_s", []).append(round(sum(pt) / len(pt), 6))
+                    series.setdefault(f"{phase}_time_max_s", []).append(round(max(pt), 6))
         out.append({"node": node, "series": series})
     return out
 
@@ -468,6 +478,22 @@ SCENARIOS: list[Scenario] = [
     _hang("hang-t4p2d2-opt-r13", 4, 2, 2, 4, "sleep-optimizer", 13, _OPT),
     _hang("hang-t1p8d2-sleep-r7", 1, 8, 2, 2, "sleep-forward", 7, _SLEEP),
     _hang("hang-t1p8d2-recv-r12", 1, 8, 2, 4, "recv", 12, _RECV),
+    Scenario(
+        name="hang-t2p2d2-truncated-r5",
+        kind="hang",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="sleep-forward",
+        rank=5,
+        truncate=700,
+        failure_class="hang",
+        blame="node",
+        description="TP=2 PP=2 DP=2, 2 ranks per node: rank 5 "
+        + _SLEEP
+        + "; every first dump was cut at 700 bytes and taken again with py-spy --native (the agent's recapture)",
+    ),
     _hang("hang-t2p4d1-sleep-r3", 2, 4, 1, 2, "sleep-forward", 3, _SLEEP),
     Scenario(
         name="hang-t2p2d4-node3-both",
@@ -599,6 +625,49 @@ SCENARIOS: list[Scenario] = [
         failure_class="slowdown",
         blame="node",
         description="TP=2 PP=2 DP=2, CPU-bound forward: rank 0 is starved of CPU (nice 19 on a busy host)",
+    ),
+    Scenario(
+        name="slow-t2p2d2-data-r2",
+        kind="slowdown",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="slow-data",
+        rank=2,
+        extra=["--steps", "100000", "--slow-ms", "30"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=2 PP=2 DP=2: rank 2's data loader takes 30 ms longer per micro-batch (a slow filesystem)",
+    ),
+    Scenario(
+        name="slow-t2p2d2-optimizer-r6",
+        kind="slowdown",
+        tp=2,
+        pp=2,
+        dp=2,
+        rpn=2,
+        fault="slow-optimizer",
+        rank=6,
+        extra=["--steps", "100000", "--slow-ms", "60"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=2 PP=2 DP=2: rank 6's optimizer step takes 60 ms longer (an offloaded optimizer on a busy CPU)",
+    ),
+    Scenario(
+        name="slow-t1p2d4-compute15-r5",
+        kind="slowdown",
+        tp=1,
+        pp=2,
+        dp=4,
+        rpn=2,
+        fault="slow",
+        rank=5,
+        extra=["--steps", "100000", "--slow-ms", "8"],
+        failure_class="slowdown",
+        blame="node",
+        description="TP=1 PP=2 DP=4: rank 5's forward compute takes 8 ms more a micro-batch, 16 ms a step: "
+        "about 1.5x the healthy step of this layout (33 ms, healthy-t1p2d4), a GPU throttled to two thirds",
     ),
     Scenario(
         name="healthy-t2p2d2",

@@ -13,6 +13,8 @@ Faults (--fault, at --fault-rank, one rank or several separated by commas, from 
   sleep-optimizer  hang: the rank stalls before the data-parallel gradient all-reduce
   recv             hang: the rank posts one receive too many (a message that never comes)
   slow             slowdown: the rank sleeps --slow-ms inside forward compute every step
+  slow-data        slowdown: the rank's data iterator (get_batch) takes --slow-ms longer every micro-batch
+  slow-optimizer   slowdown: the rank's optimizer step takes --slow-ms longer, before its grad-norm all-reduce
   exception        every rank hits the same user-code bug (its learning-rate schedule is too short)
   exception-loss   the last stage's ranks hit a user-code bug in the loss (a shape mismatch in torch)
   exception-one    only --fault-rank raises (a KeyError in its data pipeline)
@@ -198,6 +200,8 @@ class Timer:
     """Wall time spent computing (not communicating) in the current step: a per-rank metric."""
 
     compute_s = 0.0
+    data_s = 0.0  # in get_batch
+    optimizer_s = 0.0  # in the optimizer step, its grad-norm all-reduce left out
 
 
 def forward_step(model: StageModel, x: torch.Tensor, par: Parallel, fault: Fault) -> torch.Tensor:
@@ -232,8 +236,18 @@ def loss_func(out: torch.Tensor, fault: Fault) -> tuple[torch.Tensor, torch.Tens
 
 # ---------------------------------------------------------------------------------------- schedule
 def get_batch(step: int, micro: int, par: Parallel, fault: Fault) -> torch.Tensor:
+    t0 = time.perf_counter()
+    try:
+        return _next_sample(step, micro, par, fault)
+    finally:
+        Timer.data_s += time.perf_counter() - t0
+
+
+def _next_sample(step: int, micro: int, par: Parallel, fault: Fault) -> torch.Tensor:
     if fault.active("sleep-data"):
         injected_hang()
+    if fault.active("slow-data"):
+        time.sleep(fault.slow_s)  # a slow filesystem or a starved loader
     if fault.active("exception-one"):
         shards: dict[str, str] = {}
         return shards[f"shard-{step}-{micro}"]  # type: ignore[return-value]
@@ -288,11 +302,21 @@ def get_grad_norm(model: StageModel, par: Parallel) -> float:
     return float(sq.sqrt())
 
 
-def optimizer_step(model: StageModel, par: Parallel, lr: float) -> float:
+def clip_grads_prepare(fault: Fault) -> None:
+    if fault.active("slow-optimizer"):
+        time.sleep(fault.slow_s)  # an offloaded optimizer on a busy CPU
+
+
+def optimizer_step(model: StageModel, par: Parallel, lr: float, fault: Fault) -> float:
+    t0 = time.perf_counter()
+    clip_grads_prepare(fault)
+    t1 = time.perf_counter()
     norm = get_grad_norm(model, par)
+    t2 = time.perf_counter()
     scale = min(1.0, 1.0 / (norm + 1e-6))
     model.weight -= lr * scale * model.grad
     model.grad.zero_()
+    Timer.optimizer_s += (t1 - t0) + (time.perf_counter() - t2)
     return norm
 
 
@@ -328,12 +352,12 @@ def get_learning_rate(step: int, fault: Fault) -> float:
 def train_step(step: int, model: StageModel, par: Parallel, fault: Fault) -> dict[str, float]:
     t0 = time.perf_counter()
     c0 = time.process_time()
-    Timer.compute_s = 0.0
+    Timer.compute_s = Timer.data_s = Timer.optimizer_s = 0.0
     lr = get_learning_rate(step, fault)
     loss = forward_backward_pipelining(step, model, par, fault)
     t1 = time.perf_counter()
     finalize_model_grads(model, par, fault)
-    norm = optimizer_step(model, par, lr)
+    norm = optimizer_step(model, par, lr, fault)
     if fault.active("segfault"):
         ctypes.string_at(0)
     save_checkpoint(model, step, fault)
@@ -346,6 +370,8 @@ def train_step(step: int, model: StageModel, par: Parallel, fault: Fault) -> dic
         "pipeline_time_s": t1 - t0,
         "sync_time_s": t2 - t1,
         "compute_time_s": Timer.compute_s,
+        "data_time_s": Timer.data_s,
+        "optimizer_time_s": Timer.optimizer_s,
         "cpu_percent": 100.0 * cpu / max(t2 - t0, 1e-9),
         "loss": loss,
         "grad_norm": norm,
