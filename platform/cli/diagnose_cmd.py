@@ -17,7 +17,7 @@ import typer
 
 from stalwart.cli.connection import DiagnosisUrlOption, EtcdOption
 from stalwart.cli.errors import cli_errors, err, print_note
-from stalwart.cli.lookup import JobArg
+from stalwart.cli.job_arg import JobArg
 from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
 from stalwart.ops.connection import open_store
 from stalwart.ops.errors import OpsError

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors, err, print_note
-from stalwart.cli.lookup import JobArg
+from stalwart.cli.job_arg import JobArg
 from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
 from stalwart.ops.connection import open_store
 from stalwart.ops.logs import read_logs

@@ -10,7 +10,7 @@ from rich.text import Text
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.incidents_cmd import incidents_table
-from stalwart.cli.lookup import JobArg
+from stalwart.cli.job_arg import JobArg
 from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
 from stalwart.ops.connection import open_store
 from stalwart.ops.readable import ago, duration, num, percent, rank_ranges
