@@ -162,7 +162,7 @@ class NodeAgent:
             self._start_check_rank,
             wake=self._wake.set,
             machine_check=self.probes.check_now,
-            bandwidth_floor_gbps=self.probes.expected.min_bus_bandwidth_gbps,
+            bandwidth_floor_gbps=lambda: self.probes.expected.min_bus_bandwidth_gbps,
         )
         self.standby = StandbyDuty(
             store, self.job, node, self.log, lambda: self._listed_standby, self.checkpoint_token.get
@@ -384,6 +384,7 @@ class NodeAgent:
         if assignment.code_version != self.job.spec.code_version:
             self._reload_spec()  # a lazy hot update: the new code starts with this generation
         topology = Topology.from_spec(self.job.spec, assignment.rank_nodes())
+        self.probes.expect(node_expectations(self.job.spec, mine.role))  # its role's health settings now
         replay = assignment.replay_steps is not None
         if first_run and not replay:
             self._prewarm_loader(assignment, mine, topology)

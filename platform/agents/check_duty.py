@@ -41,12 +41,12 @@ class CheckDuty:
         start: RankStarter = start_cold,
         wake: Callable[[], None] = lambda: None,
         machine_check: Callable[[], list[str]] = lambda: [],
-        bandwidth_floor_gbps: float | None = None,
+        bandwidth_floor_gbps: Callable[[], float | None] = lambda: None,
     ) -> None:
         """`start` starts a check rank (the agent forks it from its fork server when it can);
         `wake()` wakes the loop that calls `serve`; `machine_check()` runs the node's probes once and
         says its machine faults (a GPU missing, a required NIC down), which fail its share whatever
-        the collectives say; `bandwidth_floor_gbps` is the spec's floor for this node's links."""
+        the collectives say; `bandwidth_floor_gbps()` is the spec's floor for this node's links."""
         self.store, self.job, self.node, self.address = store, job, node, address
         self.machine_check = machine_check
         self.bandwidth_floor_gbps = bandwidth_floor_gbps
@@ -107,7 +107,9 @@ class CheckDuty:
             )
         except Exception as exc:  # a share that cannot run still answers, so the requester need not time out
             report = NodeCheckReport(request_id=request.id, node=self.node, error=f"{type(exc).__name__}: {exc}")
-        report = report.model_copy(update={"machine_faults": faults, "bandwidth_floor_gbps": self.bandwidth_floor_gbps})
+        report = report.model_copy(
+            update={"machine_faults": faults, "bandwidth_floor_gbps": self.bandwidth_floor_gbps()}
+        )
         try:
             self.store.put(keys.check_report(self.job, request.id, self.node), report)
         except StoreUnavailable as exc:

@@ -67,6 +67,12 @@ class ProbeLoop:
     def _probes(self) -> list[Probe]:
         return node_probes(self.expected, self.started_at, self.sysfs_root)
 
+    def expect(self, expected: NodeExpectations) -> None:
+        """Judge the node by `expected` from the next round on (its role's, once it has one)."""
+        if expected != self.expected:
+            self.expected = expected
+            self.probes = self._probes()  # one assignment: the loop's thread reads the new list whole
+
     def machine_faults(self) -> list[str]:
         """High-confidence machine faults from the last round, one line each."""
         return machine_fault_lines(self.results)

@@ -1,8 +1,8 @@
 """What a node must have, from the job's spec (each role's `health`), for its agent's probes.
 
-An agent learns its role only with its first assignment, and a standby may serve any role, so the
-agent judges its machine by what every role of the job requires (the least demanding of them): in a
-job of one role, exactly that role's settings.
+An agent learns its role only with its first assignment, and a standby may serve any role, so until
+then the agent judges its machine by what every role of the job requires (the least demanding of
+them: in a job of one role, exactly that role's settings); once assigned, by its role's own.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ class NodeExpectations(Record):
     min_bus_bandwidth_gbps: float | None = None
 
 
-def node_expectations(spec: TrainingJobSpec) -> NodeExpectations:
-    """The settings every role of the job agrees on: a node that meets them can serve any role."""
-    return _common([r.health for r in spec.roles])
+def node_expectations(spec: TrainingJobSpec, role: str | None = None) -> NodeExpectations:
+    """`role`'s settings; without one (or one the spec does not name), the settings every role of
+    the job agrees on: a node that meets them can serve any role."""
+    named = [r.health for r in spec.roles if r.name == role]
+    return _common(named or [r.health for r in spec.roles])
 
 
 def _common(healths: Sequence[NodeHealth]) -> NodeExpectations:

@@ -125,3 +125,22 @@ def test_a_required_nic_that_does_not_exist_is_named() -> None:
     result = evaluate_network(read_net_sysfs(DATA / "sysfs" / "healthy"), required_nics=["ib7", "eth0"])
     [missing] = [f for f in result.findings if f.code == "nic_missing"]
     assert missing.subject == "ib7" and missing.message == "ib7 does not exist" and missing.machine_fault
+
+
+def test_an_assigned_node_is_held_to_its_own_roles_settings() -> None:
+    job = spec(
+        {"name": "trainer", "health": {"expectedGpus": 8, "requiredNics": ["ib0", "eth0"]}},
+        {"name": "reward", "health": {"expectedGpus": 4, "requiredNics": ["eth0"]}},
+    )
+    assert node_expectations(job, "trainer").expected_gpus == 8
+    assert node_expectations(job, "reward").required_nics == ["eth0"]
+    assert node_expectations(job, "critic") == node_expectations(job)  # not a role of this job: the common ones
+    loop = ProbeLoop(
+        MetricsExporter("job-a", "node-1"),
+        node_expectations(job),
+        interval=60,
+        sysfs_root=str(DATA / "sysfs" / "ib-port-down"),
+    )
+    assert "network: ib0 is down" not in loop.check_now()  # before its assignment: ib0 is not every role's
+    loop.expect(node_expectations(job, "trainer"))
+    assert "network: ib0 is down" in loop.check_now()
