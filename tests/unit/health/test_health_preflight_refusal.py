@@ -10,7 +10,8 @@ from stalwart.agents.probe_loop import ProbeLoop, machine_fault_lines
 from stalwart.controller.core.work import check_procs
 from stalwart.health.collective_records import RankReport
 from stalwart.health.distributed_check import CheckRequest, NodeCheckReport, judge_shares, node_ranks
-from stalwart.health.gpu_health import evaluate_gpus
+from stalwart.health.gpu_nvml import NvmlUnavailable
+from stalwart.health.gpu_probe import GpuProbe
 from stalwart.health.network import evaluate_network, read_net_sysfs
 from stalwart.health.node_expectations import NodeExpectations, node_expectations
 from stalwart.health.nvidia_smi import parse_nvidia_smi_q
@@ -92,9 +93,16 @@ def test_a_node_with_four_workers_has_all_four_checked() -> None:
 
 
 def test_a_node_whose_recorded_nvidia_smi_shows_a_gpu_missing_is_refused() -> None:
-    gpus = parse_nvidia_smi_q((DATA / "nvidia-smi" / "a100-sxm4-40gb-two-of-eight.txt").read_text()).gpus
-    assert len(gpus) == 2
-    faults = machine_fault_lines([evaluate_gpus(gpus, expected_count=3)])  # the spec said 3; one is missing
+    recorded = (DATA / "nvidia-smi" / "a100-sxm4-40gb-two-of-eight.txt").read_text()  # two GPU sections
+    assert len(parse_nvidia_smi_q(recorded).gpus) == 2
+    expected = node_expectations(spec({"name": "trainer", "processesPerNode": 3, "health": {"expectedGpus": 3}}))
+    probe = GpuProbe(
+        expected_count=expected.expected_gpus,
+        kernel_log_reader=lambda: [],
+        nvml_reader=lambda: NvmlUnavailable(reason="NVML not readable here"),  # the nvidia-smi fallback
+        nvidia_smi_reader=lambda: recorded,
+    )
+    faults = machine_fault_lines([probe.run()])
     assert faults == ["gpu: 2 GPUs visible, 3 expected"]
     req = request(["node-0", "node-1"], 2)
     shares = {"node-0": passing_share(req, "node-0"), "node-1": passing_share(req, "node-1", machine_faults=faults)}
