@@ -1,0 +1,115 @@
+"""What NVIDIA Resiliency Extension does on this machine (CPU, gloo): its in-process restart Wrapper
+around a two-rank training function, and its local checkpoint manager. Prints each part's outcome
+(the exact exception where it fails) for the peers report; exits 0 either way."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import sys
+import tempfile
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import TinyGPT, batch_for, loss_of, sample_ids
+
+
+def _where(exc: BaseException) -> str:
+    """The exception and the library frame that raised it (the probe's report line)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" in f.filename] or list(
+        traceback.extract_tb(exc.__traceback__)
+    )
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" (at {f.filename.split('site-packages/')[-1]}:{f.lineno}: {f.line})"
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip() + where
+
+
+def _rank_main(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    import nvidia_resiliency_ext.inprocess as inprocess
+
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+
+    def train(call_wrapper=None):  # type: ignore[no-untyped-def]  # unannotated: the Wrapper reads annotations
+        dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+        model = torch.nn.parallel.DistributedDataParallel(TinyGPT())
+        optim = torch.optim.AdamW(model.parameters())
+        for step in range(1, 4):
+            loss = loss_of(model, batch_for(sample_ids(step, rank, world)))
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+        return step
+
+    try:
+        wrapped = inprocess.Wrapper(
+            store_kwargs={"port": port + 1},
+            health_check=None,
+        )(train)
+        queue.put((rank, f"in-process Wrapper: trained {wrapped()} steps"))
+    except BaseException as exc:
+        queue.put((rank, "in-process Wrapper: " + _where(exc)))
+
+
+def probe_inprocess() -> list[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    out = []
+    for _ in procs:
+        try:
+            rank, said = queue.get(timeout=120)
+            out.append(f"rank {rank}: {said}")
+        except Exception:
+            out.append("a rank said nothing within 120 s")
+            break
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return out
+
+
+def probe_local_checkpoint() -> str:
+    try:
+        from nvidia_resiliency_ext.checkpointing.local.basic_state_dict import BasicTensorAwareStateDict
+        from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager import LocalCheckpointManager
+
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        with tempfile.TemporaryDirectory() as tmp:
+            manager = LocalCheckpointManager(tmp)
+            state = BasicTensorAwareStateDict({"model": TinyGPT().state_dict()})
+            manager.save(state, 1, is_async=False)
+            return "local checkpoint manager: saved step 1"
+    except BaseException as exc:
+        return "local checkpoint manager: " + _where(exc)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    print(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}")
+    for line in probe_inprocess():
+        print(line)
+    print(probe_local_checkpoint())

@@ -1,0 +1,69 @@
+"""torchft's recommended loop (its train_ddp example): each replica group has a Manager that joins
+the lighthouse's quorum every step; a failed group is restarted (here by its `torchrun
+--max-restarts`, or the harness for a lost node) and recovers the live state from a healthy peer
+while the other groups keep training. No periodic checkpoint: recovery reads a peer's memory.
+
+Replica group `REPLICA_GROUP_ID` of `NUM_REPLICA_GROUPS` trains the data shard of that index; the
+quorum is synchronous (use_async_quorum=False) so the step a sample id belongs to is known before
+the forward pass, which the audit needs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Audit, TinyGPT, batch_for, loss_of, parse_args, sample_ids
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    group = int(os.environ["REPLICA_GROUP_ID"])
+    groups = int(os.environ["NUM_REPLICA_GROUPS"])
+    torch.manual_seed(0)
+    model = TinyGPT()
+    inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"peers_{group}",
+        timeout=timedelta(seconds=30),
+        use_async_quorum=False,
+    )
+    ddp = DistributedDataParallel(manager, model)
+    optim = Optimizer(manager, inner)
+    audit = Audit(args.out, group)
+    while manager.current_step() < args.steps:
+        optim.zero_grad()  # the quorum, and a recovery from a peer when this group is behind
+        step = manager.current_step() + 1
+        ids = sample_ids(step, group, groups)
+        loss = loss_of(ddp, batch_for(ids))
+        loss.backward()  # gradients averaged across the quorum's groups
+        optim.step()  # applied only when every participant commits
+        time.sleep(args.step_delay)
+        if manager.current_step() == step:
+            audit.step(step, ids)
+    audit.close()
+    manager.shutdown()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

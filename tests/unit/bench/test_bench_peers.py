@@ -1,0 +1,92 @@
+"""The peers benchmark's pure parts: reading the audit, a recovery's figures, the report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "bench_peers.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_peers", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_peers"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_rank(folder: Path, rank: int, rows: list[tuple[int, int, float]]) -> None:
+    with open(folder / f"rank-{rank}.jsonl", "a") as f:
+        for step, pid, t in rows:
+            f.write(json.dumps({"step": step, "pid": pid, "t": t, "ids": [step * 10 + rank]}) + "\n")
+
+
+def test_a_restarted_rank_that_resumes_from_a_checkpoint_redoes_the_steps_since(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    # Rank 1 (pid 11) dies after step 5 at t=5.5; pid 12 resumes at step 4 (a checkpoint at 3) at t=9.
+    write_rank(tmp_path, 0, [(s, 10, float(s)) for s in range(1, 6)] + [(s, 20, 5.0 + s) for s in range(4, 8)])
+    write_rank(tmp_path, 1, [(s, 11, float(s)) for s in range(1, 6)] + [(s, 12, 5.0 + s) for s in range(4, 8)])
+    lines = bench.read_audit(tmp_path)
+    rec = bench.recovery(lines, failed_at=5.5, old_pids={10, 11})
+    assert rec.first_step == pytest.approx(3.5)
+    assert rec.resumed_at == 4
+    assert rec.steps_redone == 2  # steps 4 and 5 again
+    # The newest attempt of each step wins; the ids equal a clean run's.
+    clean = {s: sorted([s * 10, s * 10 + 1]) for s in range(1, 8)}
+    assert bench.same_samples(bench.trained(lines), clean)
+
+
+def test_ranks_never_restarted_give_their_longest_pause(bench: ModuleType, tmp_path: Path) -> None:
+    # torchft: rank 0 keeps training (a 2 s gap while the quorum shrinks); rank 1 comes back at step 8.
+    write_rank(tmp_path, 0, [(1, 10, 1.0), (2, 10, 2.0), (3, 10, 4.0), (4, 10, 4.5), (8, 10, 8.0)])
+    write_rank(tmp_path, 1, [(1, 11, 1.0), (2, 11, 2.0), (8, 12, 8.0)])
+    lines = bench.read_audit(tmp_path)
+    rec = bench.recovery(lines, failed_at=2.5, old_pids={10, 11})
+    assert rec.steps_redone == 0  # it jumped ahead: nothing redone, steps 3-7 of its shard skipped
+    assert rec.others_pause == pytest.approx(3.5)
+    clean = {s: [s * 10, s * 10 + 1] for s in (1, 2, 3, 4, 8)}
+    assert not bench.same_samples(bench.trained(lines), clean)
+
+
+def test_no_restarted_rank_means_not_recovered(bench: ModuleType, tmp_path: Path) -> None:
+    write_rank(tmp_path, 0, [(1, 10, 1.0), (2, 10, 2.0)])
+    rec = bench.recovery(bench.read_audit(tmp_path), failed_at=2.5, old_pids={10})
+    assert rec.first_step is None and rec.steps_redone is None
+
+
+def test_the_report_gives_medians_and_says_why_a_cell_is_empty(bench: ModuleType) -> None:
+    cells = [
+        bench.Cell("stalwart", "kill-worker", 2.0, 1, True, None, [1.0], [1.5]),
+        bench.Cell("stalwart", "kill-worker", 4.0, 3, True, None, [1.0], [1.5]),
+        bench.Cell("stalwart", "kill-worker", 3.0, 2, True, None, [1.0], [1.5]),
+        bench.Cell("torchrun", "hang", None, None, None, None, [2.0], [2.0], "no restarted rank trained within 60s"),
+    ]
+    table = bench.summarize(cells)
+    assert table[("stalwart", "kill-worker")]["first_step"] == 3.0
+    assert table[("stalwart", "kill-worker")]["steps_redone"] == 2.0
+    context = {
+        "command": "python bench/bench_peers.py",
+        "measured_at": "2026-01-01 00:00",
+        "machine": "m",
+        "repeats": 3,
+        "systems": ["stalwart", "torchrun", "nvrx"],
+        "load_min": 1.0,
+        "load_median": 1.5,
+        "load_max": 2.0,
+        "nvrx_probe": "local checkpoint manager: AssertionError",
+    }
+    configs = {"stalwart": "s", "torchrun": "t", "nvrx": "n"}
+    report = bench.build_report(cells, {"stalwart": [0.01, 0.03]}, context, {("torchrun", "hang"): "x"}, configs)
+    assert "| kill-worker | 3.00 s (n=3/3) |" in report
+    assert "not recovered (no restarted rank trained within 60s); published: x" in report
+    assert "| stalwart | 20.0 ms | 30.0 ms | 2 |" in report
+    assert "local checkpoint manager: AssertionError" in report
