@@ -646,8 +646,30 @@ CONFIGS = {
     ),
 }
 
-# Published figures, for the cells a peer could not run here: filled from the peers' own papers and docs.
-PUBLISHED: dict[tuple[str, str], str] = {}
+# What the peers publish, for the cells not measured here (NVRx: see CONFIGS and the probe).
+NVRX_INPROCESS = "https://nvidia.github.io/nvidia-resiliency-ext/inprocess/index.html"
+PUBLISHED: dict[tuple[str, str], str] = {
+    ("nvrx", "kill-worker"): (
+        "no figure in seconds published; the in-process restart 'removes overheads associated with launching "
+        "a new scheduler job, starting a container, initializing a new Python interpreter, loading "
+        f"dependencies, and creating a new CUDA context' ({NVRX_INPROCESS}); a SIGKILLed rank is not restarted "
+        "in process: the Wrapper excludes it and needs a spare rank or the in-job restart (ft_launcher)"
+    ),
+    ("nvrx", "lost-node"): (
+        "no figure in seconds published; a lost node's ranks are excluded by the in-process Wrapper, replaced "
+        f"from warm spares by the in-job restart ({NVRX_INPROCESS}, "
+        "https://github.com/NVIDIA/nvidia-resiliency-ext/releases/tag/v0.3.0: 'Warm spare support')"
+    ),
+    ("nvrx", "hang"): (
+        "the Wrapper's documented defaults in 0.4.1: soft_timeout 60 s, hard_timeout 90 s (a hang is noticed "
+        f"after 60 s unless configured lower) ({NVRX_INPROCESS})"
+    ),
+    ("dlrover", "lost-node"): (
+        "'Flash Checkpoint: The distributed training can recover failures from the in-memory checkpoint in "
+        "seconds' (https://github.com/intelligent-machine-learning/dlrover); a lost node's memory copy is gone, "
+        "its ranks load the newest disk copy"
+    ),
+}
 
 
 def setup() -> None:
@@ -672,9 +694,19 @@ def main() -> None:
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--keep", type=Path, default=None, help="keep every run's folder under this folder")
     parser.add_argument("--output", type=Path, default=RESULTS / "peers.md")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="rebuild the report from these runs' .json (one run's, or several merged: e.g. a hang-only pass)",
+    )
     args = parser.parse_args()
     if args.setup:
         setup()
+        return
+    if args.report_from:
+        write_report(*merge_runs([json.loads(p.read_text()) for p in args.report_from]), args.output)
         return
     if not (PEERS_VENV / "bin" / "python").exists():
         raise SystemExit(f"{PEERS_VENV} is missing: run `.venv/bin/python bench/bench_peers.py --setup` first")
@@ -738,13 +770,37 @@ def main() -> None:
         "load_max": max(loads),
         "nvrx_probe": nvrx,
     }
-    report = build_report(cells, blocked, context, PUBLISHED, CONFIGS)
-    args.output.write_text(report)
     args.output.with_suffix(".json").write_text(
         json.dumps({"context": context, "cells": [asdict(c) for c in cells], "blocked": blocked}, indent=1) + "\n"
     )
+    write_report(cells, blocked, context, args.output)
+
+
+def merge_runs(runs: Sequence[dict[str, Any]]) -> tuple[list[Cell], dict[str, list[float]], dict[str, Any]]:
+    """Several passes' .json as one: every cell, the first pass's blocked times per system, the load
+    over all of them, every command."""
+    cells = [Cell(**c) for run in runs for c in run["cells"]]
+    blocked: dict[str, list[float]] = {}
+    for run in runs:
+        for system, values in run["blocked"].items():
+            blocked.setdefault(system, values)
+    contexts = [run["context"] for run in runs]
+    context = dict(contexts[0])
+    context["command"] = "`, `".join(c["command"] for c in contexts)
+    context["measured_at"] = ", ".join(c["measured_at"] for c in contexts)
+    context["repeats"] = "/".join(str(c["repeats"]) for c in contexts)
+    context["systems"] = list(dict.fromkeys(s for c in contexts for s in c["systems"]))
+    context["load_min"] = min(c["load_min"] for c in contexts)
+    context["load_max"] = max(c["load_max"] for c in contexts)
+    context["load_median"] = statistics.median(c["load_median"] for c in contexts)
+    return cells, blocked, context
+
+
+def write_report(cells: Sequence[Cell], blocked: dict[str, list[float]], context: dict[str, Any], out: Path) -> None:
+    report = build_report(cells, blocked, context, PUBLISHED, CONFIGS)
+    out.write_text(report)
     print(report)
-    print(f"wrote {args.output}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
