@@ -182,7 +182,15 @@ def main() -> None:
     p.add_argument("--nvrx-python", default="/tmp/nvrx-venv/bin/python")
     p.add_argument("--no-anchor", action="store_true")
     p.add_argument("--output", type=Path, default=RESULTS / "bench_stragglers.md")
+    p.add_argument(
+        "--report-from",
+        type=Path,
+        help="write the report from an interrupted run's output (its JSON lines) instead of running",
+    )
     args = p.parse_args()
+    if args.report_from is not None:
+        report_from(args)
+        return
     os.environ[ALLOWED_PATHS_ENV] = str(EXAMPLE.parent)  # the job file lives in a temporary folder
     factors = [float(f) for f in args.factors.split(",")]
     kinds = args.kinds.split(",")
@@ -219,6 +227,19 @@ def main() -> None:
     write_report(args, started, loads, rows, healthy, anchor)
 
 
+def report_from(args: argparse.Namespace) -> None:
+    """The report of a run cut short: the rows its output printed, each a JSON line."""
+    rows, healthy, anchor = [], [], []
+    for line in args.report_from.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        (rows if "kind" in row else healthy if str(row.get("run", "")).startswith("healthy") else anchor).append(row)
+    started = datetime.datetime.fromtimestamp(args.report_from.stat().st_mtime, datetime.UTC)
+    loads = [f"{load()} when the report was written (the run's own readings were not kept)"]
+    write_report(args, started, loads, rows, healthy, anchor)
+
+
 def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -236,8 +257,8 @@ def write_report(
         "# Straggler detection: the matrix, healthy runs, and NVRx's scores",
         "",
         f"Measured {started:%Y-%m-%d %H:%M} UTC by `{cmd}` on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"{platform.python_version()}), a machine shared with other work: {'; '.join(loads)} "
-        "(before the matrix, after it, after the healthy runs, after the anchor).",
+        f"{platform.python_version()}), a machine shared with other work: {'; '.join(loads)}"
+        + (" (before the matrix, after it, after the healthy runs, after the anchor)." if len(loads) > 1 else "."),
         "",
         "## Slowdowns through the product",
         "",
