@@ -181,11 +181,14 @@ def main() -> None:
     p.add_argument("--healthy-steps", type=int, default=400)
     p.add_argument("--nvrx-python", default="/tmp/nvrx-venv/bin/python")
     p.add_argument("--no-anchor", action="store_true")
+    p.add_argument("--anchor-kinds", default=",".join(KINDS), help="the anchor's slowdowns (each at 1.2x and 1.5x)")
     p.add_argument("--output", type=Path, default=RESULTS / "bench_stragglers.md")
     p.add_argument(
         "--report-from",
         type=Path,
-        help="write the report from an interrupted run's output (its JSON lines) instead of running",
+        nargs="+",
+        help="write the report from runs' outputs (their JSON lines: an interrupted run, runs split in parts) "
+        "instead of running",
     )
     args = p.parse_args()
     if args.report_from is not None:
@@ -193,7 +196,8 @@ def main() -> None:
         return
     os.environ[ALLOWED_PATHS_ENV] = str(EXAMPLE.parent)  # the job file lives in a temporary folder
     factors = [float(f) for f in args.factors.split(",")]
-    kinds = args.kinds.split(",")
+    kinds = [k for k in args.kinds.split(",") if k]
+    anchor_kinds = [k for k in args.anchor_kinds.split(",") if k]
     started = datetime.datetime.now(datetime.UTC)
     loads = [load()]
     rows: list[dict[str, Any]] = []
@@ -216,7 +220,7 @@ def main() -> None:
             anchor.append({"error": f"{args.nvrx_python} does not exist: install nvidia-resiliency-ext there"})
         else:
             port = 29700
-            for kind in kinds:
+            for kind in anchor_kinds:
                 for f in (1.2, 1.5):
                     port += 1
                     anchor.append(anchor_run(args.nvrx_python, kind, f, 160, port))
@@ -230,12 +234,13 @@ def main() -> None:
 def report_from(args: argparse.Namespace) -> None:
     """The report of a run cut short: the rows its output printed, each a JSON line."""
     rows, healthy, anchor = [], [], []
-    for line in args.report_from.read_text().splitlines():
+    lines = [ln for path in args.report_from for ln in path.read_text().splitlines()]
+    for line in lines:
         if not line.startswith("{"):
             continue
         row = json.loads(line)
         (rows if "kind" in row else healthy if str(row.get("run", "")).startswith("healthy") else anchor).append(row)
-    started = datetime.datetime.fromtimestamp(args.report_from.stat().st_mtime, datetime.UTC)
+    started = datetime.datetime.fromtimestamp(min(p.stat().st_mtime for p in args.report_from), datetime.UTC)
     loads = [f"{load()} when the report was written (the run's own readings were not kept)"]
     write_report(args, started, loads, rows, healthy, anchor)
 
