@@ -14,7 +14,7 @@ from stalwart.cli import operator_requests
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.job_actions import NamespaceOption, open_actions
-from stalwart.cli.output import OutputFormat, OutputOption
+from stalwart.cli.output import TABLE, OutputOption
 from stalwart.ops.errors import OpsError
 from stalwart.store.records import RequestKind
 
@@ -26,7 +26,7 @@ def check(
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the results.")] = 600.0,
     etcd: EtcdOption = None,
     namespace: NamespaceOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    output: OutputOption = TABLE,
 ) -> None:
     """Run the collective (all-reduce, all-gather, all-to-all: bandwidth and bitwise results) and compute checks now.
 

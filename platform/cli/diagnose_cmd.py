@@ -17,11 +17,12 @@ import typer
 
 from stalwart.cli.connection import DiagnosisUrlOption, EtcdOption
 from stalwart.cli.errors import cli_errors, err, print_note
+from stalwart.cli.job_actions import ReadNamespaceOption
 from stalwart.cli.job_arg import JobArg
-from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
+from stalwart.cli.output import TABLE, OutputOption, out, show
 from stalwart.ops.connection import open_store
 from stalwart.ops.errors import OpsError
-from stalwart.ops.lookup import current_assignment, require_state
+from stalwart.ops.lookup import current_assignment, qualified_job, require_state
 from stalwart.ops.stacks import capture, run_diagnosis, service_token, service_url
 
 if TYPE_CHECKING:
@@ -63,7 +64,8 @@ def diagnose(
     ] = None,
     diagnosis_url: DiagnosisUrlOption = None,
     etcd: EtcdOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    namespace: ReadNamespaceOption = None,
+    output: OutputOption = TABLE,
 ) -> None:
     """Capture every rank's stack now, diagnose the job, and print the verdict and the stack groups.
 
@@ -88,6 +90,7 @@ def diagnose(
         raise OpsError(f"the diagnosis package is not available here ({exc})") from None
     from stalwart.cli.verdict_view import verdict_view
 
+    job = qualified_job(job, namespace)
     with open_store(etcd) as store:
         state = require_state(store, job)
         assignment = current_assignment(store, state)
@@ -106,8 +109,8 @@ def diagnose(
     if save_bundle is not None:
         save_bundle.write_text(bundle.model_dump_json(indent=2))
     verdict, by = run_diagnosis(bundle, url, source, local, on_note=print_note, token=token)
-    if output is OutputFormat.JSON:
-        print_json(verdict)
+    if not output.human:
+        show(output, verdict, lambda _wide: "")
         return
     captured = sum(1 for s in bundle.stacks if s.text)
     samples = max((len(next(iter(m.series.values()), [])) for m in bundle.metrics), default=0)

@@ -14,15 +14,11 @@ from rich.text import Text
 
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
-from stalwart.cli.output import (
-    OutputFormat,
-    OutputOption,
-    out,
-    print_json,
-)
+from stalwart.cli.job_actions import ReadNamespaceOption
+from stalwart.cli.output import TABLE, OutputOption, show
 from stalwart.ops.connection import open_store
 from stalwart.ops.incidents import IncidentRow, incident_row, read_incidents
-from stalwart.ops.lookup import find_incident
+from stalwart.ops.lookup import find_incident, in_namespace, qualified_job
 from stalwart.ops.readable import ago, clock, duration, num
 from stalwart.runbooks import runbook_for_incident
 from stalwart.store.records import Incident
@@ -32,10 +28,13 @@ def where(node: str | None, rank: int | None) -> str:
     return (node or "-") + (f"/r{rank}" if rank is not None else "")
 
 
-def incidents_table(rows: list[IncidentRow], *, show_job: bool, title: str = "incidents") -> Table:
+def incidents_table(rows: list[IncidentRow], *, show_job: bool, title: str = "incidents", wide: bool = False) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAVY)
     cols = (
-        ["id"] + (["job"] if show_job else []) + ["class", "where", "failed", "detect", "downtime", "action", "runbook"]
+        ["id"]
+        + (["job"] if show_job else [])
+        + ["class", "where", "failed", "detect", "downtime", "action", "runbook"]
+        + (["gen", "exit", "policy", "suspects"] if wide else [])
     )
     for col in cols:
         t.add_column(col, no_wrap=col != "action", overflow="fold", max_width=40 if col == "action" else None)
@@ -54,6 +53,8 @@ def incidents_table(rows: list[IncidentRow], *, show_job: bool, title: str = "in
                 r.runbook,
             ]
         )
+        if wide:
+            cells.extend([str(r.generation), num(r.exit_code), r.policy_action or "-", ", ".join(r.suspects) or "-"])
         t.add_row(*cells)
     return t
 
@@ -66,7 +67,8 @@ def incidents(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show the newest N.")] = 50,
     etcd: EtcdOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    namespace: ReadNamespaceOption = None,
+    output: OutputOption = TABLE,
 ) -> None:
     """List incidents, oldest first: class, where, detection time, downtime, action and runbook.
 
@@ -76,21 +78,30 @@ def incidents(
 
         stalwart incidents pretrain-tiny --class Hang
 
+        stalwart incidents -o wide -n ml
+
         stalwart incidents -o json | jq '.[] | select(.recovered | not)'
+
+        stalwart incidents -o jsonpath='{.items[*].id}'
     """
     with open_store(etcd) as store:
-        found = read_incidents(store, job)
+        name = qualified_job(job, namespace) if job else None
+        found = read_incidents(store, name)
+        if namespace and name is None:
+            found = [i for i in found if in_namespace(store, i.job, namespace)]
         if failure_class:
             found = [i for i in found if i.failure_class.value.lower() == failure_class.lower()]
         rows = [incident_row(i) for i in found[-limit:]]
-        if output is OutputFormat.JSON:
-            print_json(rows)
-            return
+
+    def human(wide: bool) -> Group | str:
         if not rows:
-            out.print(f"no incidents{f' in job {job}' if job else ''}", highlight=False)
-            return
-        out.print(incidents_table(rows, show_job=job is None))
-        out.print("[dim]details: stalwart incident ID · what to do: stalwart runbook show CLASS[/]", highlight=False)
+            return f"no incidents{f' in job {name}' if name else ''}"
+        return Group(
+            incidents_table(rows, show_job=name is None, wide=wide),
+            Text("details: stalwart incident ID · what to do: stalwart runbook show CLASS", style="dim"),
+        )
+
+    show(output, rows, human)
 
 
 def timeline(inc: Incident) -> Table:
@@ -161,7 +172,8 @@ def incident(
     ],
     job: Annotated[str | None, typer.Option(help="Look only in this job.")] = None,
     etcd: EtcdOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    namespace: ReadNamespaceOption = None,
+    output: OutputOption = TABLE,
 ) -> None:
     """Show one incident: timeline, evidence, suspects, the action taken, the verdict and the runbook.
 
@@ -169,11 +181,10 @@ def incident(
 
         stalwart incident inc-0001-a1684e
 
-        stalwart incident 0001-a1684e -o json
+        stalwart incident 0001-a1684e -o yaml
     """
     with open_store(etcd) as store:
-        inc = find_incident(store, incident_id, job)
-    if output is OutputFormat.JSON:
-        print_json({**inc.model_dump(mode="json"), "runbook": runbook_for_incident(inc)})
-        return
-    out.print(incident_view(inc))
+        inc = find_incident(store, incident_id, qualified_job(job, namespace) if job else None)
+    show(
+        output, {**inc.model_dump(mode="json"), "runbook": runbook_for_incident(inc)}, lambda _wide: incident_view(inc)
+    )

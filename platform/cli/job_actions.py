@@ -13,12 +13,17 @@ from stalwart.cli.errors import err
 from stalwart.ops import actions
 from stalwart.ops.actions import JobActions
 
-NamespaceOption = Annotated[
+NAMESPACE_HELP = "The TrainingJob's namespace (default: the kubeconfig context's); with etcd, JOB becomes NS.JOB."
+NamespaceOption = Annotated[str | None, typer.Option("--namespace", "-n", metavar="NS", help=NAMESPACE_HELP)]
+# The commands that only read etcd take the same option, and their help says that they read etcd.
+ReadNamespaceOption = Annotated[
     str | None,
     typer.Option(
         "--namespace",
         "-n",
-        help="The TrainingJob's namespace (default: the kubeconfig context's); with etcd, JOB becomes NS.JOB.",
+        metavar="NS",
+        help="The job's namespace. This command reads etcd only (not the Kubernetes API): JOB becomes NS.JOB, "
+        "and a listing keeps that namespace's jobs.",
     ),
 ]
 

@@ -4,54 +4,71 @@ from __future__ import annotations
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
-from stalwart.cli.output import (
-    OutputFormat,
-    OutputOption,
-    out,
-    print_json,
-)
+from stalwart.cli.job_actions import ReadNamespaceOption
+from stalwart.cli.output import TABLE, OutputOption, WatchOption, WatchTimeoutOption, show, watch
 from stalwart.ops.connection import open_store
 from stalwart.ops.jobs import JobRow, read_jobs
 from stalwart.ops.readable import duration, num, percent
 from stalwart.styles import phase_text
 
 
-def jobs_table(rows: list[JobRow], endpoint: str) -> Table:
+def jobs_table(rows: list[JobRow], endpoint: str, wide: bool = False) -> Table:
     t = Table(
         title="jobs", title_justify="left", caption=f"etcd {endpoint}", caption_justify="left", box=box.SIMPLE_HEAVY
     )
-    for col, just in (
+    columns = [
         ("job", "left"),
+        *([("namespace", "left")] if wide else []),
         ("phase", "left"),
         ("gen", "right"),
         ("step", "right"),
         ("restarts", "right"),
+        *([("infra", "right"), ("tokens/s", "right")] if wide else []),
         ("ETTR", "right"),
         ("nodes", "right"),
         ("incidents", "right"),
         ("age", "right"),
-    ):
-        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        *([("reason", "left")] if wide else []),
+    ]
+    for col, just in columns:
+        t.add_column(col, justify=just, no_wrap=col != "reason", overflow="fold")  # type: ignore[arg-type]
     for r in rows:
-        t.add_row(
+        cells: list[str | Text] = [
             r.job,
+            *([r.namespace] if wide else []),
             phase_text(r.phase),
             str(r.generation),
             num(r.step),
             str(r.restarts),
+            *([str(r.infra_restarts), num(r.tokens_per_second, ",.0f")] if wide else []),
             percent(r.ettr),
             f"{r.nodes_up}/{r.nodes_total}",
             str(r.incidents),
             duration(r.age_seconds),
-        )
+            *([r.reason or "-"] if wide else []),
+        ]
+        t.add_row(*cells)
     return t
 
 
+def jobs_view(rows: list[JobRow], endpoint: str, namespace: str | None, wide: bool) -> Table | str:
+    if not rows:
+        return f"no jobs{f' in namespace {namespace}' if namespace else ''} in etcd at {endpoint}"
+    return jobs_table(rows, endpoint, wide)
+
+
 @cli_errors
-def jobs(etcd: EtcdOption = None, output: OutputOption = OutputFormat.TABLE) -> None:
+def jobs(
+    etcd: EtcdOption = None,
+    namespace: ReadNamespaceOption = None,
+    output: OutputOption = TABLE,
+    watch_: WatchOption = False,
+    watch_timeout: WatchTimeoutOption = None,
+) -> None:
     """List jobs: phase, generation, step, restarts, ETTR, nodes up and age.
 
     Unfinished jobs come first. ETTR is computed from the job's incidents (docs/control-plane.md).
@@ -60,14 +77,25 @@ def jobs(etcd: EtcdOption = None, output: OutputOption = OutputFormat.TABLE) -> 
 
         stalwart jobs --etcd 127.0.0.1:2379
 
+        stalwart jobs -o wide -n ml
+
         stalwart jobs -o json | jq '.[] | select(.phase == "Restarting") | .job'
+
+        stalwart jobs -o jsonpath='{.items[*].job}'
+
+        stalwart jobs --watch
     """
     with open_store(etcd) as store:
-        rows = read_jobs(store)
-        if output is OutputFormat.JSON:
-            print_json(rows)
+
+        def read() -> list[JobRow]:
+            rows = read_jobs(store)
+            return [r for r in rows if r.namespace == namespace] if namespace else rows
+
+        def human(rows: list[JobRow], wide: bool) -> Table | str:
+            return jobs_view(rows, store.endpoint, namespace, wide)
+
+        if watch_:
+            watch(output, read, lambda rows: rows, human, timeout=watch_timeout)
             return
-        if not rows:
-            out.print(f"no jobs in etcd at {store.endpoint}", highlight=False)
-            return
-        out.print(jobs_table(rows, store.endpoint))
+        rows = read()
+        show(output, rows, lambda wide: human(rows, wide))

@@ -20,16 +20,11 @@ from rich.text import Text
 from stalwart.cli import operator_requests
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors, print_note
-from stalwart.cli.job_actions import JobActions, NamespaceOption, open_actions
-from stalwart.cli.output import (
-    OutputFormat,
-    OutputOption,
-    out,
-    print_json,
-)
+from stalwart.cli.job_actions import JobActions, NamespaceOption, ReadNamespaceOption, open_actions
+from stalwart.cli.output import TABLE, Output, OutputOption, show
 from stalwart.ops.connection import open_store
 from stalwart.ops.errors import OpsError
-from stalwart.ops.lookup import job_states, require_state
+from stalwart.ops.lookup import in_namespace, job_states, qualified_job, require_state
 from stalwart.ops.readable import ago, duration, rank_ranges
 from stalwart.ops.requests import requester
 from stalwart.ops.status import node_records, node_rows
@@ -63,7 +58,7 @@ def confirm(question: str, yes: bool) -> None:
 
 
 def _ask_controller(
-    actions: JobActions, job: str, kind: RequestKind, node: str, reason: str, timeout: float, output: OutputFormat
+    actions: JobActions, job: str, kind: RequestKind, node: str, reason: str, timeout: float, output: Output
 ) -> None:
     operator_requests.report(actions.ask(job, kind, node, reason, timeout), output)
 
@@ -88,7 +83,7 @@ def evict(
     timeout: TimeoutOption = 120.0,
     etcd: EtcdOption = None,
     namespace: NamespaceOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    output: OutputOption = TABLE,
 ) -> None:
     """Evict a node from its job now: a standby takes its ranks and the job restarts from its checkpoint.
 
@@ -126,7 +121,7 @@ def cordon(
     timeout: TimeoutOption = 60.0,
     etcd: EtcdOption = None,
     namespace: NamespaceOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    output: OutputOption = TABLE,
 ) -> None:
     """Cordon a machine: no job gives it a slot or keeps it as a standby until it is uncordoned.
 
@@ -154,10 +149,7 @@ def cordon(
                 + (f" by {existing.by} {ago(existing.cordoned_at)}: {existing.reason}" if existing else "")
             )
             record = existing or record
-        if output is OutputFormat.JSON:
-            print_json(record)
-        else:
-            out.print(f"cordoned {node}: {record.reason}", highlight=False)
+        show(output, record, lambda _wide: f"cordoned {node}: {record.reason}")
 
 
 @app.command()
@@ -169,7 +161,7 @@ def uncordon(
     timeout: TimeoutOption = 60.0,
     etcd: EtcdOption = None,
     namespace: NamespaceOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    output: OutputOption = TABLE,
 ) -> None:
     """Uncordon a machine: it may take slots and standby places again (after its pre-flight checks).
 
@@ -189,15 +181,12 @@ def uncordon(
         existing = store.get(keys.cordon(node), Cordon)
         if existing is None:
             print_note(f"{node} is not cordoned; nothing to do")
-            if output is OutputFormat.JSON:
-                print_json({"node": node, "cordoned": False})
+            if not output.human:
+                show(output, {"node": node, "cordoned": False}, lambda _wide: "")
             return
         confirm(f"Uncordon {node}? Jobs may place work on it again.", yes)
         store.delete(keys.cordon(node))
-        if output is OutputFormat.JSON:
-            print_json({"node": node, "cordoned": False})
-        else:
-            out.print(f"uncordoned {node}", highlight=False)
+        show(output, {"node": node, "cordoned": False}, lambda _wide: f"uncordoned {node}")
 
 
 class MachineRow(BaseModel):
@@ -208,6 +197,44 @@ class MachineRow(BaseModel):
     host: str | None
     heartbeat_age: float | None
     cordoned: str | None
+    role: str | None = None
+    generation: int | None = None
+    machine_faults: list[str] = []
+
+
+def machines_table(rows: list[MachineRow], wide: bool) -> Table | str:
+    from stalwart.cli.status_cmd import NODE_STYLE
+
+    if not rows:
+        return "no machines in running jobs and none cordoned"
+    t = Table(title="machines", title_justify="left", box=box.SIMPLE_HEAVY)
+    for col in (
+        "node",
+        "job",
+        "state",
+        "ranks",
+        "host",
+        "heartbeat",
+        "cordoned",
+        *(("role", "gen", "faults") if wide else ()),
+    ):
+        t.add_column(col, no_wrap=col not in ("cordoned", "faults"), overflow="fold")
+    for r in rows:
+        t.add_row(
+            r.node,
+            r.job or "-",
+            Text(r.state, style=NODE_STYLE.get(r.state, "magenta")),
+            rank_ranges(r.ranks) if r.ranks else "-",
+            r.host or "-",
+            "-" if r.heartbeat_age is None else f"{duration(r.heartbeat_age)} ago",
+            Text(r.cordoned or "-", style="bold magenta" if r.cordoned else "dim"),
+            *(
+                [r.role or "-", "-" if r.generation is None else str(r.generation), ", ".join(r.machine_faults) or "-"]
+                if wide
+                else []
+            ),
+        )
+    return t
 
 
 @app.command("list")
@@ -215,7 +242,8 @@ class MachineRow(BaseModel):
 def list_nodes(
     job: Annotated[str | None, typer.Option("--job", "-j", help="Only this job's nodes.")] = None,
     etcd: EtcdOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    namespace: ReadNamespaceOption = None,
+    output: OutputOption = TABLE,
 ) -> None:
     """List machines: each running job's nodes with their state, and every cordoned machine.
 
@@ -224,13 +252,19 @@ def list_nodes(
         stalwart node list
 
         stalwart node list --job pretrain-tiny -o json
-    """
-    from stalwart.cli.status_cmd import NODE_STYLE
 
+        stalwart node list -o wide -n ml
+    """
     now = time.time()
+    if job is not None:
+        job = qualified_job(job, namespace)
     with open_store(etcd) as store:
         rows: list[MachineRow] = []
-        states = [s for s in job_states(store) if (job is None and not s.phase.terminal) or s.job == job]
+        states = [
+            s
+            for s in job_states(store)
+            if (job is None and not s.phase.terminal and in_namespace(store, s.job, namespace)) or s.job == job
+        ]
         if job is not None and not states:
             require_state(store, job)
         for state in states:
@@ -247,10 +281,13 @@ def list_nodes(
                         host=n.host,
                         heartbeat_age=n.heartbeat_age,
                         cordoned=n.cordoned,
+                        role=n.role,
+                        generation=n.generation,
+                        machine_faults=n.machine_faults,
                     )
                 )
         placed = {r.node for r in rows}
-        if job is None:
+        if job is None and not namespace:
             for c in store.get_prefix(keys.cordons_prefix(), Cordon):
                 if c.node not in placed:
                     rows.append(
@@ -264,23 +301,4 @@ def list_nodes(
                             cordoned=c.reason,
                         )
                     )
-    if output is OutputFormat.JSON:
-        print_json(rows)
-        return
-    if not rows:
-        out.print("no machines in running jobs and none cordoned", highlight=False)
-        return
-    t = Table(title="machines", title_justify="left", box=box.SIMPLE_HEAVY)
-    for col in ("node", "job", "state", "ranks", "host", "heartbeat", "cordoned"):
-        t.add_column(col, no_wrap=col != "cordoned", overflow="fold")
-    for r in rows:
-        t.add_row(
-            r.node,
-            r.job or "-",
-            Text(r.state, style=NODE_STYLE.get(r.state, "magenta")),
-            rank_ranges(r.ranks) if r.ranks else "-",
-            r.host or "-",
-            "-" if r.heartbeat_age is None else f"{duration(r.heartbeat_age)} ago",
-            Text(r.cordoned or "-", style="bold magenta" if r.cordoned else "dim"),
-        )
-    out.print(t)
+    show(output, rows, lambda wide: machines_table(rows, wide))

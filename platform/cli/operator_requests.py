@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from stalwart.cli.output import OutputFormat, out, print_json
+from stalwart.cli.output import Output, show
 from stalwart.ops.errors import EXIT_FAILED
 from stalwart.store.records import OperatorRequest, RequestStatus
 
@@ -14,12 +14,9 @@ def outcome_code(request: OperatorRequest) -> int:
     return 0 if request.status is RequestStatus.DONE else EXIT_FAILED
 
 
-def report(final: OperatorRequest, output: OutputFormat) -> None:
+def report(final: OperatorRequest, output: Output) -> None:
     """Print the controller's answer; exit non-zero unless it was done."""
-    if output is OutputFormat.JSON:
-        print_json(final)
-    else:
-        out.print(request_view(final))
+    show(output, final, lambda _wide: request_view(final))
     code = outcome_code(final)
     if code:
         raise typer.Exit(code)

@@ -8,10 +8,11 @@ import typer
 from rich import box
 from rich.table import Table
 
+from stalwart.cli import output as rendering
 from stalwart.cli.errors import cli_errors
-from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
+from stalwart.cli.output import TABLE, OutputOption, out
 from stalwart.ops.errors import OpsError
-from stalwart.runbooks import UnknownRunbook, list_runbooks, load_runbook, runbooks_dir
+from stalwart.runbooks import Runbook, UnknownRunbook, list_runbooks, load_runbook, runbooks_dir
 
 app = typer.Typer(help="Runbooks: what each failure class means and what to do about it.", no_args_is_help=True)
 
@@ -26,7 +27,7 @@ def complete_class(incomplete: str) -> list[str]:
 
 @app.command("list")
 @cli_errors
-def list_cmd(output: OutputOption = OutputFormat.TABLE) -> None:
+def list_cmd(output: OutputOption = TABLE) -> None:
     """List the runbooks: one per failure class of the signature database and of the controller.
 
     Examples:
@@ -38,9 +39,10 @@ def list_cmd(output: OutputOption = OutputFormat.TABLE) -> None:
     books = list_runbooks()
     if not books:
         raise OpsError(f"no runbooks found in {runbooks_dir()} (STALWART_RUNBOOKS points at another folder)")
-    if output is OutputFormat.JSON:
-        print_json(books)
-        return
+    rendering.show(output, books, lambda _wide: runbooks_table(books))
+
+
+def runbooks_table(books: list[Runbook]) -> Table:
     t = Table(
         title="runbooks",
         title_justify="left",
@@ -52,7 +54,7 @@ def list_cmd(output: OutputOption = OutputFormat.TABLE) -> None:
     t.add_column("title", overflow="fold")
     for b in books:
         t.add_row(b.id, b.title)
-    out.print(t)
+    return t
 
 
 @app.command()
@@ -67,7 +69,7 @@ def show(
         ),
     ],
     raw: Annotated[bool, typer.Option("--raw", help="Print the markdown as it is (for a pager or a ticket).")] = False,
-    output: OutputOption = OutputFormat.TABLE,
+    output: OutputOption = TABLE,
 ) -> None:
     """Show a runbook: symptoms, what Stalwart already did, how to confirm, what to do, when to escalate.
 
@@ -81,8 +83,8 @@ def show(
         book = load_runbook(failure_class)
     except UnknownRunbook as exc:
         raise OpsError(str(exc)) from None
-    if output is OutputFormat.JSON:
-        print_json(book)
+    if not output.human:
+        rendering.show(output, book, lambda _wide: "")
     elif raw:
         print(book.text, end="")
     else:

@@ -10,9 +10,11 @@ from rich.text import Text
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.incidents_cmd import incidents_table
+from stalwart.cli.job_actions import ReadNamespaceOption
 from stalwart.cli.job_arg import JobArg
-from stalwart.cli.output import OutputFormat, OutputOption, out, print_json
+from stalwart.cli.output import TABLE, OutputOption, WatchOption, WatchTimeoutOption, show, watch
 from stalwart.ops.connection import open_store
+from stalwart.ops.lookup import qualified_job
 from stalwart.ops.readable import ago, duration, num, percent, rank_ranges
 from stalwart.ops.status import DETAIL_NODES, NodeRow, RankRow, StatusReport, read_status
 from stalwart.styles import phase_text
@@ -71,9 +73,9 @@ def _header(r: StatusReport) -> Table:
     return t
 
 
-def nodes_table(rows: list[NodeRow]) -> Table:
+def nodes_table(rows: list[NodeRow], wide: bool = False) -> Table:
     t = Table(title="nodes", title_justify="left", box=box.SIMPLE_HEAVY, pad_edge=False)
-    for col in ("node", "state", "slot", "ranks", "host", "heartbeat", "gen", "faults"):
+    for col in ("node", "state", "slot", "ranks", "host", "heartbeat", "gen", "faults", *(("role",) if wide else ())):
         t.add_column(col, no_wrap=col != "faults", overflow="fold")
     for n in rows:
         state = Text(n.state, style=NODE_STYLE.get(n.state, ""))
@@ -88,6 +90,7 @@ def nodes_table(rows: list[NodeRow]) -> Table:
             "-" if n.heartbeat_age is None else f"{duration(n.heartbeat_age)} ago",
             num(n.generation),
             Text(", ".join(n.machine_faults) or "-", style="bold red" if n.machine_faults else "dim"),
+            *([n.role or "-"] if wide else []),
         )
     return t
 
@@ -103,14 +106,18 @@ def split_dims(rows: list[RankRow]) -> tuple[str, ...]:
     return (*dims, "dp") if dims else ()
 
 
-def ranks_table(rows: list[RankRow]) -> Table:
+def ranks_table(rows: list[RankRow], wide: bool = False) -> Table:
     """Fits 80 columns: the exit code goes with the health, the class column only when a rank has one,
-    the layout column only when the job splits the model (in plain DP it is the rank)."""
+    the layout column only when the job splits the model (in plain DP it is the rank). Wide adds the
+    pid, tokens/s and the rank's last checkpoint."""
     with_class = any(r.failure_class for r in rows)
     dims = split_dims(rows)
+    extra = ("pid", "tokens/s", "ckpt") if wide else ()
     t = Table(title="ranks", title_justify="left", box=box.SIMPLE_HEAVY, pad_edge=False)
-    for col in ("rank", "node", *(("layout",) if dims else ()), "health", "step", "loss", "step time", "last step") + (
-        ("class",) if with_class else ()
+    for col in (
+        ("rank", "node", *(("layout",) if dims else ()), "health", "step", "loss", "step time", "last step")
+        + (("class",) if with_class else ())
+        + extra
     ):
         t.add_column(col, no_wrap=True, justify="right" if col in ("rank", "step", "loss", "step time") else "left")
     for r in rows:
@@ -127,14 +134,15 @@ def ranks_table(rows: list[RankRow]) -> Table:
             "-" if r.step_time is None else f"{r.step_time * 1000:.0f}ms",
             "-" if r.progress_age is None else f"{duration(r.progress_age)} ago",
         ]
-        t.add_row(*cells, *([r.failure_class or "-"] if with_class else []))
+        wide_cells = [num(r.pid), num(r.tokens_per_second, ",.0f"), num(r.last_checkpoint_step)] if wide else []
+        t.add_row(*cells, *([r.failure_class or "-"] if with_class else []), *wide_cells)
     return t
 
 
-def status_view(r: StatusReport) -> Group:
-    parts: list = [_header(r), nodes_table(r.nodes)]
+def status_view(r: StatusReport, wide: bool = False) -> Group:
+    parts: list = [_header(r), nodes_table(r.nodes, wide)]
     if r.detail:
-        parts.append(ranks_table(r.ranks))
+        parts.append(ranks_table(r.ranks, wide))
     else:
         parts.append(
             Text(
@@ -167,21 +175,38 @@ def status_view(r: StatusReport) -> Group:
 def status(
     job: JobArg,
     etcd: EtcdOption = None,
-    output: OutputOption = OutputFormat.TABLE,
+    namespace: ReadNamespaceOption = None,
+    output: OutputOption = TABLE,
+    watch_: WatchOption = False,
+    watch_timeout: WatchTimeoutOption = None,
 ) -> None:
     """Show a job: progress, nodes and their ranks, each rank's health, the standby pool, recent incidents.
 
     A rank is "stalled" after 5 of its step times (10 s at least) without a step: look closer with diagnose.
 
+    With --watch it is redrawn as the job changes, until the job finishes or Ctrl-C.
+
     Examples:
 
         stalwart status pretrain-tiny
 
+        stalwart status pretrain-tiny -w
+
         stalwart status pretrain-tiny -o json | jq '.ranks[] | select(.health != "ok")'
+
+        stalwart status pretrain-tiny -o jsonpath='{.phase} {.step}'
     """
     with open_store(etcd) as store:
-        report = read_status(store, job)
-    if output is OutputFormat.JSON:
-        print_json(report)
-        return
-    out.print(status_view(report))
+        name = qualified_job(job, namespace)
+        if watch_:
+            watch(
+                output,
+                lambda: read_status(store, name),
+                lambda report: report,
+                status_view,
+                finished=lambda report: report.phase.terminal,
+                timeout=watch_timeout,
+            )
+            return
+        report = read_status(store, name)
+    show(output, report, lambda wide: status_view(report, wide))

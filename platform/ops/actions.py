@@ -27,7 +27,7 @@ from typing import Protocol
 from stalwart.ops import requests, suspension
 from stalwart.ops.connection import ETCD_ENV, config_path, open_store, resolve
 from stalwart.ops.errors import EXIT_USAGE, OpsError
-from stalwart.ops.lookup import job_for_node
+from stalwart.ops.lookup import job_for_node, qualified_job
 from stalwart.ops.requests import Waiting, quiet
 from stalwart.store import keys
 from stalwart.store.client import Store
@@ -64,7 +64,7 @@ class EtcdActions:
         self.where = f"etcd at {store.endpoint}"
 
     def job_id(self, name: str) -> str:
-        return f"{self.namespace}.{name}" if self.namespace and "." not in name else name
+        return qualified_job(name, self.namespace)
 
     def is_job(self, name: str) -> bool:
         try:

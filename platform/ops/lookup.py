@@ -18,6 +18,11 @@ from stalwart.store.jobs import list_jobs
 from stalwart.store.records import Assignment, Incident, JobState
 
 
+def qualified_job(name: str, namespace: str | None) -> str:
+    """The job's etcd id: `demo` in namespace `ml` is `ml.demo` (a name with a dot is already one)."""
+    return f"{namespace}.{name}" if namespace and "." not in name else name
+
+
 def job_names(store: Store) -> list[str]:
     """Every job that has a state (a job whose controller never started has only a spec)."""
     return [state.job for state in job_states(store)]
@@ -65,6 +70,11 @@ def job_namespace(doc: dict[str, Any] | None) -> str:
     meta = (doc or {}).get("metadata")
     namespace = meta.get("namespace") if isinstance(meta, dict) else None
     return namespace if isinstance(namespace, str) and namespace else "default"
+
+
+def in_namespace(store: Store, job: str, namespace: str | None) -> bool:
+    """Whether the job's TrainingJob is in `namespace` (every job is, when none is named)."""
+    return namespace is None or job_namespace(spec_document(store, job)) == namespace
 
 
 def current_assignment(store: Store, state: JobState) -> Assignment:
