@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel
 
@@ -104,3 +104,58 @@ def read_logs(
             "(is the agent running? stalwart status JOB)"
         )
     return [found[r] for r in sorted(found)]
+
+
+def new_lines(seen: list[str], tail: list[str], anchor: int = 20) -> list[str]:
+    """The lines of `tail` after the end of `seen` (the previous tail).
+
+    Agents send tails, not offsets: the last lines of `seen` (up to `anchor` of them) are looked for
+    in `tail`, longest match first, at its earliest place (with repeated lines, a line shown twice
+    rather than one lost). A tail that holds none of them (the worker wrote more than a tail holds
+    between two reads, or restarted) is new as a whole."""
+    for k in range(min(len(seen), len(tail), anchor), 0, -1):
+        end = seen[-k:]
+        for j in range(k, len(tail) + 1):
+            if tail[j - k : j] == end:
+                return tail[j:]
+    return tail
+
+
+def follow_logs(
+    store: Store,
+    job: str,
+    rank: int | None,
+    lines: int,
+    timeout: float,
+    interval: float = 1.0,
+    on_note: Callable[[str], None] = lambda _note: None,
+) -> Iterator[RankOutput]:
+    """`logs -f`: the tails first, then each rank's new lines as its node reports them, every `interval`
+    seconds, until the job is finished or (with a rank) that rank's worker exited; a node that does not
+    answer one round is asked again the next. Only ranks with new lines are yielded."""
+    seen: dict[int, list[str]] = {}
+    first = True
+    while True:
+        # Read after noticing the end, so that the lines written last are shown too.
+        finished = require_state(store, job).phase.terminal
+        try:
+            found = read_logs(store, job, rank, lines if first else FOLLOW_WINDOW, timeout, on_note=on_note)
+        except NotFound:
+            if finished:
+                return
+            raise
+        except OpsError:
+            found = []  # between generations nobody answers: ask again
+        for r in found:
+            fresh = r.lines if first else new_lines(seen.get(r.rank, []), r.lines)
+            seen[r.rank] = r.lines
+            if fresh:
+                yield r.model_copy(update={"lines": fresh})
+        first = False
+        if finished or (rank is not None and any(r.exit_code is not None for r in found)):
+            return
+        time.sleep(interval)
+
+
+# Lines asked for on each round of a follow: more than a worker writes between two rounds, usually.
+FOLLOW_WINDOW = 1000
