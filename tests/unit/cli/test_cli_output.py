@@ -154,8 +154,9 @@ def test_wide_adds_columns_to_the_table(store: Store) -> None:
 
 def test_namespace_qualifies_the_job_and_filters_listings(store: Store) -> None:
     assert stalwart(store, "status", "out-ml", "-n", "ml", "-o", "jsonpath={.job}").stdout.strip() == ML
-    listed = stalwart(store, "jobs", "-n", "ml", "-o", "jsonpath={.items[*].job}").stdout.split()
-    assert listed == [ML]
+    listed = stalwart(store, "jobs", "-n", "ml", "-o", "jsonpath={.items[*].job}")
+    assert listed.stdout.split() == [ML]
+    assert "reads etcd, not the Kubernetes API" in listed.stderr
     incidents = yaml.safe_load(stalwart(store, "incidents", "-n", "ml", "-o", "yaml").stdout)
     assert [i["id"] for i in incidents] == ["inc-0001-cccccc"]
     assert yaml.safe_load(stalwart(store, "incidents", "-n", "elsewhere", "-o", "yaml").stdout) == []
@@ -265,3 +266,23 @@ def test_a_watch_timeout_bounds_the_watch(store: Store) -> None:
     result = stalwart(store, "jobs", "-w", "--watch-timeout", "0", "-o", "jsonpath={.items[*].job}")
     assert result.exit_code == 0, result.output
     assert ML in result.stdout.split()
+
+
+def test_every_on_call_command_takes_the_same_namespace_option() -> None:
+    """Acting commands share one help (they reach the Kubernetes API); reading ones say they read etcd."""
+    from stalwart.cli.job_actions import NAMESPACE_HELP
+
+    root = typer.main.get_command(app)
+    ctx = root.make_context("stalwart", ["version"])
+    acting = ["suspend", "resume", "check", "node evict", "node cordon", "node uncordon"]
+    reading = ["jobs", "status", "incidents", "incident", "logs", "diagnose", "node list"]
+    for path in acting + reading:
+        command: Any = root
+        for part in path.split():
+            command = command.get_command(ctx, part)
+        option = next(p for p in command.params if "--namespace" in p.opts)
+        assert option.opts == ["--namespace", "-n"], path
+        if path in acting:
+            assert option.help == NAMESPACE_HELP, path
+        else:
+            assert "reads etcd only" in option.help, path
