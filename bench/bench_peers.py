@@ -622,8 +622,10 @@ CONFIGS = {
     ),
     "torchrun": (
         "torch 2.13 `torch.distributed.run --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --max-restarts 3` "
-        "per node (node 0 hosts the c10d store); DCP `async_save` every 10 steps on its own gloo group (one "
-        "in flight), `dcp.load` of the newest at start (bench/peers/train_torchrun.py)."
+        "per node (node 0 hosts the c10d store); DCP `dcp.save` every 10 steps, `dcp.load` of the newest at "
+        "start (bench/peers/train_torchrun.py). Synchronous: `async_save` on gloo needs a second process group, "
+        "and with one torchrun's restarted workers fail in `Gloo connectFullMesh failed ... Connection refused` "
+        "until --max-restarts runs out (seen here in a first pass)."
     ),
     "dlrover": (
         "dlrover 0.6.1: its job master (`dlrover.python.master.main --platform local --node_num 2`) and "
@@ -708,15 +710,33 @@ def main() -> None:
     if args.report_from:
         write_report(*merge_runs([json.loads(p.read_text()) for p in args.report_from]), args.output)
         return
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every run's processes are killed
     if not (PEERS_VENV / "bin" / "python").exists():
         raise SystemExit(f"{PEERS_VENV} is missing: run `.venv/bin/python bench/bench_peers.py --setup` first")
     from stalwart.spec import ALLOWED_PATHS_ENV
 
     os.environ[ALLOWED_PATHS_ENV] = str(EXAMPLE.parent)
+    loads: list[float] = []
+
+    def context(nvrx: str = "(the NVRx probe runs at the end of a pass)") -> dict[str, Any]:
+        return {
+            "command": "python bench/bench_peers.py"
+            + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
+            + (f" --systems {' '.join(args.systems)}" if list(args.systems) != list(SYSTEMS) else "")
+            + (f" --faults {' '.join(args.faults)}" if list(args.faults) != list(FAULTS) else ""),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.platform()}",
+            "repeats": args.repeats,
+            "systems": [*args.systems, "nvrx"],
+            "load_min": min(loads),
+            "load_median": statistics.median(loads),
+            "load_max": max(loads),
+            "nvrx_probe": nvrx,
+        }
+
     cells: list[Cell] = []
     clean: dict[str, dict[int, list[int]]] = {}
     blocked: dict[str, list[float]] = {}
-    loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="stalwart-bench-peers-") as tmp:
         root = args.keep or Path(tmp)
         count = 0
@@ -738,6 +758,8 @@ def main() -> None:
                 cell.samples_equal = same_samples(ids, clean[system]) if cell.first_step is not None else None
                 cells.append(cell)
             loads.extend([cell.load_before[0], cell.load_after[0]])
+            if cells:  # the report so far: a pass cut short still leaves what it measured
+                save(cells, blocked, context(), args.output)
             print(
                 f"  {system:<9} {fault or 'clean':<12} first step {_s(cell.first_step):>8}  redone "
                 f"{cell.steps_redone if cell.steps_redone is not None else '-':>3}  samples "
@@ -755,25 +777,14 @@ def main() -> None:
             for fault in args.faults:
                 for system in args.systems:
                     one(system, fault)
-    nvrx = probe_nvrx()
-    context = {
-        "command": "python bench/bench_peers.py"
-        + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
-        + (f" --systems {' '.join(args.systems)}" if list(args.systems) != list(SYSTEMS) else "")
-        + (f" --faults {' '.join(args.faults)}" if list(args.faults) != list(FAULTS) else ""),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.platform()}",
-        "repeats": args.repeats,
-        "systems": [*args.systems, "nvrx"],
-        "load_min": min(loads),
-        "load_median": statistics.median(loads),
-        "load_max": max(loads),
-        "nvrx_probe": nvrx,
-    }
-    args.output.with_suffix(".json").write_text(
+    save(cells, blocked, context(probe_nvrx()), args.output)
+
+
+def save(cells: list[Cell], blocked: dict[str, list[float]], context: dict[str, Any], output: Path) -> None:
+    output.with_suffix(".json").write_text(
         json.dumps({"context": context, "cells": [asdict(c) for c in cells], "blocked": blocked}, indent=1) + "\n"
     )
-    write_report(cells, blocked, context, args.output)
+    write_report(cells, blocked, context, output)
 
 
 def merge_runs(runs: Sequence[dict[str, Any]]) -> tuple[list[Cell], dict[str, list[float]], dict[str, Any]]:

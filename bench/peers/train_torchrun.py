@@ -1,6 +1,10 @@
 """TorchElastic's recommended loop: `torchrun` (c10d rendezvous, --max-restarts) restarts every
-worker after a failure; each resumes from the newest Distributed Checkpoint (DCP), saved with
-`dcp.async_save` so the loop waits only for the staging copy."""
+worker after a failure; each resumes from the newest Distributed Checkpoint (DCP).
+
+The save is `dcp.save`, synchronous: `dcp.async_save` on gloo needs a process group of its own
+(on the training group its collectives deadlock with the loop's), and a second gloo group breaks
+torchrun's restarts here: the restarted workers fail in `Gloo connectFullMesh ... Connection
+refused` (they read the previous attempt's addresses) until --max-restarts runs out."""
 
 from __future__ import annotations
 
@@ -38,8 +42,6 @@ def main() -> None:
         dcp.load(state, checkpoint_id=str(args.ckpt_dir / f"step-{start}"))
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     audit = Audit(args.out, rank)
-    pending = None
-    ckpt_group = dist.new_group(backend="gloo")  # async saves coordinate off the training group (DCP docs)
     for step in range(start + 1, args.steps + 1):
         ids = sample_ids(step, rank, world)
         loss = loss_of(model, batch_for(ids))
@@ -52,17 +54,9 @@ def main() -> None:
         audit.step(step, ids)
         if step % args.interval == 0:
             t0 = time.perf_counter()
-            if pending is not None:
-                pending.result()  # one save in flight, as the DCP docs do
             msd, osd = get_state_dict(model, optim)
-            pending = dcp.async_save(
-                {"model": msd, "optim": osd},
-                checkpoint_id=str(args.ckpt_dir / f"step-{step}"),
-                process_group=ckpt_group,
-            )
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(args.ckpt_dir / f"step-{step}"))
             audit.checkpoint(step, time.perf_counter() - t0)
-    if pending is not None:
-        pending.result()
     audit.close()
     dist.barrier()
     dist.destroy_process_group()
