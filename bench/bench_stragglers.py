@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from stalwart.controller.detectors.straggler_scores import Sample, score_group, slow_ranks
+from stalwart.controller.core.detectors.straggler_scores import Sample, score_group, slow_ranks
 from stalwart.spec import ALLOWED_PATHS_ENV
 
 REPO = Path(__file__).resolve().parents[1]

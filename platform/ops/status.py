@@ -246,7 +246,7 @@ def read_status(store: Store, job: str) -> StatusReport:
 
 
 def _mfu(store: Store, job: str, state: JobState, nodes: NodeRecords | None) -> float | None:
-    from stalwart.controller.detectors.throughput import job_throughput
+    from stalwart.controller.core.detectors.throughput import job_throughput
     from stalwart.spec import SpecError
     from stalwart.store.jobs import read_spec
 

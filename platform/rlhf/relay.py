@@ -79,7 +79,7 @@ class Relay:
         self.counts: Counter[str] = Counter()
         self._superseded: set[str] = set()
         # Worker ("role-rank") -> when a lease of its expired holding groups: a hung worker, for the
-        # controller (stalwart.controller.detectors.dataplane_hangs) to localize to its node.
+        # controller (stalwart.controller.core.detectors.dataplane_hangs) to localize to its node.
         self.expired_at: dict[str, float] = {}
 
     # -- the actor ---------------------------------------------------------------------------------

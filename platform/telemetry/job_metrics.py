@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from stalwart.controller.core.detectors.throughput import job_throughput
 from stalwart.controller.core.ettr import compute_ettr
 from stalwart.controller.core.standbys import role_standbys
-from stalwart.controller.detectors.throughput import job_throughput
 from stalwart.logs import get_logger
 from stalwart.spec import SpecError, TrainingJob
 from stalwart.store import keys

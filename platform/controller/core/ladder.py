@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable
 
 from stalwart.controller.core.decision import FenceNode, Plan
+from stalwart.controller.core.detectors.base import Failure, View
 from stalwart.controller.core.policy import Counters, count, decide
 from stalwart.controller.core.progress import note_progress
 from stalwart.controller.core.standbys import evict, new_node
 from stalwart.controller.core.transitions import Trigger
-from stalwart.controller.detectors.base import Failure, View
 from stalwart.spec import TrainingJobSpec
 from stalwart.spec.model import FailureAction, FailureEvent, RecoveryMode, RestartScope
 from stalwart.store import keys

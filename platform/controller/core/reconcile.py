@@ -14,14 +14,7 @@ from collections.abc import Callable, Sequence
 
 from stalwart.controller.core import catalog, checks, replay, requests, standbys, suspension, world
 from stalwart.controller.core.decision import Decision, Launch, Needs, Plan
-from stalwart.controller.core.generation import start_generation
-from stalwart.controller.core.ladder import fail, handle
-from stalwart.controller.core.observation import Observation
-from stalwart.controller.core.progress import note_job_resumed, note_progress, track
-from stalwart.controller.core.ranks import role_states, slot_roles
-from stalwart.controller.core.standbys import new_node, top_up_standbys
-from stalwart.controller.core.transitions import Trigger
-from stalwart.controller.detectors.base import (
+from stalwart.controller.core.detectors.base import (
     CodeUpdateSeen,
     Detector,
     Failure,
@@ -30,6 +23,13 @@ from stalwart.controller.detectors.base import (
     RequestFinding,
     View,
 )
+from stalwart.controller.core.generation import start_generation
+from stalwart.controller.core.ladder import fail, handle
+from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.progress import note_job_resumed, note_progress, track
+from stalwart.controller.core.ranks import role_states, slot_roles
+from stalwart.controller.core.standbys import new_node, top_up_standbys
+from stalwart.controller.core.transitions import Trigger
 from stalwart.store import keys
 from stalwart.store.records import Incident, JobStage, JobState
 

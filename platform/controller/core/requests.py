@@ -8,11 +8,11 @@ until its result is in.
 from __future__ import annotations
 
 from stalwart.controller.core.decision import Launch, Plan, UncordonNode
+from stalwart.controller.core.detectors.base import RequestFinding, View
 from stalwart.controller.core.ladder import NewId, role_scope, roles_of
 from stalwart.controller.core.standbys import evict, top_up_standbys
 from stalwart.controller.core.transitions import Trigger
 from stalwart.controller.core.work import NodeChecks, check_procs
-from stalwart.controller.detectors.base import RequestFinding, View
 from stalwart.spec.model import FailureAction, FailureEvent
 from stalwart.store import keys
 from stalwart.store.records import Cordon, Incident, JobStage, OperatorRequest, RequestKind, RequestStatus

@@ -21,8 +21,8 @@ import math
 from collections.abc import Collection
 
 from stalwart.controller.core.decision import Launch, Plan
+from stalwart.controller.core.detectors.base import View
 from stalwart.controller.core.work import NodeChecks, check_procs
-from stalwart.controller.detectors.base import View
 from stalwart.spec.model import StandbySettings, TrainingJobSpec
 from stalwart.store import keys
 from stalwart.store.records import Cordon, Incident, JobState

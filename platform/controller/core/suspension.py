@@ -5,9 +5,9 @@ not a failure: no incident, no lost node, no restart counted, and ETTR leaves th
 from __future__ import annotations
 
 from stalwart.controller.core.decision import Plan
+from stalwart.controller.core.detectors.base import View
 from stalwart.controller.core.progress import note_progress
 from stalwart.controller.core.transitions import ACTIVE, Trigger
-from stalwart.controller.detectors.base import View
 from stalwart.store.records import JobStage, Suspension
 
 

@@ -43,10 +43,10 @@ from dataclasses import replace
 
 from stalwart.cluster import Cluster
 from stalwart.controller.core.decision import Decision, Needs
+from stalwart.controller.core.detectors import Detector, default_detectors
 from stalwart.controller.core.policy import outage_grace
 from stalwart.controller.core.reconcile import ReconcileCore
 from stalwart.controller.core.work import WorkKey, WorkResult
-from stalwart.controller.detectors import Detector, default_detectors
 from stalwart.controller.shell.actuator import Actuator
 from stalwart.controller.shell.clock import Clock, SystemClock
 from stalwart.controller.shell.diagnosis import diagnosis_url

@@ -24,9 +24,9 @@ import pyetcd
 
 from stalwart.cluster import Cluster, NodeInfo
 from stalwart.controller.core.decision import Needs
+from stalwart.controller.core.detectors import default_detectors
 from stalwart.controller.core.ranks import assign
 from stalwart.controller.core.reconcile import ReconcileCore
-from stalwart.controller.detectors import default_detectors
 from stalwart.controller.shell.clock import SystemClock
 from stalwart.controller.shell.diagnosis import collect_stacks
 from stalwart.controller.shell.loop import commit_chunks

@@ -19,11 +19,11 @@ import pytest
 
 from stalwart.cluster.base import NodeInfo, PreflightVerdict
 from stalwart.controller.core.decision import Decision, Launch, Needs, SendCommand, StartNode, StopNode
+from stalwart.controller.core.detectors import default_detectors
 from stalwart.controller.core.observation import Observation
 from stalwart.controller.core.reconcile import ReconcileCore
 from stalwart.controller.core.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Row, Trigger
 from stalwart.controller.core.work import CrashDiagnosis, NodeChecks, Work, WorkResult
-from stalwart.controller.detectors import default_detectors
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.spec.model import FailureEvent
 from stalwart.store import keys

@@ -9,12 +9,12 @@ import pytest
 from support.controller_harness import Harness, worker
 
 from stalwart.controller.core.decision import FenceNode
+from stalwart.controller.core.detectors.base import PEER_TROUBLE_SECONDS, View
+from stalwart.controller.core.detectors.crashes import CRASH_DIAGNOSIS_WAIT
+from stalwart.controller.core.detectors.lost_nodes import GONE_PER_CLUSTER
+from stalwart.controller.core.detectors.slowdowns import METRIC_SAMPLES
 from stalwart.controller.core.observation import Observation
 from stalwart.controller.core.work import Diagnosis as Finding
-from stalwart.controller.detectors.base import PEER_TROUBLE_SECONDS, View
-from stalwart.controller.detectors.crashes import CRASH_DIAGNOSIS_WAIT
-from stalwart.controller.detectors.lost_nodes import GONE_PER_CLUSTER
-from stalwart.controller.detectors.slowdowns import METRIC_SAMPLES
 from stalwart.store.records import JobStage, LogMatch, RequestKind, RequestStatus
 
 S = JobStage

@@ -6,8 +6,8 @@ from __future__ import annotations
 from support.paths import REPO
 
 from stalwart.controller.core import transitions
+from stalwart.controller.core.detectors import DETECTORS
 from stalwart.controller.core.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Trigger
-from stalwart.controller.detectors import DETECTORS
 from stalwart.store.records import JobStage
 
 DOC = REPO / "docs" / "control-plane.md"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support.controller_harness import Harness, spec_document, worker
 
+from stalwart.controller.core.detectors.throughput import job_throughput
 from stalwart.controller.core.policy import Classified, Counters, decide
-from stalwart.controller.detectors.throughput import job_throughput
 from stalwart.spec import parse_job
 from stalwart.spec.model import FailureAction, FailureEvent
 

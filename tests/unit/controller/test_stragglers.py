@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from support.controller_harness import Harness, worker
 
-from stalwart.controller.detectors.straggler_scores import (
+from stalwart.controller.core.detectors.straggler_scores import (
     Sample,
     own_work,
     peer_groups,

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.metric_windows import MAX_SAMPLES, series_of
 from stalwart.controller.core.policy import Classified
 from stalwart.controller.core.ranks import slot_roles
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.spec.model import FailureEvent
 
 PACE_METRICS = ("step_time_s", "tokens_per_second")

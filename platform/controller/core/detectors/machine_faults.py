@@ -3,8 +3,8 @@ down `nicFlapCount` times in its window) condemn the node at once, no diagnosis.
 
 from __future__ import annotations
 
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.policy import Classified, NicHistory, machine_fault_suspects
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.spec.model import FailureEvent
 
 

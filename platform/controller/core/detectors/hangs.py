@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.policy import Classified, hang_timeout
 from stalwart.controller.core.work import StackDiagnosis, WorkResult
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.spec.model import FailureEvent
 
 

@@ -5,8 +5,8 @@ classification reads it.)"""
 
 from __future__ import annotations
 
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.policy import Classified, is_loss_spike
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.spec.model import FailureEvent
 
 LOSS_HISTORY = 20

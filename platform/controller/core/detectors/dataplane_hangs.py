@@ -9,8 +9,8 @@ as a hang's suspect. The ladder then evicts it and hot-swaps it, in that role's 
 
 from __future__ import annotations
 
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.policy import Classified
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.spec.model import FailureEvent
 
 

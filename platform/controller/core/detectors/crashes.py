@@ -11,9 +11,9 @@ generation, and its incident gains the verdict (LateVerdict) once it is back.
 from __future__ import annotations
 
 from stalwart.controller.core.decision import Needs
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, LateVerdict, Report, View
 from stalwart.controller.core.policy import MACHINE_CLASSES, Classified, classify_crash
 from stalwart.controller.core.work import CrashDiagnosis, Diagnosis, WorkKey, WorkResult
-from stalwart.controller.detectors.base import Detector, Failure, Finding, LateVerdict, Report, View
 from stalwart.spec.model import FailureEvent
 from stalwart.store.records import JobStage
 

@@ -4,7 +4,7 @@ out (stalwart.controller.core.requests)."""
 
 from __future__ import annotations
 
-from stalwart.controller.detectors.base import Detector, Report, RequestFinding, View
+from stalwart.controller.core.detectors.base import Detector, Report, RequestFinding, View
 from stalwart.store.records import JobStage
 
 

@@ -15,8 +15,8 @@ that started after the outage or never noticed it).
 from __future__ import annotations
 
 from stalwart.controller.core.decision import Needs
+from stalwart.controller.core.detectors.base import Detector, Failure, Report, View
 from stalwart.controller.core.policy import Classified, outage_grace
-from stalwart.controller.detectors.base import Detector, Failure, Report, View
 from stalwart.spec.model import FailureEvent
 
 GONE_PER_CLUSTER = "its machine is gone (the cluster reports it dead)"  # why a node was fenced at once

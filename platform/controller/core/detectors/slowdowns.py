@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.policy import PACE_WARMUP_SAMPLES, Classified, slowdown_onset
 from stalwart.controller.core.work import StackDiagnosis, WorkResult
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.spec.model import FailureEvent
 
 PACE_HISTORY = 200

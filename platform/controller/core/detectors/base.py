@@ -195,7 +195,7 @@ class View:
 
 
 class Detector(ABC):
-    """Subclass, give it a `name`, list it in stalwart.controller.detectors.DETECTORS."""
+    """Subclass, give it a `name`, list it in stalwart.controller.core.detectors.DETECTORS."""
 
     name: ClassVar[str]
     stages: ClassVar[frozenset[JobStage]] = frozenset({JobStage.RUNNING})

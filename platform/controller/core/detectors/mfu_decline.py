@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from statistics import median
 
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.throughput import job_throughput
 from stalwart.controller.core.policy import Classified
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
-from stalwart.controller.detectors.throughput import job_throughput
 from stalwart.spec.model import FailureEvent
 
 SUSTAINED = 0.8  # this share of the last window's samples must be down (its 80th percentile is)

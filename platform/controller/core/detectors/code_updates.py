@@ -3,8 +3,8 @@ starts, and forced (a CodeUpdate restart) once hotUpdateDeadlineSeconds have pas
 
 from __future__ import annotations
 
+from stalwart.controller.core.detectors.base import CodeUpdateSeen, Detector, Failure, Report, View
 from stalwart.controller.core.policy import Classified
-from stalwart.controller.detectors.base import CodeUpdateSeen, Detector, Failure, Report, View
 from stalwart.spec.model import FailureEvent
 
 

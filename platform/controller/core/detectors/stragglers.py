@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from stalwart.controller.core.policy import Classified
-from stalwart.controller.core.ranks import role_states
-from stalwart.controller.detectors.base import Detector, Failure, Finding, Report, View
-from stalwart.controller.detectors.straggler_scores import (
+from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.straggler_scores import (
     RankScore,
     Sample,
     Verdict,
@@ -28,6 +26,8 @@ from stalwart.controller.detectors.straggler_scores import (
     score_group,
     slow_ranks,
 )
+from stalwart.controller.core.policy import Classified
+from stalwart.controller.core.ranks import role_states
 from stalwart.spec.model import FailureEvent
 
 HISTORY = 120  # samples kept per rank (the individual score's history)
