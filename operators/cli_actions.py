@@ -7,6 +7,7 @@ log records: the user needs get and patch on trainingjobs, and list on pods to f
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -32,9 +33,11 @@ def _client() -> tuple[k8s.ApiClient, str]:
         with open(namespace_file) as f:
             namespace = f.read().strip()
     except (kubernetes.config.ConfigException, OSError):
+        # $KUBECONFIG as it is now: the library reads it once, when it is imported.
+        config_file = os.environ.get("KUBECONFIG") or None
         try:
-            kubernetes.config.load_kube_config()
-            _, context = kubernetes.config.list_kube_config_contexts()
+            kubernetes.config.load_kube_config(config_file=config_file)
+            _, context = kubernetes.config.list_kube_config_contexts(config_file=config_file)
         except (kubernetes.config.ConfigException, OSError) as exc:
             raise OpsError(f"cannot use the kubeconfig: {exc}", EXIT_USAGE) from None
         namespace = (context or {}).get("context", {}).get("namespace") or "default"
@@ -156,13 +159,20 @@ class KubernetesActions:
             EXIT_TIMEOUT,
         )
 
+    def request_suspend(self, job: str, suspended: bool) -> bool:
+        """Set the TrainingJob's spec.suspend, without waiting (the console's way: the page shows the
+        job follow). False if it already was so: nothing is patched then."""
+        body = self._require(job)
+        if bool((body.get("spec") or {}).get("suspend")) == suspended:
+            return False
+        self._patch(job, {"spec": {"suspend": suspended}})
+        return True
+
     def suspend(self, job: str, suspended: bool, timeout: float) -> str:
         """Set spec.suspend and wait for the job's controller to follow: every pod stopped (the
         Suspended condition), or training again (phase Running) after a resume."""
-        body = self._require(job)
-        if bool((body.get("spec") or {}).get("suspend")) == suspended:
+        if not self.request_suspend(job, suspended):
             return f"{self.namespace}/{job} is already {'suspended' if suspended else 'not suspended'}"
-        self._patch(job, {"spec": {"suspend": suspended}})
         verb = "suspend" if suspended else "resume"
         deadline = time.monotonic() + timeout
         with self.waiting(f"waiting for the operator to {verb} {self.namespace}/{job}"):

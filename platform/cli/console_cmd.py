@@ -22,6 +22,7 @@ from stalwart.ops.connection import resolve
 from stalwart.ops.errors import EXIT_USAGE, OpsError
 
 SECRET_ENV = "STALWART_CONSOLE_SECRET"
+KUBERNETES_ENV = "STALWART_CONSOLE_KUBERNETES"  # the chart sets it: suspend/resume through the TrainingJob
 DEFAULT_PORT = 8090
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 
@@ -137,6 +138,15 @@ def console(
         float, typer.Option(min=0.5, max=600, help="Seconds between the samples of the charts.")
     ] = 2.0,
     history_points: Annotated[int, typer.Option(min=10, max=100_000, help="Samples kept per job (in memory).")] = 1800,
+    kubernetes: Annotated[
+        bool,
+        typer.Option(
+            "--kubernetes",
+            envvar=KUBERNETES_ENV,
+            help="This console serves a Kubernetes cluster: suspend and resume patch the TrainingJob's spec.suspend "
+            "through the Kubernetes API (the pod's service account, or the kubeconfig), so the operator keeps it.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the operator web console: jobs, one job's nodes and ranks, incidents with their runbooks,
     live logs, stacks now, and the actions on a bad node (cordon, uncordon, evict, checks, suspend).
@@ -176,7 +186,9 @@ def console(
             store,
             Gate(settings, read_secret(secret_file)),
             history,
-            ConsoleConfig(refresh_seconds=refresh, allowed_hosts=hosts, secure_cookies=secure_cookies),
+            ConsoleConfig(
+                refresh_seconds=refresh, allowed_hosts=hosts, secure_cookies=secure_cookies, kubernetes=kubernetes
+            ),
         )
         who = []
         if settings.trusted_proxies:
@@ -187,7 +199,7 @@ def console(
             who.append(f"anyone else as {settings.anonymous.value}")
         err.print(
             f"[bold]stalwart console[/] on http://{host}:{port}{root_path} · etcd {conn.etcd} ({conn.etcd_source}) · "
-            f"sign-in: {'; '.join(who)}",
+            f"sign-in: {'; '.join(who)}" + (" · suspend/resume through the Kubernetes API" if kubernetes else ""),
             highlight=False,
         )
         configure("INFO")

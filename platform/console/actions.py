@@ -2,8 +2,11 @@
 
 Node actions (evict, cordon, uncordon, run the checks) are OperatorRequests, as the CLI makes them:
 the job's controller owns its nodes and carries them out. A thread waits for the answer and withdraws
-the request if none comes in time, as the CLI does. Suspend and resume set the job's `spec.suspend`,
-as `kubectl patch` does to the custom resource: the controller honours the field.
+the request if none comes in time, as the CLI does. Suspend and resume set the job's `spec.suspend`:
+on a console that serves a Kubernetes cluster (ConsoleConfig.kubernetes, `stalwart console
+--kubernetes`), on the TrainingJob itself through the Kubernetes API (the plugin the CLI uses,
+stalwart.ops.actions), so that the operator's next reconcile keeps it; elsewhere (a `stalwart run`
+job) in etcd's copy of the spec, which that job's controller honours.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from enum import Enum
 from stalwart.console.access import Identity
 from stalwart.logs import get_logger
 from stalwart.ops import requests
+from stalwart.ops.actions import kubernetes_patcher, training_job
 from stalwart.ops.lookup import job_for_node, require_state
 from stalwart.ops.spec_edit import SpecEditError, set_suspend
 from stalwart.store import keys
@@ -94,7 +98,10 @@ def check_target(store: Store, job: str, action: Action, node: str | None) -> Jo
     return state
 
 
-def perform(store: Store, job: str, action: Action, node: str | None, reason: str, who: Identity) -> AuditEntry:
+def perform(
+    store: Store, job: str, action: Action, node: str | None, reason: str, who: Identity, kubernetes: bool = False
+) -> AuditEntry:
+    """Carry out the action and audit it; `kubernetes`: suspend and resume go through the TrainingJob."""
     reason = check_reason(reason)
     check_target(store, job, action, node)
     entry = AuditEntry(
@@ -110,6 +117,8 @@ def perform(store: Store, job: str, action: Action, node: str | None, reason: st
     kind = action.request_kind
     if kind is not None:
         _request(store, job, kind, action, entry, who)
+    elif kubernetes and training_job(job) is not None:
+        _patch_training_job(store, job, action is Action.SUSPEND, entry)
     else:
         _set_suspend(store, job, action is Action.SUSPEND, entry)
     log.info(
@@ -152,3 +161,15 @@ def _set_suspend(store: Store, job: str, suspend: bool, entry: AuditEntry) -> No
         raise Conflict(str(exc)) from None
     if not changed:
         raise Conflict(f"job {job!r} is {'already' if suspend else 'not'} suspended")
+
+
+def _patch_training_job(store: Store, job: str, suspend: bool, entry: AuditEntry) -> None:
+    """spec.suspend on the TrainingJob (the operator writes it into etcd's spec and the controller
+    follows), then the audit entry; the Kubernetes audit log names the console's service account,
+    the entry names the person."""
+    target = training_job(job)
+    assert target is not None
+    namespace, name = target
+    if not kubernetes_patcher(namespace).request_suspend(name, suspend):
+        raise Conflict(f"TrainingJob {namespace}/{name} is {'already' if suspend else 'not'} suspended")
+    store.put(keys.audit_entry(job, entry.id), entry)

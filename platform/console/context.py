@@ -24,6 +24,8 @@ class ConsoleConfig(BaseModel):
     refresh_seconds: float = 2.0
     allowed_hosts: list[str] = ["*"]
     secure_cookies: bool = False  # set behind HTTPS
+    # Serves a Kubernetes cluster: suspend and resume patch the TrainingJob (stalwart.console.actions).
+    kubernetes: bool = False
 
 
 class AnswerCache:

@@ -33,7 +33,7 @@ def act(
     reason: Annotated[str, Form(max_length=2000)],
     node: Annotated[str | None, Form(max_length=253)] = None,
 ) -> RedirectResponse:
-    entry = perform(ctx.store, job, action, node or None, reason, who)
+    entry = perform(ctx.store, job, action, node or None, reason, who, kubernetes=ctx.config.kubernetes)
     ctx.metrics.actions_taken.labels(action.value).inc()
     root = request.scope.get("root_path", "")
     return RedirectResponse(f"{root}/jobs/{job}?done={entry.id}#audit", status_code=303)

@@ -86,6 +86,34 @@ class EtcdActions:
         return suspension.suspend(self._store, self.job_id(job), suspended, timeout, self.waiting)
 
 
+class SuspendPatcher(Protocol):
+    """The Kubernetes plugin's spec.suspend patch, for a caller that does not wait (the console)."""
+
+    where: str
+
+    def request_suspend(self, job: str, suspended: bool) -> bool: ...
+
+
+def training_job(job_id: str) -> tuple[str, str] | None:
+    """(namespace, name) of the TrainingJob an etcd job id stands for (`ml.demo`: demo in ml, as the
+    operator names them); None for a job no operator runs (`stalwart run`'s, without a dot)."""
+    namespace, dot, name = job_id.partition(".")
+    return (namespace, name) if dot and namespace and name else None
+
+
+def kubernetes_patcher(namespace: str) -> SuspendPatcher:
+    """The Kubernetes plugin's actions in `namespace`, for a caller that was told it serves a cluster:
+    an OpsError (not a silent fallback to etcd) when the plugin or the credentials are missing."""
+    found = entry_points(group=ENTRY_POINTS, name="kubernetes")
+    if not found:
+        raise OpsError(
+            "this console serves a Kubernetes cluster, but the Kubernetes plugin is not installed "
+            "(pip install stalwart[operators])"
+        )
+    patcher: SuspendPatcher = next(iter(found)).load()(namespace, quiet)
+    return patcher
+
+
 def _kubeconfig_present() -> bool:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return True
