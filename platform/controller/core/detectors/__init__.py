@@ -14,7 +14,7 @@ from stalwart.controller.core.detectors.lost_nodes import LostNodes
 from stalwart.controller.core.detectors.machine_faults import MachineFaults
 from stalwart.controller.core.detectors.metric_outliers import MetricOutliers
 from stalwart.controller.core.detectors.mfu_decline import MfuDecline
-from stalwart.controller.core.detectors.requests import OperatorRequests
+from stalwart.controller.core.detectors.operator_requests import OperatorRequests
 from stalwart.controller.core.detectors.slowdowns import Slowdowns
 from stalwart.controller.core.detectors.stragglers import Stragglers
 
