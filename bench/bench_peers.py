@@ -209,6 +209,8 @@ def build_report(
         f"{RANKS} ranks in 2 nodes, gloo on CPU, {STEPS} steps, a checkpoint every {INTERVAL} steps, the fault "
         f"at step {FAULT_STEP}; medians of {context['repeats']} runs per cell, systems interleaved.",
         "",
+        *[f"Note: {n}" for n in context.get("notes", [])],
+        *([""] if context.get("notes") else []),
         "## Failure -> first step after recovery (median)",
         "",
         "| fault | " + " | ".join(systems) + " |",
@@ -703,12 +705,17 @@ def main() -> None:
         default=None,
         help="rebuild the report from these runs' .json (one run's, or several merged: e.g. a hang-only pass)",
     )
+    parser.add_argument(
+        "--note", action="append", default=[], help="a line for the report's head (what went wrong in a pass)"
+    )
     args = parser.parse_args()
     if args.setup:
         setup()
         return
     if args.report_from:
-        write_report(*merge_runs([json.loads(p.read_text()) for p in args.report_from]), args.output)
+        cells, blocked, context = merge_runs([json.loads(p.read_text()) for p in args.report_from])
+        context["notes"] = [*context.get("notes", []), *args.note]
+        write_report(cells, blocked, context, args.output)
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every run's processes are killed
     if not (PEERS_VENV / "bin" / "python").exists():
@@ -732,6 +739,7 @@ def main() -> None:
             "load_median": statistics.median(loads),
             "load_max": max(loads),
             "nvrx_probe": nvrx,
+            "notes": list(args.note),
         }
 
     cells: list[Cell] = []
@@ -755,7 +763,10 @@ def main() -> None:
             if fault is None:
                 clean[system] = ids
             else:
-                cell.samples_equal = same_samples(ids, clean[system]) if cell.first_step is not None else None
+                if cell.first_step is not None and clean.get(system):
+                    cell.samples_equal = same_samples(ids, clean[system])
+                elif cell.first_step is not None:
+                    cell.note += "; no clean run to compare the samples with (it failed)"
                 cells.append(cell)
             loads.extend([cell.load_before[0], cell.load_after[0]])
             if cells:  # the report so far: a pass cut short still leaves what it measured
