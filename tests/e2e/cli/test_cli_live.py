@@ -216,7 +216,7 @@ def test_diagnose_falls_back_to_the_local_engine_when_the_service_is_down(live: 
 
 
 def test_logs_fetch_a_ranks_output_from_its_node(live: LiveRun) -> None:
-    result = stalwart(live, "logs", JOB, "--rank", "0", "-n", "5", "-o", "json")
+    result = stalwart(live, "logs", JOB, "--rank", "0", "--tail", "5", "-o", "json")
     assert result.exit_code == 0, result.output
     [rank0] = json.loads(result.stdout)
     assert rank0["rank"] == 0 and rank0["node"] == live.rank_nodes[0] and rank0["source"] == "agent"
