@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from stalwart.ops.requests import withdraw
 from stalwart.logs import get_logger
+from stalwart.ops.requests import withdraw
 from stalwart.store import keys
 from stalwart.store.client import Store
 from stalwart.store.records import OperatorRequest, RequestKind, RequestStatus
