@@ -19,7 +19,7 @@ NamespaceOption = Annotated[str | None, typer.Option("--namespace", "-n", metava
 
 def _reads_etcd_only(ctx: typer.Context, namespace: str | None) -> str | None:
     """Say, when -n is given to a command that reads etcd only, that the Kubernetes API is not asked."""
-    if namespace:
+    if namespace and not ctx.resilient_parsing:  # not while a shell completes a word
         print_note(
             f"{ctx.command_path} reads etcd, not the Kubernetes API: namespace {namespace} selects the jobs "
             f"submitted there (etcd ids {namespace}.JOB)"
