@@ -627,7 +627,10 @@ CONFIGS = {
         "per node (node 0 hosts the c10d store); DCP `dcp.save` every 10 steps, `dcp.load` of the newest at "
         "start (bench/peers/train_torchrun.py). Synchronous: `async_save` on gloo needs a second process group, "
         "and with one torchrun's restarted workers fail in `Gloo connectFullMesh failed ... Connection refused` "
-        "until --max-restarts runs out (seen here in a first pass)."
+        "until --max-restarts runs out. Without it, a 1-node job's restart recovers, but a 2-node job's "
+        "restarted workers still fail the same way (`RuntimeError: Gloo connectFullMesh failed with "
+        "[.../gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused`: the previous "
+        "attempt's addresses), 3 times, then `RendezvousClosedError`: torchrun's cells read not recovered."
     ),
     "dlrover": (
         "dlrover 0.6.1: its job master (`dlrover.python.master.main --platform local --node_num 2`) and "
@@ -642,7 +645,10 @@ CONFIGS = {
         "10000` (as its README runs it); 4 replica groups of 1 rank (2 per node), each under `torchrun "
         "--standalone --max-restarts 3`; Manager(min_replica_size=1, timeout 30 s, ProcessGroupGloo timeout "
         "5 s, synchronous quorum), torchft's DistributedDataParallel and Optimizer wrappers; a restarted "
-        "group recovers the live state from a healthy peer; no periodic checkpoint (bench/peers/train_torchft.py)."
+        "group recovers the live state from a healthy peer; no periodic checkpoint (bench/peers/train_torchft.py). "
+        "Seen here: when a peer dies, the healthy groups' DDP comm hook fails too (`AssertionError` at "
+        "torchft/ddp.py:76 `assert fut._fut`, after `Connection reset by peer` in the gloo all-reduce), so every "
+        "group restarts, and with no group alive to recover from, from step 1."
     ),
     "nvrx": (
         "nvidia-resiliency-ext 0.4.1: probed on this machine (bench/peers/probe_nvrx.py): the in-process "
