@@ -613,7 +613,8 @@ def probe_nvrx() -> str:
         text=True,
         timeout=300,
     )
-    return (proc.stdout + proc.stderr)[-3000:]
+    # The probe's own lines are on stdout; torch's and NVRx's warnings on stderr would bury them.
+    return proc.stdout[-3000:] if proc.stdout.strip() else proc.stderr[-3000:]
 
 
 CONFIGS = {
@@ -711,6 +712,7 @@ def main() -> None:
         default=None,
         help="rebuild the report from these runs' .json (one run's, or several merged: e.g. a hang-only pass)",
     )
+    parser.add_argument("--probe-nvrx", action="store_true", help="with --report-from: probe NVRx again")
     parser.add_argument(
         "--note", action="append", default=[], help="a line for the report's head (what went wrong in a pass)"
     )
@@ -721,6 +723,8 @@ def main() -> None:
     if args.report_from:
         cells, blocked, context = merge_runs([json.loads(p.read_text()) for p in args.report_from])
         context["notes"] = [*context.get("notes", []), *args.note]
+        if args.probe_nvrx:
+            context["nvrx_probe"] = probe_nvrx()
         write_report(cells, blocked, context, args.output)
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every run's processes are killed
