@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / "bench" / "peers"
 PEERS_VENV = REPO / ".venv-peers"
@@ -303,12 +305,23 @@ class Group:
         log.close()
 
     def kill(self, name: str) -> None:
+        """The launcher, its session and every descendant: DLRover's agent starts its workers in
+        process groups of their own, which a killpg of the launcher's misses."""
         proc = self.procs.get(name)
         if proc is not None:
+            try:
+                family = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                family = []
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            for child in family:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
             proc.wait()
 
     def done(self, names: Iterable[str]) -> bool:
