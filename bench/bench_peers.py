@@ -154,6 +154,7 @@ class Cell:
     load_before: list[float] = field(default_factory=list)
     load_after: list[float] = field(default_factory=list)
     note: str = ""
+    pass_index: int = 0  # which pass of a merged report it came from
 
 
 def summarize(cells: Sequence[Cell]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -181,8 +182,10 @@ def _s(value: float | None, unit: str = "s") -> str:
 
 
 def _cell(row: dict[str, Any] | None, published: str | None) -> str:
-    if row is None or row["recovered"] == 0:
-        reason = "; ".join(row["notes"]) if row else "not run"
+    if row is None:
+        return "not run" + (f"; published: {published}" if published else "")
+    if row["recovered"] == 0:
+        reason = "; ".join(row["notes"])
         return f"not recovered ({reason})" + (f"; published: {published}" if published else "")
     text = f"{row['first_step']:.2f} s (n={row['recovered']}/{row['runs']})"
     return text
@@ -725,6 +728,12 @@ def main() -> None:
         default=None,
         help="rebuild the report from these runs' .json (one run's, or several merged: e.g. a hang-only pass)",
     )
+    parser.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        help="with --report-from: leave out PASS:SYSTEM:FAULT (cells that measured nothing; say why in --note)",
+    )
     parser.add_argument("--probe-nvrx", action="store_true", help="with --report-from: probe NVRx again")
     parser.add_argument(
         "--note", action="append", default=[], help="a line for the report's head (what went wrong in a pass)"
@@ -735,6 +744,9 @@ def main() -> None:
         return
     if args.report_from:
         cells, blocked, context = merge_runs([json.loads(p.read_text()) for p in args.report_from])
+        for spec in args.drop:  # PASS:SYSTEM:FAULT, PASS the index of the .json in --report-from
+            index, system, fault = spec.split(":")
+            cells = [c for c in cells if not (c.pass_index == int(index) and (c.system, c.fault) == (system, fault))]
         context["notes"] = [*context.get("notes", []), *args.note]
         if args.probe_nvrx:
             context["nvrx_probe"] = probe_nvrx()
@@ -824,7 +836,7 @@ def save(cells: list[Cell], blocked: dict[str, list[float]], context: dict[str, 
 def merge_runs(runs: Sequence[dict[str, Any]]) -> tuple[list[Cell], dict[str, list[float]], dict[str, Any]]:
     """Several passes' .json as one: every cell, the first pass's blocked times per system, the load
     over all of them, every command."""
-    cells = [Cell(**c) for run in runs for c in run["cells"]]
+    cells = [Cell(**{**c, "pass_index": i}) for i, run in enumerate(runs) for c in run["cells"]]
     blocked: dict[str, list[float]] = {}
     for run in runs:
         for system, values in run["blocked"].items():
