@@ -1,9 +1,11 @@
 """End to end: a rank slowed by a fraction of its step time is a straggler, named by the scores
 alone, and its node is hot-swapped; a healthy job under CPU noise with checkpoints evicts nobody.
 
-The straggler detector's defaults apply (stragglerThreshold 0.8, stragglerWindowSeconds 30); the
-pace detector's factor stays e2e.yaml's 10, so the scores are what decides. The slowdowns are
-given as `factor=` of the rank's own step time, whatever pace this machine's load gives the job.
+The straggler detector's threshold is its default (0.8); the stragglers' window is 10 s instead of
+30 so that the job needs fewer steps (the healthy run keeps the default). The pace detector's factor
+stays e2e.yaml's 10, so the scores are what decides. The slowdowns are given as `factor=` of the
+rank's own step time, whatever pace this machine's load gives the job. How long the decision takes
+is the benchmark's (bench/bench_stragglers.py), not a test's.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from support.paths import REPO
 pytestmark = pytest.mark.e2e
 
 JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
-STEPS = 900  # long enough to outlast the warm-up, the window and a hot swap on a loaded machine
-DECISION_LIMIT = 120.0  # seconds from the fault to the hot-swapped generation's first step
+STEPS = 600  # long enough to outlast the warm-up, the window and a hot swap on a loaded machine
+HEALTHY_STEPS = 400  # several default windows, a checkpoint every 10 steps
 WARM = {"warmWorkers": True}
 
 
-def _run(tmp_path: Path, stalwart_cmd: list[str], *inject: str, standbys: int = 1) -> tuple[int, dict[str, Any], str]:
-    job = stalwart_run.job_variant(JOB, tmp_path, args=["--steps", str(STEPS)], fault_tolerance=WARM, standbys=standbys)
+def _run(
+    tmp_path: Path, stalwart_cmd: list[str], *inject: str, steps: int = STEPS, window: float | None = 10.0
+) -> tuple[int, dict[str, Any], str]:
+    ft: dict[str, Any] = {**WARM, **({"stragglerWindowSeconds": window} if window is not None else {})}
+    job = stalwart_run.job_variant(JOB, tmp_path, args=["--steps", str(steps)], fault_tolerance=ft, standbys=1)
     return stalwart_run.run_job(tmp_path, stalwart_cmd, job, *inject, timeout=420)
 
 
@@ -53,8 +58,7 @@ def test_a_straggler_s_node_is_hot_swapped_and_the_job_succeeds(
     assert incident["verdict"]["straggler"]["rank"] == 3 and incident["verdict"]["straggler"]["cause"].startswith(cause)
     assert snap["slots"] == ["node-0", "node-2"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
     [fired] = result["faults"]
-    took = incident["first_step_at"] - fired["fired_at"]
-    assert took < DECISION_LIMIT, (took, incident)
+    assert incident["first_step_at"] > fired["fired_at"]  # the standby's generation stepped after the fault
 
 
 @pytest.fixture
@@ -71,8 +75,8 @@ def busy_cpu() -> Iterator[None]:
 def test_a_healthy_job_under_cpu_noise_with_checkpoints_evicts_nobody(
     tmp_path: Path, stalwart_cmd: list[str], busy_cpu: None
 ) -> None:
-    code, result, output = _run(tmp_path, stalwart_cmd, standbys=1)
+    code, result, output = _run(tmp_path, stalwart_cmd, steps=HEALTHY_STEPS, window=None)
     snap = result["snapshot"]
     assert code == 0, output
-    assert snap["step"] == STEPS
+    assert snap["step"] == HEALTHY_STEPS
     assert snap["incidents"] == [] and snap["evicted"] == [], snap["incidents"]
