@@ -847,6 +847,8 @@ def merge_runs(runs: Sequence[dict[str, Any]]) -> tuple[list[Cell], dict[str, li
     context["measured_at"] = ", ".join(c["measured_at"] for c in contexts)
     context["repeats"] = "/".join(str(c["repeats"]) for c in contexts)
     context["systems"] = list(dict.fromkeys(s for c in contexts for s in c["systems"]))
+    probes = [c["nvrx_probe"] for c in contexts if "torch " in c.get("nvrx_probe", "")]  # a pass that probed
+    context["nvrx_probe"] = probes[-1] if probes else context.get("nvrx_probe", "")
     context["load_min"] = min(c["load_min"] for c in contexts)
     context["load_max"] = max(c["load_max"] for c in contexts)
     context["load_median"] = statistics.median(c["load_median"] for c in contexts)
