@@ -7,12 +7,15 @@ line and exit 2, where click would print a boxed usage message.
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
+
 import typer
 
 from stalwart.cli.errors import click_exceptions, print_error
 from stalwart.ops.errors import EXIT_USAGE
 
 PANEL = "On call"
+COMMANDS = "stalwart.cli.commands"  # entry points: name -> a typer command (pyproject.toml)
 
 
 def register(app: typer.Typer) -> None:
@@ -43,11 +46,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _register_console(app: typer.Typer) -> None:
-    """`stalwart console`: the web console, which reads etcd through the same operations layer
-    (stalwart.ops) as these commands; the one place the CLI reaches into the console is here."""
-    from stalwart.cli.console_cmd import console
-
-    app.command("console", rich_help_panel=PANEL)(console)
+    """Commands other layers bring (`stalwart console`, the web console's own): found through the
+    `stalwart.cli.commands` entry points, so the CLI imports none of them."""
+    for found in sorted(entry_points(group=COMMANDS), key=lambda e: e.name):
+        app.command(found.name, rich_help_panel=PANEL)(found.load())
 
 
 def run_app(app: typer.Typer, prog_name: str) -> int:

@@ -579,7 +579,7 @@ def test_without_htmx_a_live_page_says_so_and_does_not_poll(records: Store, tmp_
 
 
 def test_the_console_refuses_to_listen_beyond_loopback_with_no_sign_in() -> None:
-    from stalwart.cli.console_cmd import access_settings
+    from stalwart.console.command import access_settings
     from stalwart.ops.errors import OpsError as CliError
 
     assert access_settings("127.0.0.1", [], [], [], None, None).anonymous is Role.VIEWER

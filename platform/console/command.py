@@ -1,5 +1,8 @@
 """`stalwart console`: serve the web console for the jobs in one etcd.
 
+The command is the console's own: the CLI finds it through the `stalwart.cli.commands` entry point
+(pyproject.toml) and imports nothing of the console, as the console imports nothing of the CLI.
+
 It finds etcd as the on-call commands do (--etcd, $STALWART_ETCD, the config file). Who may view and
 who may act is set by flags; with none, a console bound to loopback lets anyone on this machine view
 (as the CLI would let them read) and nobody act, and a console bound elsewhere refuses to start.
@@ -7,21 +10,25 @@ who may act is set by flags; with none, a console bound to loopback lets anyone 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from stalwart.cli.connection import EtcdOption
-from stalwart.cli.errors import cli_errors, err
 from stalwart.console.access import AccessSettings, Role, read_tokens
-from stalwart.ops.connection import resolve
+from stalwart.ops.connection import ETCD_ENV, resolve
 from stalwart.ops.errors import EXIT_USAGE, OpsError
 
 SECRET_ENV = "STALWART_CONSOLE_SECRET"
+EtcdOption = Annotated[
+    str | None,
+    typer.Option("--etcd", metavar="HOST:PORT", help=f"etcd to read (default: ${ETCD_ENV}, then the config file)."),
+]
 KUBERNETES_ENV = "STALWART_CONSOLE_KUBERNETES"  # the chart sets it: suspend/resume through the TrainingJob
 DEFAULT_PORT = 8090
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -87,7 +94,25 @@ def access_settings(
     return settings
 
 
-@cli_errors
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
+
+
+def _one_line_errors(fn: Callable[..., None]) -> Callable[..., None]:
+    """A refusal (bad flags, no etcd) is one line on stderr and its exit code, as the CLI's are."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: object, **kwargs: object) -> None:
+        try:
+            fn(*args, **kwargs)
+        except OpsError as exc:
+            _say(f"error: {exc}")
+            raise typer.Exit(exc.code) from None
+
+    return wrapper
+
+
+@_one_line_errors
 def console(
     etcd: EtcdOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -180,7 +205,7 @@ def console(
         try:
             store.ping()
         except StoreUnavailable as exc:
-            err.print(f"[yellow]warning:[/] {exc}; serving anyway (pages say so until it answers)", highlight=False)
+            _say(f"warning: {exc}; serving anyway (pages say so until it answers)")
         history = History(store, interval=sample_seconds, points=history_points)
         app = create_app(
             store,
@@ -197,10 +222,9 @@ def console(
             who.append(f"{len(settings.tokens)} token(s)")
         if settings.anonymous:
             who.append(f"anyone else as {settings.anonymous.value}")
-        err.print(
-            f"[bold]stalwart console[/] on http://{host}:{port}{root_path} · etcd {conn.etcd} ({conn.etcd_source}) · "
-            f"sign-in: {'; '.join(who)}" + (" · suspend/resume through the Kubernetes API" if kubernetes else ""),
-            highlight=False,
+        _say(
+            f"stalwart console on http://{host}:{port}{root_path} · etcd {conn.etcd} ({conn.etcd_source}) · "
+            f"sign-in: {'; '.join(who)}" + (" · suspend/resume through the Kubernetes API" if kubernetes else "")
         )
         configure("INFO")
         uvicorn.run(app, host=host, port=port, root_path=root_path, log_config=None, access_log=True)
