@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
@@ -57,6 +57,7 @@ from stalwart.checkpoint.manifest import (
     read_manifest,
     step_dir,
 )
+from stalwart.checkpoint.objects import Snapshot, snapshot
 from stalwart.checkpoint.planner import BalancedSavePlanner, ShardAwareLoadPlanner
 from stalwart.checkpoint.priority import lower_this_thread, writer_nice
 from stalwart.checkpoint.reader import RangedReader
@@ -131,6 +132,12 @@ class SaveHandle:
         return self._future.result(timeout=timeout)
 
 
+def _serialized(data: Any) -> Any:
+    """A staged item as the writer takes it: a plain value's snapshot becomes its bytes here, in the
+    stager thread."""
+    return data.serialize() if isinstance(data, Snapshot) else data
+
+
 def _to_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
 
@@ -182,7 +189,7 @@ class _SaveJob:
     used_cache: bool
     future: Future[SaveResult]
     error: str | None = None
-    staged: dict[MetadataIndex, torch.Tensor | io.BytesIO] = field(default_factory=dict)
+    staged: dict[MetadataIndex, torch.Tensor | io.BytesIO | Snapshot] = field(default_factory=dict)
     deferred: dict[MetadataIndex, tuple[torch.Tensor, int]] = field(default_factory=dict)  # -> optimizer id
     gates: dict[int, Gate] = field(default_factory=dict)
     released: threading.Event = field(default_factory=threading.Event)  # the staging buffers are free again
@@ -334,6 +341,9 @@ class Checkpointer:
         try:
             items = cache.plan.items if cache else local.items if local else []  # cached: mine; else a superset
             for item in items:
+                if item.type == WriteItemType.BYTE_IO:  # a plain value: copied now, serialized behind
+                    job.staged[item.index] = snapshot(item.index.fqn, planner.lookup_object(item.index))
+                    continue
                 data = planner.resolve_data(item)
                 if isinstance(data, io.BytesIO):
                     job.staged[item.index] = data  # serialized now: a snapshot of the value
@@ -414,7 +424,7 @@ class Checkpointer:
                 f"rank {self.rank}: the plan changed under this save ({missing[:3]} not staged); the next save replans"
             )
         job.stage_seconds = time.perf_counter() - job.t0
-        staged = [(item.index, job.staged.get(item.index)) for item in plan.items]
+        staged = [(item.index, _serialized(job.staged.get(item.index))) for item in plan.items]
         assert self._writer is not None
         self._writer.submit(self._write_and_commit, job, staged, metadata, self.staging.fence(), error)
 
