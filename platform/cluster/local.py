@@ -187,11 +187,11 @@ class LocalCluster(Cluster):
         """Fault injection: the machine dies at once, agent and workers alike (SIGKILL). Under a
         machine limit the machine is lost with it, until restore_machine."""
         pid = self._pid(name)
-        killed = kill_session(pid) if pid is not None else []
         capacity = self.capacity()
-        if capacity is not None and pid is not None:
+        if capacity is not None and pid is not None:  # before the kill: a controller that sees the node
+            # gone at once must not find its machine free for the replacement
             self._write_capacity(capacity.model_copy(update={"lost": capacity.lost + 1}))
-        return killed
+        return kill_session(pid) if pid is not None else []
 
     def freeze_node(self, name: str) -> list[int]:
         """Fault injection: the machine goes silent (SIGSTOP to everything on it); stop_node ends it."""
