@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from support.controller_harness import spec_document
 
 from stalwart.cluster.base import NodeInfo, PreflightVerdict
 from stalwart.controller.core.decision import Decision, Launch, Needs, SendCommand, StartNode, StopNode
@@ -51,24 +52,10 @@ START = 50_000.0
 
 
 def job_spec(**spec: Any) -> TrainingJob:
-    """A small job (2 nodes x 2 workers); `spec` keys are merged into its spec."""
-    doc: dict[str, Any] = {
-        "apiVersion": "stalwart.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": JOB},
-        "spec": {
-            "roles": [{"name": "trainer", "replicas": 2, "processesPerNode": 2, "command": ["python", "train.py"]}],
-            "faultTolerance": {"heartbeatIntervalSeconds": 1, "leaseTtlSeconds": 5, "preflight": False},
-            "failurePolicy": {"maxRestarts": 3},
-            "standbys": {"count": 0},
-            "checkpoint": {"intervalSteps": 10},
-        },
-    }
-    for key, value in spec.items():
-        if isinstance(value, dict) and isinstance(doc["spec"].get(key), dict):
-            doc["spec"][key] = {**doc["spec"][key], **value}
-        else:
-            doc["spec"][key] = value
+    """The controller harness's small job (2 nodes x 2 workers) under this module's name; `spec` keys
+    are merged into its spec."""
+    doc = spec_document(**spec)
+    doc["metadata"]["name"] = JOB
     return parse_job(doc, "test")
 
 
