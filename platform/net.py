@@ -1,9 +1,19 @@
-"""Networking helpers: free loopback ports, and listening on one address rather than all of them."""
+"""Networking helpers: ports chosen for a server that binds them later, and listening on one
+address rather than all of them."""
 
 from __future__ import annotations
 
 import datetime
+import errno
+import fcntl
+import os
+import random
 import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,12 +21,96 @@ if TYPE_CHECKING:
 
 WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::", "[::]"})
 
+# A port chosen now and bound later by another process (a rendezvous port handed to workers, etcd's
+# ports) comes from below the kernel's ephemeral range: the kernel draws from that range for every
+# port-0 bind and every outgoing connection, any of which could take a port probed free there before
+# its server binds it (or connect a client to itself on it). Below it, only other choosers compete,
+# and those on this machine take turns through the range: a cursor in a file shared by this user's
+# processes, moved under a lock, so two processes choosing at once never get the same port.
+CHOSEN_PORTS_FLOOR = 20000
+MIN_CHOSEN_PORTS = 1000  # fewer below the ephemeral range: fall back to the kernel's choice
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL_LOW = 32768  # Linux's default, where the range cannot be read
+PORT_CURSOR_FILE = Path(tempfile.gettempdir()) / f"stalwart-port-cursor-{os.getuid()}"
+
+
+def chosen_port_range() -> range:
+    """The ports `free_port` chooses from: below the ephemeral range (empty when too few are)."""
+    try:
+        ephemeral_low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = DEFAULT_EPHEMERAL_LOW
+    if ephemeral_low - CHOSEN_PORTS_FLOOR < MIN_CHOSEN_PORTS:
+        return range(0)
+    return range(CHOSEN_PORTS_FLOOR, ephemeral_low)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago. Callers bind it soon after; races are retried upstream."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port on `host` for a server that binds it later, perhaps in another process: nobody
+    holds it now, the kernel will not hand it out meanwhile, and no other process of this machine
+    choosing through here gets it before the range has gone round. A server that can bind port 0
+    itself and report the port should do that instead."""
+    ports = chosen_port_range()
+    if ports:
+        with _port_cursor() as cursor:
+            start = cursor.offset if cursor.offset >= 0 else random.randrange(len(ports))
+            for step in range(1, len(ports) + 1):
+                offset = (start + step) % len(ports)
+                if _bindable(host, ports[offset]):
+                    cursor.offset = offset
+                    return ports[offset]
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:  # every port below taken: the kernel's pick
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+class _Cursor:
+    """Where the last choice was, as an offset into `chosen_port_range()` (-1: none yet)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+_PROCESS_CURSOR = _Cursor(-1)  # where the shared file cannot be used: this process's own turns
+_PROCESS_CURSOR_LOCK = threading.Lock()
+
+
+@contextmanager
+def _port_cursor() -> Iterator[_Cursor]:
+    """The shared cursor, locked for the caller; this process's own where the file is unusable."""
+    try:
+        fd = os.open(PORT_CURSOR_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        with _PROCESS_CURSOR_LOCK:
+            yield _PROCESS_CURSOR
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        cursor = _Cursor(int(text) if text.isdigit() else -1)
+        yield cursor
+        if str(cursor.offset) != text:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(cursor.offset).encode(), 0)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether `port` on `host` is free (no listener, no connection lingering on it). Any other
+    failure (an address that is not this machine's) is the caller's error, raised."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
 
 
 def listen_on(host: str, port: int, backlog: int = 1024) -> socket.socket:

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 from pyetcd import etcdrpc
 
+from stalwart.logs import get_logger
 from stalwart.net import free_port
 from stalwart.processes import spawn, stop_process, wait_for
 from stalwart.store.client import Store, StoreUnavailable
@@ -24,6 +25,7 @@ from stalwart.store.etcd_auth import PLAIN, EtcdAuth
 # job, ample for a watch that resumes after an outage (one that finds its revision compacted reads
 # its prefix again: prefix_mirror.py).
 AUTO_COMPACTION_REVISIONS = 100_000
+log = get_logger("stalwart.etcd")
 PORT_IN_USE = "address already in use"  # in etcd's log, when it cannot listen
 PORT_RETRY_SECONDS = 0.5
 
@@ -77,6 +79,7 @@ class EtcdServer:
         self.client_port = free_port(host)
         self.peer_port = free_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._served = False  # once it has served, its clients know its ports: it keeps them
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
 
     @property
@@ -118,23 +121,33 @@ class EtcdServer:
         return argv
 
     def start(self, timeout: float = 30.0) -> EtcdServer:
-        """Start it and wait until it answers. Started again on its ports (after it died), it may
-        find one taken for a moment: a client reconnecting while nothing listened can be given that
-        very port as its own (Linux lets a connection's ephemeral port equal the port it connects to,
-        and the socket then connects to itself) until its connection fails. So a start that fails
-        only on a port in use is tried again, within `timeout`."""
+        """Start it and wait until it answers. A first start that finds a port taken (by a process
+        that does not choose through `free_port`) moves to new ports. Started again on its ports
+        (after it died, its clients knowing the endpoint), it may find one taken for a moment (a
+        client reconnecting while nothing listened can be given that port as its own when the port
+        is in the kernel's ephemeral range, and connect to itself until its connection fails): it
+        tries the same ports again. Either way within `timeout`."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         while True:
             offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             if self._spawn_and_wait(max(0.1, deadline - time.monotonic())):
+                self._served = True
                 return self
             said = self.log_path.read_bytes()[offset:].decode(errors="replace")
             self.stop()
             if PORT_IN_USE not in said or time.monotonic() + PORT_RETRY_SECONDS >= deadline:
                 tail = self.log_path.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"etcd did not start on {self.endpoint}; its log says:\n{tail}")
-            time.sleep(PORT_RETRY_SECONDS)
+            if self._served:
+                time.sleep(PORT_RETRY_SECONDS)
+                continue
+            taken = (self.client_port, self.peer_port)
+            self.client_port, self.peer_port = free_port(self.host), free_port(self.host)
+            log.warning(
+                "etcd port in use, moving to new ports",
+                fields={"taken": taken, "client_port": self.client_port, "peer_port": self.peer_port},
+            )
 
     def _spawn_and_wait(self, timeout: float) -> bool:
         """Whether the etcd it spawns answers within `timeout` (False as soon as it exits)."""

@@ -1,4 +1,4 @@
-"""A real S3 protocol server for tests: moto's server on a free loopback port, with a bucket."""
+"""A real S3 protocol server for tests: moto's server on a loopback port it binds itself, with a bucket."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-
-from stalwart.net import free_port
 
 
 @contextmanager
@@ -22,10 +20,9 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch, bucket: str = "ckpt") -> Iterator[s
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(key, value)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)  # port 0: none to lose
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
     try:
         yield endpoint
