@@ -674,6 +674,11 @@ class SizeRun:
             self.result["error"] = f"{type(exc).__name__}: {exc}"
             self.log(f"ERROR {self.result['error']}")
         finally:
+            if self.links:
+                try:  # exits since the steady window's reset (the startup phase holds the ones before)
+                    self.result["exits_after_startup"] = self.summary()["exits"]
+                except Exception as exc:
+                    self.result["exits_after_startup_error"] = f"{type(exc).__name__}: {exc}"
             cs = self.controller_stats()
             self.result["controller_crashes"] = cs.get("crashes", [])
             self.result["controller_rss_bytes"] = cs.get("rss_bytes")
@@ -747,6 +752,125 @@ def short(error: str) -> str:
     return error.splitlines()[0][:80]
 
 
+# -- the verdict: bounds, load bands, a baseline -------------------------------------------------
+
+# Issue 42's bounds, per size: (figure, what it is, the largest value that holds).
+BOUNDS: tuple[tuple[str, str, float], ...] = (
+    ("tick_p99_s", "controller tick p99 (s)", 1.0),
+    ("expiry_to_decision_s", "LostNode decision after the lease expired (s)", 1.0),
+    ("hang_beyond_timeout_s", "hang found beyond its timeout (s)", 2.0),
+    ("agent_timeouts", "agents that timed out reading their assignment", 0.0),
+)
+AGENT_TIMEOUT = "crashed applying RUN"  # simnodes' exit reason when the RUN command's reads fail
+# The machine's load per core (1-minute average, the highest sampled during the size's phases):
+# figures measured in different bands are not compared (a shared 2-core machine swings from 1 to 40).
+LOAD_BANDS: tuple[tuple[str, float], ...] = (("quiet", 1.5), ("busy", 4.0), ("overloaded", float("inf")))
+
+
+def load_of(size: dict[str, Any]) -> float | None:
+    """The highest 1-minute load average recorded while this size's figures were measured."""
+    p = size["phases"]
+    seen = [p.get("steady", {}).get("load_before"), p.get("steady", {}).get("load_after")]
+    seen += [p.get(phase, {}).get("load") for phase in ("startup", "kill", "recovery", "hang")]
+    values = [x[0] for x in seen if x]
+    return max(values) if values else None
+
+
+def load_band(load_average: float | None, cpus: int) -> str:
+    if load_average is None:
+        return "unknown"
+    per_core = load_average / max(1, cpus)
+    return next(name for name, limit in LOAD_BANDS if per_core < limit)
+
+
+def figures(size: dict[str, Any]) -> dict[str, float | None]:
+    """The bounded figures of one size (None: not measured: the phase did not get there)."""
+    p = size["phases"]
+    exits: dict[str, int] = {}
+    for part in (p.get("startup", {}).get("nodes", {}).get("exits", {}), size.get("exits_after_startup", {})):
+        for reason, count in part.items():
+            exits[reason] = exits.get(reason, 0) + count
+    measured = "startup" in p and "exits_after_startup" in size
+    return {
+        "tick_p99_s": p.get("steady", {}).get("controller", {}).get("tick_p99_s"),
+        "expiry_to_decision_s": p.get("kill", {}).get("expiry_to_decision_s"),
+        "hang_beyond_timeout_s": p.get("hang", {}).get("beyond_timeout_s"),
+        "agent_timeouts": float(sum(c for r, c in exits.items() if r.startswith(AGENT_TIMEOUT))) if measured else None,
+    }
+
+
+def verdict(run: dict[str, Any]) -> list[str]:
+    """Each bound a size broke, or could not show (a phase that never got there), as a sentence."""
+    broken = []
+    for size in run["sizes"]:
+        band = load_band(load_of(size), run["machine"]["cpus"])
+        for key, what, bound in BOUNDS:
+            value = size.get("figures", {}).get(key)
+            if value is None:
+                broken.append(f"{size['nodes']} nodes: {what} not measured (the phase did not complete)")
+            elif value > bound:
+                broken.append(
+                    f"{size['nodes']} nodes: {what} = {value:g}, over its bound {bound:g} "
+                    f"(load {load_of(size)}, {band})"
+                )
+    return broken
+
+
+def compare(run: dict[str, Any], baseline: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(ratios to the baseline, refusals): a size measured in another load band than the baseline's
+    is refused, not compared."""
+    ratios, refused = [], []
+    base_sizes = {s["nodes"]: s for s in baseline["sizes"]}
+    for size in run["sizes"]:
+        base = base_sizes.get(size["nodes"])
+        if base is None:
+            refused.append(f"{size['nodes']} nodes: the baseline {baseline['label']!r} has no run at this size")
+            continue
+        now_load, base_load = load_of(size), load_of(base)
+        now_band = load_band(now_load, run["machine"]["cpus"])
+        base_band = load_band(base_load, baseline["machine"]["cpus"])
+        if now_band != base_band or now_band == "unknown":
+            refused.append(
+                f"{size['nodes']} nodes: this run was measured at load {now_load} ({now_band}), the baseline "
+                f"{baseline['label']!r} at load {base_load} ({base_band}): figures from different load bands "
+                "are not compared; rerun when the machine's load matches (--wait-load)"
+            )
+            continue
+        for key, what, _bound in BOUNDS:
+            a, b = size.get("figures", {}).get(key), base.get("figures") or figures(base)
+            was = b.get(key)
+            if a is not None and was:
+                ratios.append(f"{size['nodes']} nodes: {what} {a:g} vs {was:g} ({a / was:.2f}x the baseline)")
+    return ratios, refused
+
+
+def render_verdict(doc: dict[str, Any]) -> str:
+    rows = [
+        "| label | nodes | load (band) | tick p99 s | decision after lease expiry s | hang beyond timeout s "
+        "| agent timeouts | bounds |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for label, run in doc["runs"].items():
+        for size in run["sizes"]:
+            f = size.get("figures") or figures(size)
+            held = [
+                "-" if f.get(k) is None else ("holds" if (f[k] or 0) <= bound else "BROKEN") for k, _w, bound in BOUNDS
+            ]
+            summary = (
+                "all hold"
+                if set(held) == {"holds"}
+                else ", ".join(
+                    f"{w.split(' (')[0]}: {h}" for (_k, w, _b), h in zip(BOUNDS, held, strict=True) if h != "holds"
+                )
+            )
+            rows.append(
+                f"| {label} | {size['nodes']} | {load_of(size)} ({load_band(load_of(size), run['machine']['cpus'])}) "
+                f"| {_f(f.get('tick_p99_s'))} | {_f(f.get('expiry_to_decision_s'))} "
+                f"| {_f(f.get('hang_beyond_timeout_s'))} | {_f(f.get('agent_timeouts'), 0)} | {summary} |"
+            )
+    return "\n".join(rows) + "\n"
+
+
 def render(doc: dict[str, Any]) -> str:
     """Markdown tables of every label in the results file, side by side per size."""
     rows = [
@@ -801,7 +925,7 @@ def render(doc: dict[str, Any]) -> str:
                     + f"| {ok(rp['eviction_commit']) if 'eviction_commit' in rp else '-'} "
                     f"| {ok(rp['stack_collection']) if 'stack_collection' in rp else '-'} |"
                 )
-    return "\n".join(probe_rows) + "\n\n" + "\n".join(rows) + "\n"
+    return "\n".join(probe_rows) + "\n\n" + "\n".join(rows) + "\n\n" + render_verdict(doc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -848,11 +972,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip-cli", action="store_true", help="do not time `stalwart jobs` and `incidents`")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     parser.add_argument("--render", action="store_true", help="print --out's results as markdown tables and stop")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="FILE:LABEL",
+        help="compare with a recorded run (ratios); refused, exit 2, when a size's load band differs",
+    )
+    parser.add_argument(
+        "--no-bounds", action="store_true", help="record only: do not exit 1 when a figure is over its bound"
+    )
     args = parser.parse_args(argv)
     if args.render:
         doc: dict[str, Any] = json.loads(args.out.read_text())
         print(render(doc), end="")
         return doc
+    baseline = read_baseline(args.baseline) if args.baseline else None  # a bad reference fails before the run
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     intervals = per_size(args.interval, sizes, float)
     ttls = per_size(args.ttl, sizes, int)
@@ -879,13 +1013,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "sizes": results,
     }
+    for size in results:
+        size["figures"] = figures(size)
+        size["load_band"] = load_band(load_of(size), run["machine"]["cpus"])
+    run["bounds"] = {key: bound for key, _what, bound in BOUNDS}
+    run["broken_bounds"] = verdict(run)
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     doc["runs"][args.label] = run
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     say(f"results under {args.label!r} in {args.out}")
     print(render({"runs": {args.label: run}}), end="")
+    failed = 0
+    if baseline is not None:
+        ratios, refused = compare(run, baseline)
+        for line in ratios:
+            say(f"against the baseline: {line}")
+        if refused:
+            for line in refused:
+                say(f"REFUSED: {line}")
+            failed = 2
+    if run["broken_bounds"] and not args.no_bounds:
+        for line in run["broken_bounds"]:
+            say(f"BOUND BROKEN: {line}")
+        failed = failed or 1
+    if failed:
+        raise SystemExit(failed)
     return run
+
+
+def read_baseline(reference: str) -> dict[str, Any]:
+    """FILE:LABEL (or FILE, when it holds one run) -> that recorded run."""
+    path, _, label = reference.rpartition(":") if ":" in reference else (reference, "", "")
+    try:
+        runs: dict[str, Any] = json.loads(Path(path).read_text())["runs"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"--baseline {reference!r}: cannot read a results file there ({exc})") from None
+    if not label and len(runs) == 1:
+        label = next(iter(runs))
+    if label not in runs:
+        raise SystemExit(f"--baseline {reference!r}: no run labelled {label!r} in {path} (it has {sorted(runs)})")
+    return dict(runs[label], label=label)
 
 
 if __name__ == "__main__":
