@@ -57,7 +57,7 @@ SYSTEMS = ("stalwart", "torchrun", "dlrover", "torchft")
 FAULTS = ("kill-worker", "lost-node", "hang")
 STEPS, FAULT_STEP, INTERVAL = 40, 25, 10
 RANKS, FAULTY_RANK, FAULTY_NODE = 4, 3, 1
-HANG_WAIT = 60.0  # seconds a hung rank is left before the cell reads "not recovered"
+HANG_WAIT = 90.0  # seconds a hung rank is left before the cell reads "not recovered"
 RUN_TIMEOUT = 300.0
 PEER_VERSIONS = {"dlrover": "0.6.1", "torchft": "0.2.0", "nvidia-resiliency-ext": "0.4.1"}
 
@@ -380,7 +380,9 @@ class Torchrun(Peer):
         argv += ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}"]
         argv += ["--rdzv-id", "peers", "--max-restarts", "3", *_train_args("train_torchrun.py", self.folder)]
         name = f"node{node}-{time.monotonic_ns()}"
-        self.group.start(name, argv, peer_env())
+        # A fresh store per rendezvous round: with the agent's store shared (torch's default), restarted
+        # workers read the previous round's gloo addresses (pytorch/pytorch#135712).
+        self.group.start(name, argv, peer_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
         self.nodes[node] = [name]
         if node == 0:
             _wait_port(self.port)  # node 0 hosts the c10d store: the surviving node keeps it
@@ -498,8 +500,10 @@ def run_peer(system: str, fault: str | None, folder: Path) -> tuple[Cell, list[S
         # A hang gets HANG_WAIT to be noticed (a restarted rank); once one is, the run goes to its end.
         start = time.monotonic()
         while not group.done(peer.launchers()) and time.monotonic() - start < RUN_TIMEOUT:
-            if fault == "hang" and time.monotonic() - start > HANG_WAIT and not set(_pids(audit)) - old_pids:
-                break
+            if fault == "hang" and not set(_pids(audit)) - old_pids:
+                others_done = all(_steps_done(audit, r) >= STEPS for r in range(RANKS) if r != FAULTY_RANK)
+                if others_done or time.monotonic() - start > HANG_WAIT:
+                    break  # nothing restarted the hung rank: the healthy ones finished, or the wait ran out
             time.sleep(0.1)
         if not group.done(peer.launchers()) and fault != "hang":
             cell.note = f"did not finish in {RUN_TIMEOUT:.0f}s"
@@ -514,6 +518,8 @@ def run_peer(system: str, fault: str | None, folder: Path) -> tuple[Cell, list[S
         cell.first_step, cell.steps_redone, cell.others_pause = rec.first_step, rec.steps_redone, rec.others_pause
         if rec.first_step is None and not cell.note:
             cell.note = f"no restarted rank trained within {HANG_WAIT if fault == 'hang' else RUN_TIMEOUT:.0f}s"
+            if rec.others_pause is not None:
+                cell.note += f"; the other ranks trained on (longest pause {rec.others_pause:.2f} s)"
     blocked = [
         float(json.loads(line)["blocked"]) for p in audit.glob("ckpt-*.jsonl") for line in p.read_text().splitlines()
     ]

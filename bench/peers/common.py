@@ -27,6 +27,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VOCAB, SEQ, BATCH = 257, 64, 8
+# torch's own hang detection is the collective timeout (30 min by default for gloo): each peer sets it
+# low, as a user who wants a hang noticed quickly would, so a SIGSTOPped rank fails its partners' next
+# collective after this many seconds.
+COLLECTIVE_TIMEOUT = 10.0
 
 
 class Block(nn.Module):
@@ -90,6 +94,12 @@ def parse_args(description: str) -> argparse.Namespace:
     parser.add_argument("--interval", type=int, default=10, help="checkpoint every N steps")
     parser.add_argument("--step-delay", type=float, default=0.05, help="as the example's job runs it")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=COLLECTIVE_TIMEOUT,
+        help="seconds a collective waits for a silent peer before it fails (how torch notices a hang)",
+    )
     return parser.parse_args()
 
 

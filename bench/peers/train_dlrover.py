@@ -1,13 +1,18 @@
 """DLRover's recommended loop: `dlrover-run` (its elastic agent restarts the workers in place and
 keeps the shared memory) with Flash Checkpoint: the state is copied to the node's shared memory every
 `--interval` steps (the agent persists it to disk in the background) and to disk every
-`--disk-every` memory saves; a restart loads the newest from memory when the node survived."""
+`--disk-every` memory saves; a restart loads the newest from memory when the node survived.
+
+A hang: the process group's timeout (`--collective-timeout`) fails the partners' collective and
+the agent restarts the workers; the master's own hang detector reads GPU (xpu_timer) metrics and
+waits at least 2 minutes (`--hang_downtime`, in minutes), so on CPU the collective timeout is it."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -23,7 +28,7 @@ DISK_EVERY = 5  # a disk copy every 5th memory save, as DLRover's examples do
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(TinyGPT())

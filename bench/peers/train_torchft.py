@@ -17,10 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Audit, TinyGPT, batch_for, loss_of, parse_args, sample_ids
+
+
+class FaultTolerantDDP(DistributedDataParallel):
+    """torchft's DDP whose comm hook also accepts the Manager's `_DummyWork` (an errored step)."""
+
+    @staticmethod
+    def _comm_hook(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        work = state.allreduce(bucket.buffer())
+        work.wait()
+        fut = work.get_future()
+        inner = getattr(fut, "_fut", None)  # a _ManagedFuture's own future, as torchft's hook returns
+        return inner if inner is not None else fut  # type: ignore[return-value]
 
 
 def main() -> None:
@@ -44,10 +57,10 @@ def main() -> None:
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         replica_id=f"peers_{group}",
-        timeout=timedelta(seconds=30),
+        timeout=timedelta(seconds=args.collective_timeout),
         use_async_quorum=False,
     )
-    ddp = DistributedDataParallel(manager, model)
+    ddp = FaultTolerantDDP(manager, model)
     optim = Optimizer(manager, inner)
     audit = Audit(args.out, group)
     while manager.current_step() < args.steps:

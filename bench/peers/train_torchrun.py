@@ -1,16 +1,18 @@
 """TorchElastic's recommended loop: `torchrun` (c10d rendezvous, --max-restarts) restarts every
 worker after a failure; each resumes from the newest Distributed Checkpoint (DCP).
 
-The save is `dcp.save`, synchronous: `dcp.async_save` on gloo needs a process group of its own
-(on the training group its collectives deadlock with the loop's), and a second gloo group breaks
-torchrun's restarts here: the restarted workers fail in `Gloo connectFullMesh ... Connection
-refused` (they read the previous attempt's addresses) until --max-restarts runs out."""
+The save is `dcp.save`, synchronous, as torch's DCP tutorial's loop does. The process group's
+timeout is `--collective-timeout` (torch's only hang detection). The harness starts torchrun with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the rendezvous store shared (the default since torch
+2.5), a restarted worker reads the previous attempt's gloo addresses from it and fails in
+`Gloo connectFullMesh ... Connection refused` (pytorch/pytorch#135712)."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -30,7 +32,7 @@ def newest(ckpt_dir: Path) -> int:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(TinyGPT())
