@@ -15,13 +15,22 @@ nobody is evicted, whatever the rounds say.
 Whatever the rounds find, the pace starts over: a slowdown nobody is to blame for (a data change, a
 shared filesystem) drops its slow samples and is looked at again only after a pause that doubles
 each time, so a slowdown that lasts becomes the baseline by itself.
+
+A loaded machine is nobody's fault either: when the ranks time their phases and every rank's own
+work (data, optimizer, the rest of the step) slowed with the pace while no rank of the named node
+fell behind its peers, the rounds' lead (a rank caught computing, a node's metrics leaning) is the
+load's noise, not a faulty node: no eviction without an outlier (`machine_wide`). A step in which a
+checkpoint save started (its staging) is no pace sample.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from statistics import median
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.straggler_scores import own_work
 from stalwart.controller.core.policy import PACE_WARMUP_SAMPLES, Classified, slowdown_onset
 from stalwart.controller.core.work import StackDiagnosis, WorkResult
 from stalwart.spec.model import FailureEvent
@@ -31,6 +40,13 @@ PACE_QUIET_SECONDS = 10.0  # after rounds that blame no one; doubles each time
 # Heartbeats (metric samples) from the onset before the last round: diagnosis' metric outliers
 # weigh a metric fully once it was out for 10 windows of 5 samples in a row (14 samples), plus two.
 METRIC_SAMPLES = 16
+# A slowdown is the machine's load, not a node's, when the ranks' median own work rose this much
+# with the pace while no rank of the named node gained on its peers CULPRIT_SHARE of the step's rise.
+LOAD_RISE = 1.2
+CULPRIT_SHARE = 0.25
+MIN_OWN_SAMPLES = 3  # per rank, before the onset and since, to compare its own work
+
+OwnWork = tuple[float, Mapping[int, float]]  # (time, rank -> own-work seconds of its last step)
 
 
 class Slowdowns(Detector):
@@ -38,6 +54,7 @@ class Slowdowns(Detector):
 
     def reset(self) -> None:
         self._pace: list[tuple[float, float]] = []  # (time, the ranks' median step time), one per step
+        self._own: list[OwnWork] = []  # the ranks' own work at each pace sample, where they time phases
         self._paced_step: int | None = None
         self._quiet_until, self._backoff = 0.0, PACE_QUIET_SECONDS
         self._rounds = 0  # numbers the rounds of stacks (their work keys)
@@ -52,9 +69,13 @@ class Slowdowns(Detector):
         # The pace is sampled while the rounds run too: a slowdown that ends by itself meanwhile
         # was transient (a load spike, a checkpoint's background work), not a node to evict.
         sampled = bool(steps and times and max(steps) != self._paced_step and view.now >= self._quiet_until)
+        # A step in which a checkpoint save started carries its staging: a save's pace, not the job's.
+        sampled = sampled and not any(w.phases is not None and w.phases.saving for w in running)
         if sampled:  # (nothing sampled while quiet, so a pause cannot turn into the baseline)
             self._paced_step = max(steps)
             self._pace = [*self._pace[-PACE_HISTORY + 1 :], (view.now, times[len(times) // 2])]
+            own = {w.rank: sum(o.values()) for w in running if (o := own_work(w.phases, None)) is not None}
+            self._own = [*self._own[-PACE_HISTORY + 1 :], (view.now, own)]
         if self._asked is not None:
             return self._follow(view)
         if not sampled:
@@ -73,6 +94,16 @@ class Slowdowns(Detector):
         since = sorted(t for at, t in self._pace if at > self._asked[2])
         factor = view.spec.fault_tolerance.slowdown_factor
         return bool(since) and self._baseline > 0 and since[len(since) // 2] <= factor * self._baseline
+
+    def _load(self, view: View, suspects: Sequence[str]) -> bool:
+        """The slowdown is the machine's load: see machine_wide."""
+        assert self._asked is not None
+        onset = self._asked[0]
+        since = sorted(t for at, t in self._pace if at >= onset)
+        if not since or self._baseline <= 0:
+            return False
+        ranks = {r for r, node in view.owners.items() if node in suspects}
+        return machine_wide(self._own[PACE_WARMUP_SAMPLES:], onset, ranks, since[len(since) // 2] - self._baseline)
 
     def _work(self, view: View) -> StackDiagnosis:
         assert self._asked is not None
@@ -95,10 +126,11 @@ class Slowdowns(Detector):
         if result is None:
             return Report(work=[] if view.busy(work.key) else [replace(work, history=view.slot_vectors())])
         diagnosis = result.diagnosis
-        if diagnosis is None or not diagnosis.suspects or self._ended(view):
-            # Everyone slowed down together, or the slowdown ended by itself: forget the slow
-            # samples, keep the baseline, pause.
+        if diagnosis is None or not diagnosis.suspects or self._ended(view) or self._load(view, diagnosis.suspects):
+            # Everyone slowed down together, the slowdown ended by itself, or it is the machine's
+            # load: forget the slow samples, keep the baseline, pause.
             self._pace = [p for p in self._pace if p[0] < onset]
+            self._own = [o for o in self._own if o[0] < onset]
             self._quiet_until, self._backoff = result.finished_at + self._backoff, 2 * self._backoff
             self._rounds, self._asked, self._found = self._rounds + 1, None, None
             return Report()
@@ -114,8 +146,35 @@ class Slowdowns(Detector):
 
     def handled(self, finding: Finding, now: float) -> None:
         """Handled, or tolerated by an Ignore rule: the pace starts a new baseline."""
-        self._pace, self._paced_step = [], None
+        self._pace, self._own, self._paced_step = [], [], None
         self._rounds, self._asked, self._found = self._rounds + 1, None, None
+
+
+def machine_wide(samples: Sequence[OwnWork], onset: float, suspects: set[int], rise: float) -> bool:
+    """Whether a slowdown of `rise` seconds a step since `onset` is the machine's load rather than
+    the suspect ranks': the ranks' median own work rose LOAD_RISE times or more, and no suspect
+    rank's own work gained on its peers' median CULPRIT_SHARE of the rise. A slow rank's own work
+    (data, optimizer, the rest of its step) is where the job's lost time goes; a GPU or a link that
+    slows one rank leaves the others' own work as it was. False when the phases cannot tell (a
+    script that times none, too few samples, no suspect rank among them): the rounds decide."""
+    before: dict[int, list[float]] = {}
+    after: dict[int, list[float]] = {}
+    for at, own in samples:
+        for rank, seconds in own.items():
+            (after if at >= onset else before).setdefault(rank, []).append(seconds)
+    ranks = sorted(r for r in before if len(before[r]) >= MIN_OWN_SAMPLES and len(after.get(r, ())) >= MIN_OWN_SAMPLES)
+    if len(ranks) < 2 or rise <= 0 or not suspects & set(ranks):
+        return False
+    was = {r: median(before[r]) for r in ranks}
+    now = {r: median(after[r]) for r in ranks}
+
+    def excess(medians: Mapping[int, float], rank: int) -> float:
+        return medians[rank] - median(medians[r] for r in ranks if r != rank)
+
+    if any(excess(now, r) - excess(was, r) >= CULPRIT_SHARE * rise for r in suspects & set(ranks)):
+        return False  # a suspect fell behind its peers at its own work: the slowdown is its
+    rises = [now[r] / was[r] for r in ranks if was[r] > 0]
+    return bool(rises) and median(rises) >= LOAD_RISE
 
 
 def metrics_ready_at(onset: float, view: View) -> float:
