@@ -183,3 +183,35 @@ def test_noise_on_every_rank_evicts_nobody() -> None:
     h = _harness()
     _steps(h, range(1, 80), phases)
     assert h.incidents() == []
+
+
+def test_a_rank_whose_score_dips_now_and_then_is_not_evicted() -> None:
+    """A loaded host: rank 2 is a little slower than its peers all along (a score near 0.82, under
+    the threshold plus its hysteresis), and for 8 heartbeats in every 24 it dips far below: slow in
+    a third of the evaluations, never for the window. Nobody is evicted."""
+
+    def phases(r: int, step: int) -> dict[str, float | bool]:
+        p: dict[str, float | bool] = dict(BASE)
+        if r == 2:
+            dip = (step // 4) % 24 < 8
+            p["other"] = float(p["other"]) + (0.04 if dip else 0.0136)
+        return p
+
+    h = _harness()
+    _steps(h, range(1, 150), phases)
+    assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
+
+
+def test_a_data_mixture_change_evicts_nobody() -> None:
+    """At step 160 the mixture turns to a source that is slower to read: every rank's data loading
+    goes from 2 ms to 50 ms a step, for good. Each rank is slower than it was, none than its peers."""
+
+    def phases(r: int, step: int) -> dict[str, float | bool]:
+        p: dict[str, float | bool] = dict(BASE)
+        if step >= 160:
+            p["data"] = 0.05 + 0.002 * r
+        return p
+
+    h = _harness()
+    _steps(h, range(1, 90), phases)
+    assert h.incidents() == [] and h.state().stage is JobStage.RUNNING

@@ -6,10 +6,13 @@ generation's warm-up (stragglerWarmupSteps) becomes one sample of the rank's own
 step in which a checkpoint save started (the SDK marks it). Once per progress interval every peer
 group (one data-parallel group of a role) is scored on the medians of its ranks' last samples. A
 rank under stragglerThreshold whose excess costs the job at least MIN_COST of its step time is a
-suspect; it is a straggler once it stayed one for stragglerWindowSeconds, and its node is the
-finding (a Slowdown: evicted and hot-swapped by default). A suspect that comes back over the
-threshold plus HYSTERESIS is forgiven: a straggler that recovers by itself is never evicted, and
-ranks slowed together (a data-mixture change, a busy shared filesystem) keep their relative scores.
+suspect; it is a straggler once it stayed one for stragglerWindowSeconds, slow in STEADY of the
+window's evaluations and at its end, and its node is the finding (a Slowdown: evicted and
+hot-swapped by default). A suspect that comes back over the threshold plus HYSTERESIS is forgiven: a
+straggler that recovers by itself is never evicted, and ranks slowed together (a data-mixture
+change, a busy shared filesystem) keep their relative scores. On a loaded host a rank's own work
+dips for a few seconds now and then, and a rank whose score hovers near the threshold between two
+dips is no straggler: the share of slow evaluations tells the two apart.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from stalwart.controller.core.ranks import role_states
 from stalwart.spec.model import FailureEvent
 
 HISTORY = 120  # samples kept per rank (the individual score's history)
-RECENT = 8  # samples a score's medians are taken over
+RECENT = 12  # samples a score's medians are taken over (a few seconds of a loaded host's dips are noise)
 MIN_SAMPLES = 5  # fewer recent samples, and a rank is neither scored nor compared with
 MIN_COST = 0.05  # a suspect's excess own work, as a share of the job's median step time
 HYSTERESIS = 0.05  # a suspect is forgiven only over threshold + this
+STEADY = 0.75  # share of the evaluations since a rank was suspected that must find it slow
 
 
 class Stragglers(Detector):
@@ -44,6 +48,7 @@ class Stragglers(Detector):
         self._samples: dict[int, deque[Sample]] = {}
         self._seen: dict[int, int] = {}  # rank -> the last step sampled
         self._suspects: dict[int, float] = {}  # rank -> suspected since
+        self._tally: dict[int, list[int]] = {}  # rank -> [evaluations that found it slow, evaluations] since
         self._evaluated_at = float("-inf")
         self._found: Report = Report()
         self._handled: set[str] = set()
@@ -91,12 +96,19 @@ class Stragglers(Detector):
         for rank in list(self._suspects):
             if rank not in scores:
                 self._suspects.pop(rank)  # no longer scored (exited, or too few samples)
+        self._tally = {r: self._tally.get(r, [0, 0]) for r in self._suspects}
+        for rank, tally in self._tally.items():
+            tally[0] += rank in slow
+            tally[1] += 1
         findings: list[Finding] = []
         for rank, since in sorted(self._suspects.items(), key=lambda kv: kv[1]):
             node = view.owners.get(rank)
             if rank not in slow or node is None or node in self._handled:
                 continue
-            if view.now - since >= ft.straggler_window_seconds:
+            found_slow, evaluations = self._tally[rank]
+            if view.now - since >= ft.straggler_window_seconds and found_slow < STEADY * evaluations:
+                self._suspects[rank], self._tally[rank] = view.now, [1, 1]  # dips, not a straggler: start over
+            elif view.now - since >= ft.straggler_window_seconds:
                 findings.append(
                     _finding(
                         view.state.job, view.state.generation, node, slow[rank], since, view.now, ft.straggler_threshold
