@@ -14,6 +14,7 @@ it, the controller rolls back, and Checkpointer.load honours the rollback's boun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -115,6 +116,8 @@ def main() -> None:
     rolled_back = contract.resume_max_step() is not None  # set while the controller rolls back
     config = data_config(args.shards, args.seq, args.seed)
     micro_batch = contract.int_var(contract.DATA_MICRO_BATCH) or args.batch
+    # Passes per step: more than 1 while the job runs below its replicas and keeps its global batch.
+    accumulation = contract.int_var(contract.DATA_ACCUMULATION) or 1
     loader = open_loader(config, dp_rank=rank, dp_size=world, micro_batch=micro_batch)
     t_data = time.perf_counter()
     model = DDP(TinyGPT(seq=config.seq_len).to(device), device_ids=[device.index] if use_cuda else None)
@@ -149,31 +152,40 @@ def main() -> None:
     samples = SampleLog(args.sample_log)
     timer = StepTimer()
     for step in range(start + 1, args.steps + 1):
-        with timer.phase("data"):
-            batch = loader.next_batch()
-            data = batch.tokens.to(device)
-        with timer.phase("compute"):  # forward and backward (DDP's gradient all-reduce included)
-            logits = model(data[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
-            if step == args.nan_at_step and not rolled_back and rank == world - 1:
-                loss = loss * float("nan")  # a transient numerical fault: gone after the rollback
-            if step == args.raise_at_step:
-                raise ValueError(f"shapes do not match in my_custom_layer at step {step} (a bug in the training code)")
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
+        optim.zero_grad(set_to_none=True)
+        step_ids: list[int] = []
+        step_loss = torch.zeros((), device=device)
+        for accumulated in range(accumulation):
+            with timer.phase("data"):
+                batch = loader.next_batch()
+                data = batch.tokens.to(device)
+                step_ids += batch.sample_ids.tolist()
+            last = accumulated == accumulation - 1
+            # forward and backward (DDP's gradient all-reduce included, on the step's last pass only)
+            with timer.phase("compute"), contextlib.nullcontext() if last else model.no_sync():
+                logits = model(data[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+                if step == args.nan_at_step and not rolled_back and rank == world - 1:
+                    loss = loss * float("nan")  # a transient numerical fault: gone after the rollback
+                if step == args.raise_at_step:
+                    raise ValueError(
+                        f"shapes do not match in my_custom_layer at step {step} (a bug in the training code)"
+                    )
+                (loss / accumulation).backward()
+                step_loss += loss.detach() / accumulation
         with timer.phase("optimizer"):
             optim.step()
         with timer.phase("comm"):
-            loss_value = loss.detach()
+            loss_value = step_loss
             dist.all_reduce(loss_value, op=dist.ReduceOp.AVG if use_cuda else dist.ReduceOp.SUM)
             mean_loss = loss_value.item() / (1 if use_cuda else world)
         if args.step_delay:
             time.sleep(args.step_delay)
         # A NaN or infinite loss raises here (the worker SDK's check), and the job rolls back.
-        step_time = timer.report(step, loss=mean_loss, tokens=micro_batch * config.seq_len)
+        step_time = timer.report(step, loss=mean_loss, tokens=micro_batch * accumulation * config.seq_len)
         if rank == 0 and (step % 10 == 0 or step == start + 1):
             print(f"step {step} loss {mean_loss:.4f} step_time {step_time * 1000:.0f}ms", flush=True)
-        samples.write(step, batch.sample_ids.tolist())
+        samples.write(step, step_ids)
         checkpoints.after_step(step)  # every `interval` steps; written while training goes on
 
     checkpoints.finish()

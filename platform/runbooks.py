@@ -40,6 +40,7 @@ EVENT_RUNBOOKS: dict[FailureEvent, str] = {
     FailureEvent.MFU_DECLINE: "mfu_decline",
     FailureEvent.PREFLIGHT_FAILED: "preflight_failed",
     FailureEvent.CODE_UPDATE: "code_update",
+    FailureEvent.ELASTIC_GROW: "elastic_resize",
 }
 
 # Classes neither the signatures nor the incidents name, but that on-call meets: a checkpoint that
@@ -64,6 +65,8 @@ ALIASES: dict[str, str] = {
     "preflight": "preflight_failed",
     "nodesdiedbeforejoining": "nodes_died_before_joining",  # the job's reason, as the status shows it
     "capacityunavailable": "capacity_unavailable",
+    "elasticgrow": "elastic_resize",  # the incident class a grow records
+    "elastic": "elastic_resize",
     "crash": "worker_crash",
     "checkpoint": "checkpoint_corruption",
     # The probes' machine-fault classes (stalwart.health), by the runbook that covers them.

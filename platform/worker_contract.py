@@ -74,7 +74,10 @@ RESUME_MAX_STEP = "STALWART_RESUME_MAX_STEP"  # a rollback: load no checkpoint n
 
 # -- data ------------------------------------------------------------------------------------------------
 DATA_CONFIG = "STALWART_DATA_CONFIG"  # the loader's DataConfig, as JSON
-DATA_MICRO_BATCH = "STALWART_DATA_MICRO_BATCH"
+DATA_MICRO_BATCH = "STALWART_DATA_MICRO_BATCH"  # samples per forward pass
+# Micro-batches a rank accumulates per optimizer step: 1, unless a role running below its replicas
+# keeps the declared global batch (spec.data.globalBatchOnResize: Keep).
+DATA_ACCUMULATION = "STALWART_DATA_ACCUMULATION"
 DATALOADER_SHM = "STALWART_DATALOADER_SHM"  # the node's shadow loader segment
 
 # -- replay ----------------------------------------------------------------------------------------------
@@ -110,6 +113,7 @@ STALWART = (
     RESUME_MAX_STEP,
     DATA_CONFIG,
     DATA_MICRO_BATCH,
+    DATA_ACCUMULATION,
     DATALOADER_SHM,
     REPLAY_STEPS,
     ETCD,

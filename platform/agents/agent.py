@@ -29,7 +29,7 @@ from stalwart.agents.agent_state import AgentState, check_transition
 from stalwart.agents.check_duty import CheckDuty
 from stalwart.agents.checkpoint_token import CheckpointToken
 from stalwart.agents.data_plane import DataPlane, DataPlaneError, memory_peer, memory_uri
-from stalwart.agents.launcher import NodeServices, WorkerLauncher
+from stalwart.agents.launcher import NodeServices, WorkerLauncher, generation_spec
 from stalwart.agents.lease_keeper import LeaseKeeper
 from stalwart.agents.metrics import MetricsExporter
 from stalwart.agents.metrics_history import MetricsHistory
@@ -383,7 +383,7 @@ class NodeAgent:
         self.generation = cmd.generation
         if assignment.code_version != self.job.spec.code_version:
             self._reload_spec()  # a lazy hot update: the new code starts with this generation
-        topology = Topology.from_spec(self.job.spec, assignment.rank_nodes())
+        topology = Topology.from_spec(generation_spec(self.job.spec, assignment), assignment.rank_nodes())
         self.probes.expect(node_expectations(self.job.spec, mine.role))  # its role's health settings now
         replay = assignment.replay_steps is not None
         if first_run and not replay:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,8 @@ from stalwart import worker_contract as contract
 from stalwart.agents.warm_pool import WarmPool
 from stalwart.agents.workers import WorkerGroup
 from stalwart.rlhf.contract import dataplane_env
-from stalwart.spec import PathConfinement, Role, TrainingJob
+from stalwart.spec import PathConfinement, Role, TrainingJob, TrainingJobSpec
+from stalwart.spec.elastic import rank_batch, resized
 from stalwart.store.records import Assignment, NodeAssignment
 
 
@@ -83,6 +85,14 @@ def torchrun_env(assignment: Assignment, node: NodeAssignment, local_rank: int) 
     }
 
 
+def generation_spec(spec: TrainingJobSpec, assignment: Assignment) -> TrainingJobSpec:
+    """The spec at the generation's size: a role that elastic data parallelism shrank runs on the
+    nodes its assignment names (a replay's groups have their own layout: the spec as declared)."""
+    if assignment.replay_steps is not None:
+        return spec
+    return resized(spec, Counter(n.role for n in assignment.nodes))
+
+
 def layout_env(role: Role, node: NodeAssignment) -> dict[str, str]:
     """The role's parallel sizes; a replay group is a smaller copy of the role (fewer DP replicas)."""
     world = node.world_size if node.group is not None and node.world_size else role.world_size
@@ -113,7 +123,7 @@ def worker_env(
     data in process (the shadow loader serves the job's layout, not the group's). `log_dir`: the
     generation's folder, where TORCHELASTIC_ERROR_FILE points (beside the rank's log).
     """
-    spec = job.spec
+    spec = generation_spec(job.spec, assignment)
     role = next(r for r in spec.roles if r.name == node.role)
     replay = assignment.replay_steps is not None
     env = {**base, **role.env}
@@ -162,7 +172,12 @@ def worker_env(
         env.update(dataplane_env(assignment.job, services.etcd or "", spec.data_plane, services.dataplane_token))
     if services.data_config is not None and spec.data is not None:
         env[contract.DATA_CONFIG] = services.data_config
-        env[contract.DATA_MICRO_BATCH] = str(spec.data.micro_batch)
+        declared = next(r for r in job.spec.roles if r.name == node.role)
+        micro, accumulation = (
+            (spec.data.micro_batch, 1) if replay else rank_batch(job.spec, declared, role.data_parallel)
+        )
+        env[contract.DATA_MICRO_BATCH] = str(micro)
+        env[contract.DATA_ACCUMULATION] = str(accumulation)
     return env
 
 

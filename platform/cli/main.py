@@ -52,7 +52,8 @@ def run(
             help="Inject a fault, e.g. kill-worker:rank=1,step=20, kill-node:node=1,step=30, "
             "kill-controller:step=25, hang-worker:rank=1,step=20, slow-worker:rank=3,step=20, "
             "slow-data:rank=5,step=20,seconds=1, bad-node:node=1, pause-etcd:step=20,seconds=10, "
-            "kill-etcd:step=20,seconds=5. Repeatable; add after=recovery to fire only once the job "
+            "kill-etcd:step=20,seconds=5, restore-machine:step=40 (with --max-nodes: a lost machine comes "
+            "back). Repeatable; add after=recovery to fire only once the job "
             "recovered from the faults fired before it.",
         ),
     ] = None,

@@ -38,6 +38,12 @@ class Cluster(ABC):
     def rendezvous(self, node: str) -> tuple[str, int]:
         """Address and port for torch.distributed's rendezvous, hosted by rank 0 on `node`."""
 
+    def free_machines(self) -> int | None:
+        """Machines a node could start on now, beside those the job's live nodes hold; None: the
+        cluster sets no limit it knows of (a replacement will come). 0 is what lets a role with
+        minReplicas shrink instead of waiting for a lost node's replacement."""
+        return None
+
     def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
         """Collective (all-to-all, all-reduce, all-gather, bitwise checked) and compute checks across
         `nodes`. A backend that cannot run them says so rather than inventing health."""

@@ -108,6 +108,14 @@ class LocalCluster(Cluster):
             self._write_capacity(capacity)
         return capacity
 
+    def free_machines(self) -> int | None:
+        """Under a machine limit: the machines not lost and not held by a live node (a dead node's
+        machine is free once it is stopped; a killed one's was lost with it)."""
+        capacity = self.capacity()
+        if capacity is None:
+            return None
+        return max(0, capacity.machines - sum(1 for n in self.list_nodes() if n.alive))
+
     def _write_capacity(self, capacity: Capacity) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         tmp = self.workdir / f"{CAPACITY_FILE}.tmp"

@@ -95,6 +95,11 @@ class FaultInjector:
             return self.etcd.pause(fault.seconds)
         if fault.kind is FaultKind.KILL_ETCD:
             return self.etcd.kill(fault.seconds)
+        if fault.kind is FaultKind.RESTORE_MACHINE:
+            capacity = self.cluster.restore_machine()
+            if capacity is None:
+                return "no machine limit (--max-nodes): nothing to restore"
+            return f"a machine ({capacity.machines} of {capacity.max_nodes} now usable)"
         if fault.kind in (FaultKind.KILL_NODE, FaultKind.FREEZE_NODE):
             assert fault.node is not None
             node = state.slots[int(fault.node)] if fault.node.isdigit() else fault.node

@@ -32,6 +32,9 @@ class FaultKind(str, Enum):
     # or is SIGKILLed and started again, on its port with its data, no sooner than `seconds` later.
     PAUSE_ETCD = "pause-etcd"
     KILL_ETCD = "kill-etcd"
+    # A lost machine comes back (repaired, or one more joined the pool): under `stalwart run
+    # --max-nodes`, one more node fits, so a job that shrank (minReplicas) can grow back.
+    RESTORE_MACHINE = "restore-machine"
 
     @property
     def preflight(self) -> bool:

@@ -256,8 +256,10 @@ class Role(SpecModel):
         Field(
             ge=1,
             le=100_000,
-            description="Elastic lower bound (at most replicas). Validated and recorded only: the "
-            "controller does not resize jobs yet and always runs exactly `replicas` nodes.",
+            description="Elastic lower bound (at most replicas): a lost node with no standby left and no "
+            "machine free shrinks the role's data parallelism (a TP, CP or PP group leaves whole) down to "
+            "this many nodes at the least, rather than wait; it grows back to replicas at a checkpoint when "
+            "capacity returns. Unset: the role always runs exactly `replicas` nodes.",
         ),
     ] = None
     max_replicas: Annotated[
@@ -266,7 +268,7 @@ class Role(SpecModel):
             ge=1,
             le=100_000,
             description="Elastic upper bound (at least replicas). Validated and recorded only: the "
-            "controller does not resize jobs yet and always runs exactly `replicas` nodes.",
+            "controller grows a role back to `replicas`, never beyond.",
         ),
     ] = None
     processes_per_node: Annotated[
@@ -549,6 +551,9 @@ class FailureEvent(str, Enum):
     MFU_DECLINE = "MFUDecline"  # the job's throughput down for a while, no straggler named
     PREFLIGHT_FAILED = "PreflightFailed"
     CODE_UPDATE = "CodeUpdate"  # not a failure: a forced restart to apply a new codeVersion
+    # Not a failure: capacity came back to a role running below its replicas (minReplicas), and it
+    # grows back at a checkpoint boundary.
+    ELASTIC_GROW = "ElasticGrow"
 
 
 class FailureAction(str, Enum):
@@ -569,6 +574,7 @@ INFRASTRUCTURE_EVENTS = frozenset(
         FailureEvent.SLOWDOWN,
         FailureEvent.MFU_DECLINE,
         FailureEvent.CODE_UPDATE,
+        FailureEvent.ELASTIC_GROW,
     }
 )
 
@@ -584,6 +590,7 @@ DEFAULT_ACTIONS: dict[FailureEvent, FailureAction] = {
     FailureEvent.MFU_DECLINE: FailureAction.RESTART,  # after the stop-time checks, which may evict
     FailureEvent.PREFLIGHT_FAILED: FailureAction.EVICT,
     FailureEvent.CODE_UPDATE: FailureAction.RESTART,
+    FailureEvent.ELASTIC_GROW: FailureAction.RESTART,
 }
 
 
@@ -793,6 +800,13 @@ class DataSource(SpecModel):
         return self
 
 
+class GlobalBatchOnResize(str, Enum):
+    """What a step trains on while a role runs below its replicas (elastic data parallelism)."""
+
+    KEEP = "Keep"  # the declared global batch: each rank takes a larger share, in accumulated micro-batches
+    SCALE = "Scale"  # each rank keeps microBatch: the global batch shrinks with data parallelism
+
+
 class DataSettings(SpecModel):
     """The deterministic data loader; with it, each node runs a shadow loader beside its workers."""
 
@@ -800,6 +814,16 @@ class DataSettings(SpecModel):
     seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Tokens per sample (packed).")]
     micro_batch: Annotated[int, Field(ge=1, le=65536, description="Samples per rank per step.")] = 8
     seed: Annotated[int, Field(ge=0, description="Seed of the global sample order.")] = 0
+    global_batch_on_resize: Annotated[
+        GlobalBatchOnResize,
+        Field(
+            description="While a role runs below its replicas (minReplicas): Keep, every step still trains on "
+            "the declared global batch (replicas' data parallelism x microBatch), each rank taking its larger "
+            "share in accumulated micro-batches of at most microBatch (STALWART_DATA_MICRO_BATCH x "
+            "STALWART_DATA_ACCUMULATION); Scale, each rank keeps microBatch and the global batch shrinks. "
+            "With Keep, a size whose data parallelism does not divide the global batch is skipped."
+        ),
+    ] = GlobalBatchOnResize.KEEP
 
 
 class DataPlaneSettings(SpecModel):

@@ -130,6 +130,18 @@ class Suspension(BaseModel):
     ended_at: float | None = None
 
 
+class Resize(BaseModel):
+    """A role's size changed by elastic data parallelism (spec.roles[].minReplicas): a lost node no
+    machine could replace shrank it, or capacity that came back grew it."""
+
+    role: str
+    from_replicas: int
+    to_replicas: int
+    replicas: int  # the spec's
+    capacity: float  # the job's ranks after it, over the ranks its spec declares (1.0: full size)
+    at: float  # when it was decided
+
+
 class RoleState(BaseModel):
     """One role of the job as its own world: its slots, its rendezvous, its own generation counter and
     its own accounting. A role-scoped restart (`restartScope: Role`) moves only this role's record;
@@ -210,6 +222,9 @@ class JobState(Record):
     node_generations: dict[str, int] = {}
     # Standby -> the role whose nodes it may replace (a standby runs on its role's template).
     standby_roles: dict[str, str] = {}
+    # Elastic data parallelism: every change of a role's size, oldest first (ETTR counts the time
+    # below full size at the capacity it had).
+    resizes: list[Resize] = []
 
     def role_slots(self, role: str) -> list[str]:
         r = self.roles[role]
@@ -519,6 +534,7 @@ class Incident(Record):
     counted: bool = True  # against maxRestarts; infrastructure failures are not
     role: str | None = None  # the role that failed (multi-role jobs)
     scope: Literal["Role", "Job"] = "Job"  # what restarted: that role alone, or the whole job
+    resize: Resize | None = None  # the role's size changed in this recovery (elastic data parallelism)
     # Role scope: the first step the roles that kept running made after the failure (an actor that
     # trains on with what the relay holds): the job's own downtime may end before the role is back.
     job_resumed_at: float | None = None

@@ -216,6 +216,7 @@ class FakeCluster(Cluster):
         self.calls: list[tuple[str, str]] = []
         self.failing: dict[str, list[str]] = {}  # node -> reasons its checks fail with
         self.on_start: Callable[[str], None] | None = None
+        self.free: int | None = None  # what free_machines says (None: no limit)
 
     def start_node(self, name: str, role: str | None = None) -> None:
         self.calls.append(("start", name))
@@ -236,6 +237,9 @@ class FakeCluster(Cluster):
 
     def rendezvous(self, node: str) -> tuple[str, int]:
         return "127.0.0.1", 29500
+
+    def free_machines(self) -> int | None:
+        return self.free
 
     def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
         self.calls.append(("preflight", ",".join(nodes)))

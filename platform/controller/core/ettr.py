@@ -6,7 +6,10 @@ user's choice, neither productive nor the platform's fault). Unproductive time i
 incident's downtime (failure to first step after recovery) clipped to the window and outside any
 suspension, plus the work it made the job redo (steps between the restored checkpoint and the
 failure, at the mean step time). A role-scoped incident (an RLHF rollout that died while the actor
-trained on) costs the job only until the roles that kept running stepped again.
+trained on) costs the job only until the roles that kept running stepped again. Time a role ran
+below its replicas (elastic data parallelism: `JobState.resizes`) counts at the capacity it had: an
+hour at 4 of 6 ranks is 40 minutes productive, 20 reduced (outside the incidents' downtime, which
+already counts whole).
 
 Per role (multi-role jobs): how often each role failed, how long until the job stepped again with
 the role back (its MTTR), and its share of the job's downtime.
@@ -28,6 +31,7 @@ class EttrReport(BaseModel):
     lost_work_seconds: float
     productive_seconds: float
     ettr: float | None
+    reduced_capacity_seconds: float = 0.0  # the share of the window's capacity a shrunk role lacked
 
 
 class ClassMttr(BaseModel):
@@ -49,21 +53,50 @@ def compute_ettr(
     window = _outside(start, end, state.suspensions, now)
     downtime = 0.0
     lost = 0.0
+    down: list[tuple[float, float]] = []
     for inc in incidents:
         if inc.failed_at < state.first_step_at or inc.failed_at >= end:
             continue
         down_end = inc.failed_at + inc.downtime if inc.downtime is not None else end
         downtime += _outside(max(inc.failed_at, start), min(down_end, end), state.suspensions, now)
+        down.append((max(inc.failed_at, start), min(down_end, end)))
         if inc.failed_at >= start:
             lost += inc.lost_work_seconds
-    productive = max(0.0, window - downtime - lost)
+    reduced = _reduced_capacity(state, start, end, down, now)
+    productive = max(0.0, window - downtime - lost - reduced)
     return EttrReport(
         window_seconds=window,
         downtime_seconds=downtime,
         lost_work_seconds=lost,
         productive_seconds=productive,
         ettr=(productive / window) if window > 0 else None,
+        reduced_capacity_seconds=reduced,
     )
+
+
+def _reduced_capacity(state: JobState, start: float, end: float, down: list[tuple[float, float]], now: float) -> float:
+    """Seconds of [start, end] times the capacity a shrunk role lacked, outside suspensions and the
+    incidents' downtime (`down`)."""
+    resizes = sorted(state.resizes, key=lambda r: r.at)
+    suspended = [(x.started_at, x.ended_at if x.ended_at is not None else now) for x in state.suspensions]
+    gaps = [Suspension(started_at=a, ended_at=b) for a, b in _merged([*suspended, *down])]
+    out = 0.0
+    for i, resize in enumerate(resizes):
+        seg_start = max(start, resize.at)
+        seg_end = min(end, resizes[i + 1].at if i + 1 < len(resizes) else end)
+        if resize.capacity < 1.0 and seg_end > seg_start:
+            out += (1.0 - resize.capacity) * _outside(seg_start, seg_end, gaps, now)
+    return out
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def _outside(start: float, end: float, suspensions: list[Suspension], now: float) -> float:

@@ -38,6 +38,8 @@ class Observation:
     request: tuple[OperatorRequest, int] | None  # the oldest pending operator request and its revision
     incident: Incident | None  # the state's open incident
     cluster: Mapping[str, NodeInfo] | None = None  # None: not listed this tick
+    # With the listing: machines a node could start on now (None: no limit the cluster knows of).
+    free_machines: int | None = None
     rendezvous: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     results: Mapping[WorkKey, WorkResult] = field(default_factory=dict)
     in_flight: frozenset[WorkKey] = frozenset()
@@ -45,6 +47,12 @@ class Observation:
     catalog: Mapping[int, CheckpointEntry] = field(default_factory=dict)  # the job's checkpoint catalog, by step
     incidents: Mapping[str, Incident | None] = field(default_factory=dict)  # read when asked for (None: gone)
     dataplane: DataPlaneHealth | None = None  # the RLHF relay's word on its workers (jobs with a dataPlane)
+    # The spec as etcd holds it, when `spec` is the job's at the size its state runs (core/elastic.py).
+    declared: TrainingJob | None = None
+
+    @property
+    def declared_spec(self) -> TrainingJob:
+        return self.declared or self.spec
 
     def satisfies(self, needs: Needs) -> bool:
         return (

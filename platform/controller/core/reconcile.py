@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from stalwart.controller.core import catalog, checks, replay, requests, standbys, suspension, world
+from stalwart.controller.core import catalog, checks, elastic, replay, requests, standbys, suspension, world
 from stalwart.controller.core.decision import Decision, Launch, Needs, Plan
 from stalwart.controller.core.detectors.base import (
     CodeUpdateSeen,
@@ -66,14 +67,17 @@ class ReconcileCore:
 
     # -- the decision --------------------------------------------------------------------------
     def decide(self, obs: Observation) -> Decision | Needs:
-        if obs.state is None:
+        state = obs.state
+        if state is None:
             return self._create(obs)
-        plan = Plan(obs.state, obs.revision, obs.now)
-        if obs.state.stage.terminal:
+        plan = Plan(state, obs.revision, obs.now)
+        if state.stage.terminal:
             return plan.decision()
-        view = View.of(obs, obs.state)
+        # Every branch sees the job at the size it runs (elastic data parallelism), the spec as declared aside.
+        obs = replace(obs, spec=elastic.sized(obs.declared_spec, state), declared=obs.declared_spec)
+        view = View.of(obs, state)
         note_job_resumed(plan, view.workers, obs.incident, self.job)
-        reports = [(d, d.look(view)) for d in self.detectors if obs.state.stage in d.stages]
+        reports = [(d, d.look(view)) for d in self.detectors if state.stage in d.stages]
         needs = Needs()
         for _, report in reports:
             needs = needs | report.needs
@@ -142,6 +146,7 @@ class ReconcileCore:
         state, workers = plan.state, view.workers
         catalog.update(plan, obs.catalog, obs.beats, obs.spec.spec.checkpoint.keep_last, self.job)
         track(plan, workers, obs.incident, self.job)
+        checkpointed = elastic.checkpoint_committed(plan, obs)
         if len(workers) == obs.spec.spec.world_size and all(w.exit_code == 0 for w in workers):
             note_progress(plan, workers, force=True)
             state.reason, state.message = "Completed", f"all {len(workers)} workers exited 0"
@@ -153,6 +158,8 @@ class ReconcileCore:
             detector, finding = failure
             handle(plan, finding, view, self.job, self.new_id)
             plan.acks.append((detector.name, finding))
+            return None
+        if elastic.grow(plan, obs, view, checkpointed, self.job, self.new_id):
             return None
         for detector, report in reports:
             for f in report.findings:
@@ -174,6 +181,8 @@ class ReconcileCore:
         missing = [s for s in state.slots if s not in obs.registrations]
         if not missing:
             return start_generation(plan, obs, Trigger.GENERATION_STARTED, self.job)
+        if elastic.shrink(plan, obs, self.job):
+            return None
         limit = obs.spec.spec.fault_tolerance.restart_timeout_seconds
         if plan.now - (state.stage_since or state.created_at) > limit:
             # A replacement the cluster never started (no standby left, no machine free) would

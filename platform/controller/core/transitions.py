@@ -18,10 +18,10 @@ The stages (JobStage; JobPhase, what users see, groups them) and the transitions
           pre-flight again
                                                         |   ^   |
                          failure handled, checks due    |   |   | failure handled;
-                     +----------------------------------+   |   | evict requested
-                     |                     generation started   |
+                     +----------------------------------+   |   | evict requested;
+                     |                     generation started   | capacity back at a checkpoint
                      v                                      |   v
-               StopTimeChecks ------checks done--------> Restarting
+               StopTimeChecks ------checks done--------> Restarting --shrunk--> Restarting
                      |                                      ^
           replay due |                                      | replay concluded
                      v                                      |
@@ -67,6 +67,8 @@ class Trigger(str, Enum):
     SUSPEND = "suspend"
     NODES_STOPPED = "nodes stopped"
     RESUMED = "resumed"
+    SHRUNK = "shrunk"
+    GROW = "capacity back at a checkpoint"
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,20 @@ TABLE: tuple[Row, ...] = (
         Trigger.NODES_NEVER_READY,
         S.FAILED,
         "a slot node did not register within restartTimeoutSeconds (no standby left, no machine free)",
+    ),
+    Row(
+        S.RESTARTING,
+        Trigger.SHRUNK,
+        S.RESTARTING,
+        "a slot node is missing, no machine is free for it and its role has minReplicas: the role drops to fewer "
+        "data-parallel replicas; the restart goes on with the nodes it keeps",
+    ),
+    Row(
+        S.RUNNING,
+        Trigger.GROW,
+        S.RESTARTING,
+        "a role runs below replicas, standbys for more of its nodes registered and a checkpoint was just "
+        "committed: they take slots, generation + 1 at the larger size",
     ),
     Row(S.CHECKING, Trigger.CHECKS_DONE, S.RESTARTING, "the checks came back; nodes that failed were evicted"),
     Row(

@@ -175,9 +175,10 @@ class Observer:
 
     def complete(self, obs: Observation, needs: Needs) -> Observation:
         """`obs` with what `needs` asks for added."""
-        cluster = obs.cluster
+        cluster, free = obs.cluster, obs.free_machines
         if needs.cluster and cluster is None:
             cluster = {n.name: n for n in self.cluster.list_nodes()}
+            free = self.cluster.free_machines()
             self._listed_at = obs.now
         rendezvous = dict(obs.rendezvous)
         for node in sorted(needs.rendezvous - set(rendezvous)):
@@ -185,7 +186,7 @@ class Observer:
         incidents = dict(obs.incidents)
         for incident in sorted(needs.incidents - set(incidents)):
             incidents[incident] = self.store.get(keys.incident(self.job, incident), Incident)
-        return replace(obs, cluster=cluster, rendezvous=rendezvous, incidents=incidents)
+        return replace(obs, cluster=cluster, free_machines=free, rendezvous=rendezvous, incidents=incidents)
 
     def _oldest_request(self) -> tuple[OperatorRequest, int] | None:
         """The oldest pending request, re-read with its revision (its commit is guarded by it)."""

@@ -22,6 +22,7 @@ from stalwart.cluster.base import NodeInfo, PreflightVerdict
 from stalwart.controller.core.decision import Decision, Launch, Needs, SendCommand, StartNode, StopNode
 from stalwart.controller.core.detectors import default_detectors
 from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.ranks import role_states
 from stalwart.controller.core.reconcile import ReconcileCore
 from stalwart.controller.core.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Row, Trigger
 from stalwart.controller.core.work import CrashDiagnosis, NodeChecks, Work, WorkResult
@@ -41,6 +42,7 @@ from stalwart.store.records import (
     ReplayState,
     RequestKind,
     RequestStatus,
+    SavedCheckpoint,
     Suspension,
     WorkerState,
     WorkerStatus,
@@ -89,6 +91,7 @@ class Seen:
         self.request: tuple[OperatorRequest, int] | None = None
         self.results: dict[tuple[str, ...], WorkResult] = {}
         self.launched: list[Work] = []
+        self.free_machines: int | None = None  # what the cluster says with its listing (None: no limit)
         ids = itertools.count(1)
         self.core = ReconcileCore(JOB, default_detectors(), new_id=lambda: f"id{next(ids)}")
 
@@ -156,6 +159,7 @@ class Seen:
             if self.state is not None and self.state.open_incident
             else None,
             cluster=dict(self.cluster),
+            free_machines=self.free_machines,
             results=dict(self.results),
             in_flight=frozenset(w.key for w in self.launched if w.key not in self.results),
         )
@@ -395,6 +399,96 @@ def restarting_never_ready() -> tuple[Seen, Decision]:
     return seen, decision
 
 
+# -- elastic data parallelism (minReplicas) -----------------------------------------------------
+ELASTIC_ROLES = [
+    {"name": "trainer", "replicas": 3, "minReplicas": 2, "processesPerNode": 2, "command": ["python", "train.py"]}
+]
+
+
+def elastic_restart() -> Seen:
+    """3 nodes (minReplicas 2) restarting after node-1 was lost: its replacement node-3 was never
+    started (no standby, no machine free); node-0 and node-2 are back."""
+    seen = Seen(roles=ELASTIC_ROLES)
+    incident = Incident(
+        id="inc-lost",
+        job=JOB,
+        failure_class=FailureEvent.LOST_NODE,
+        generation=1,
+        node="node-1",
+        action="evict node-1 (standby node-3)",
+        failed_at=seen.now - 10,
+        detected_at=seen.now - 5,
+    )
+    seen.records[keys.incident(JOB, incident.id)] = incident
+    seen.put_state(
+        stage=S.RESTARTING,
+        generation=1,
+        slots=["node-0", "node-3", "node-2"],
+        next_node_index=4,
+        evicted=["node-1"],
+        open_incident=incident.id,
+        roles=role_states(seen.spec.spec),
+    )
+    seen.join("node-0", "node-2", generation=1)
+    seen.free_machines = 0
+    return seen
+
+
+def shrunk() -> tuple[Seen, Decision]:
+    seen = elastic_restart()
+    decision = seen.decide()
+    state = seen.the_state()
+    assert state.slots == ["node-0", "node-2"] and state.standbys == ["node-3"]
+    assert state.standby_roles == {"node-3": "trainer"}  # asked for again: a machine that frees takes it
+    role = state.roles["trainer"]
+    assert (role.nodes, role.world_size) == (2, 4)
+    [resize] = state.resizes
+    assert (resize.from_replicas, resize.to_replicas, resize.replicas) == (3, 2, 3)
+    assert resize.capacity == pytest.approx(2 / 3)
+    [incident] = seen.incidents()
+    assert incident.resize == resize and "shrink trainer from 3 to 2 nodes" in incident.action
+    return seen, decision
+
+
+def elastic_running() -> Seen:
+    """The job of elastic_restart, shrunk to node-0 and node-2 and running generation 2; node-3 has
+    registered as the role's standby since (its machine came back)."""
+    seen = Seen(roles=ELASTIC_ROLES)
+    roles = role_states(seen.spec.spec)
+    roles["trainer"].nodes, roles["trainer"].world_size = 2, 4
+    seen.put_state(
+        stage=S.RUNNING,
+        generation=2,
+        generation_started_at=seen.now - 50,
+        slots=["node-0", "node-2"],
+        next_node_index=4,
+        standbys=["node-3"],
+        standby_roles={"node-3": "trainer"},
+        roles=roles,
+    )
+    for i, node in enumerate(["node-0", "node-2"]):
+        seen.join(node, generation=2)
+        seen.beat(node, 2, [worker(r, step=21) for r in (2 * i, 2 * i + 1)])
+    seen.join("node-3")
+    return seen
+
+
+def grown() -> tuple[Seen, Decision]:
+    seen = elastic_running()
+    quiet = seen.decide()  # capacity is back, but no checkpoint since: it waits for one
+    assert quiet.transitions == [] and seen.the_state().slots == ["node-0", "node-2"]
+    seen.beat("node-0", 2, seen.beats["node-0"].workers, checkpoints=[SavedCheckpoint(step=20, committed_at=seen.now)])
+    decision = seen.decide()
+    state = seen.the_state()
+    assert state.slots == ["node-0", "node-2", "node-3"] and state.standbys == []
+    assert (state.roles["trainer"].nodes, state.roles["trainer"].world_size) == (3, 6)
+    [incident] = seen.incidents()
+    assert incident.failure_class is FailureEvent.ELASTIC_GROW and not incident.counted
+    assert incident.resize is not None and (incident.resize.from_replicas, incident.resize.to_replicas) == (2, 3)
+    assert state.open_incident == incident.id and state.resizes[-1].capacity == 1.0
+    return seen, decision
+
+
 def checks_done() -> tuple[Seen, Decision]:
     seen = Seen()
     seen.put_state(stage=S.CHECKING, generation=1)
@@ -542,6 +636,8 @@ CASES: dict[tuple[JobStage | None, Trigger], Callable[..., tuple[Seen, Decision]
     (S.RUNNING, Trigger.EVICT_REQUESTED): evict_requested,
     (S.RESTARTING, Trigger.GENERATION_STARTED): restarted,
     (S.RESTARTING, Trigger.NODES_NEVER_READY): restarting_never_ready,
+    (S.RESTARTING, Trigger.SHRUNK): shrunk,
+    (S.RUNNING, Trigger.GROW): grown,
     (S.CHECKING, Trigger.CHECKS_DONE): checks_done,
     (S.CHECKING, Trigger.REPLAY_HORIZONTAL_DUE): replay_horizontal_due,
     (S.CHECKING, Trigger.REPLAY_VERTICAL_DUE): replay_vertical_due,
@@ -576,3 +672,36 @@ def test_a_terminal_job_decides_nothing() -> None:
     seen.put_state(stage=S.SUCCEEDED, finished_at=seen.now - 5)
     decision = seen.decide()
     assert decision.state is None and decision.effects == [] and decision.transitions == []
+
+
+def test_a_shrunk_role_starts_its_next_generation_on_the_nodes_it_kept() -> None:
+    seen, _ = shrunk()
+    started = seen.decide()  # the kept nodes are registered: generation 2 at 2 nodes, 4 ranks
+    assignment = started.puts[keys.generation(JOB, 2)]
+    assert isinstance(assignment, Assignment) and assignment.world_size == 4
+    assert [n.node for n in assignment.nodes] == ["node-0", "node-2"]
+    assert seen.the_state().stage is S.RUNNING
+    assert not [e for e in started.effects if isinstance(e, StartNode)]  # node-3 waits: recovering
+
+
+def test_no_shrink_while_the_cluster_may_still_place_the_node() -> None:
+    for free in (None, 1):
+        seen = elastic_restart()
+        seen.free_machines = free
+        decision = seen.decide()
+        assert decision.transitions == [] and seen.the_state().slots == ["node-0", "node-3", "node-2"]
+
+
+def test_no_shrink_below_min_replicas() -> None:
+    seen = elastic_restart()
+    del seen.registrations["node-2"], seen.cluster["node-2"]  # node-2 is gone too: 1 node left, min is 2
+    decision = seen.decide()
+    assert decision.transitions == [] and len(seen.the_state().slots) == 3
+
+
+def test_a_grown_role_starts_its_next_generation_at_full_size() -> None:
+    seen, _ = grown()
+    started = seen.decide()
+    assignment = started.puts[keys.generation(JOB, 3)]
+    assert isinstance(assignment, Assignment) and assignment.world_size == 6
+    assert seen.the_state().stage is S.RUNNING

@@ -196,6 +196,97 @@ def restarting_never_ready() -> Harness:
     return h
 
 
+# -- elastic data parallelism (minReplicas) -----------------------------------------------------
+ELASTIC_ROLES = [
+    {"name": "trainer", "replicas": 3, "minReplicas": 2, "processesPerNode": 2, "command": ["python", "train.py"]}
+]
+
+
+def elastic_state(h: Harness, slots: list[str], **fields: object) -> None:
+    """The job's state with the trainer on `slots` (its generation's assignment at that size)."""
+    from stalwart.controller.core.elastic import relayout, sized
+    from stalwart.controller.core.ranks import assign, role_states
+    from stalwart.store.jobs import read_spec
+    from stalwart.store.records import JobState
+
+    job = read_spec(h.store, JOB)
+    assert job is not None
+    roles = role_states(job.spec)
+    roles["trainer"].nodes = len(slots)
+    base = {"job": JOB, "created_at": h.clock.now - 100, "updated_at": h.clock.now - 100}
+    state = JobState(**{**base, "slots": slots, "roles": roles, "stage_since": h.clock.now - 1, **fields})
+    relayout(state, job.spec)
+    h.store.put(keys.job_state(JOB), state)
+    spec = sized(job, state).spec
+    h.store.put(
+        keys.generation(JOB, state.generation),
+        assign(JOB, spec, slots, state.generation, ("127.0.0.1", 1), created_at=h.clock.now),
+    )
+
+
+def shrunk() -> Harness:
+    h = Harness(roles=ELASTIC_ROLES)
+    incident = Incident(
+        id="inc-lost",
+        job=JOB,
+        failure_class=FailureEvent.LOST_NODE,
+        generation=1,
+        failed_at=h.clock.now - 10,
+        detected_at=h.clock.now - 5,
+    )
+    h.store.put(keys.incident(JOB, incident.id), incident)
+    elastic_state(
+        h,
+        ["node-0", "node-3", "node-2"],
+        stage=S.RESTARTING,
+        generation=1,
+        next_node_index=4,
+        open_incident=incident.id,
+    )
+    h.join("node-0", "node-2", generation=1)  # node-3, node-1's replacement, was never started
+    h.cluster.free = 0
+    h.tick()
+    state = h.state()
+    assert state.slots == ["node-0", "node-2"] and state.roles["trainer"].nodes == 2
+    [stored] = h.incidents()
+    assert stored.resize is not None and (stored.resize.from_replicas, stored.resize.to_replicas) == (3, 2)
+    return h
+
+
+def test_a_shrunk_job_starts_its_next_generation_on_the_nodes_it_kept() -> None:
+    h = shrunk()
+    h.tick()
+    assignment = h.assignment(2)
+    assert assignment is not None and assignment.world_size == 4 and h.state().stage is S.RUNNING
+    assert h.command("node-0") == (2, "run") and h.command("node-3") is None
+
+
+def grown() -> Harness:
+    from stalwart.store.records import SavedCheckpoint
+
+    h = Harness(roles=ELASTIC_ROLES)
+    elastic_state(
+        h,
+        ["node-0", "node-2"],
+        stage=S.RUNNING,
+        generation=2,
+        generation_started_at=h.clock.now - 50,
+        next_node_index=4,
+        standbys=["node-3"],
+        standby_roles={"node-3": "trainer"},
+    )
+    h.join("node-0", "node-2", generation=2)
+    h.run_generation(2, ["node-0", "node-2"])
+    h.join("node-3")  # its machine came back: it registered as the trainer's standby
+    saved = SavedCheckpoint(step=10, committed_at=h.clock.now)
+    h.beat("node-0", 2, [worker(0, at=h.clock.now), worker(1, at=h.clock.now)], checkpoints=[saved])
+    h.tick()
+    state = h.state()
+    assert state.slots == ["node-0", "node-2", "node-3"] and state.roles["trainer"].world_size == 6
+    assert [i.failure_class for i in h.incidents()] == [FailureEvent.ELASTIC_GROW]
+    return h
+
+
 def checks_done() -> Harness:
     h = Harness()
     h.put_state(stage=S.CHECKING, generation=1)
@@ -370,6 +461,8 @@ SCENARIOS: dict[tuple[JobStage | None, Trigger], Callable[..., Harness]] = {
     (S.RUNNING, Trigger.EVICT_REQUESTED): evict_requested,
     (S.RESTARTING, Trigger.GENERATION_STARTED): restarted,
     (S.RESTARTING, Trigger.NODES_NEVER_READY): restarting_never_ready,
+    (S.RESTARTING, Trigger.SHRUNK): shrunk,
+    (S.RUNNING, Trigger.GROW): grown,
     (S.CHECKING, Trigger.CHECKS_DONE): checks_done,
     (S.CHECKING, Trigger.REPLAY_HORIZONTAL_DUE): replay_horizontal_due,
     (S.CHECKING, Trigger.REPLAY_VERTICAL_DUE): replay_vertical_due,
