@@ -337,6 +337,9 @@ class Checkpointer:
             local = planner.create_local_plan()
         job = _SaveJob(step, t0, planner, local, signature, cache is not None, Future())
         owners = self.guard.owners() if self.overlap else {}
+        plain = {
+            fqn: t for fqn, t in planner.state_dict.items() if type(t) is torch.Tensor or type(t) is torch.nn.Parameter
+        }
         self.staging.begin()
         try:
             items = cache.plan.items if cache else local.items if local else []  # cached: mine; else a superset
@@ -344,12 +347,15 @@ class Checkpointer:
                 if item.type == WriteItemType.BYTE_IO:  # a plain value: copied now, serialized behind
                     job.staged[item.index] = snapshot(item.index.fqn, planner.lookup_object(item.index))
                     continue
-                data = planner.resolve_data(item)
+                data = plain.get(item.index.fqn)  # a whole plain tensor is its own write item's data
+                if data is None or (item.index.offset is not None and any(item.index.offset)):
+                    data = planner.resolve_data(item)
                 if isinstance(data, io.BytesIO):
                     job.staged[item.index] = data  # serialized now: a snapshot of the value
                 elif (key := storage_key(data)) is not None and (owner := owners.get(key)) is not None:
                     job.deferred[item.index] = (data, owner)  # copied behind, before that optimizer steps
-                    job.gates.setdefault(owner, Gate())
+                    if owner not in job.gates:
+                        job.gates[owner] = Gate()
                 else:
                     job.staged[item.index] = self.staging.stage(item.index, data)
         except UnsafeObjectError as exc:

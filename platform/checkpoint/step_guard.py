@@ -9,6 +9,7 @@ them. A training loop that takes longer than the copy never waits at all.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -26,12 +27,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) else t
 
 
+@functools.lru_cache(maxsize=64)
+def _device_name(device: torch.device) -> str:
+    return str(device)
+
+
 def storage_key(t: torch.Tensor) -> tuple[str, int] | None:
     """Tensors sharing storage (views, a state dict's entries and the parameters) share this key;
-    None for a tensor without storage of its own (it is then never deferred)."""
-    local = _local(t)
+    None for a tensor without storage of its own (it is then never deferred). Called for every
+    tensor of every save on the training thread: plain tensors take the short way."""
+    local = t if type(t) is torch.Tensor or type(t) is torch.nn.Parameter else _local(t)
     try:
-        return (str(local.device), local.untyped_storage().data_ptr())
+        return (_device_name(local.device), local.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):
         return None
 
