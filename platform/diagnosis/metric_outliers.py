@@ -89,7 +89,7 @@ LOCAL_PHASES = STEP_SCALED - WAIT_INCLUSIVE
 # ... and then a host reading (CPU, memory, GPU) of a node whose own phases are normal is a lead.
 LEAD_WEIGHT = 0.5
 _WORD = {"high": "above", "low": "below", "both": "away from"}
-FULL_RUN_FACTOR = 2  # a metric out for 2 x persist windows in a row counts fully
+FULL_RUN_FACTOR = 2  # a metric out for 2 x persist windows (in runs of persist or more) counts fully
 # Metrics alone name a node at this score: one out for FULL_RUN_FACTOR x persist windows in a row,
 # or two out together. Below it they are a lead, worth acting on only beside another.
 NAMED_SCORE = 0.6
@@ -177,6 +177,20 @@ def _longest_run(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return best, end
 
 
+def _persistent_windows(flags: np.ndarray, persist: int) -> np.ndarray:
+    """Per row: the windows in its runs of at least `persist` in a row, added up. A node out for
+    two persistent runs with a lull between (a starved host the scheduler now and then lets
+    breathe) has been out as long as one out for both in one run."""
+    n, w = flags.shape
+    run = np.zeros(n, dtype=np.int64)
+    total = np.zeros(n, dtype=np.int64)
+    for j in range(w + 1):
+        ends = ~flags[:, j] if j < w else np.ones(n, dtype=bool)
+        total += np.where(ends & (run >= persist), run, 0)
+        run = np.where(ends, 0, run + 1)
+    return total
+
+
 def _step_scale(metrics: Sequence[NodeMetrics], nodes: list[str], cfg: OutlierConfig) -> np.ndarray | None:
     """Per window, the nodes' median step time (None when no node reports one)."""
     win = _windows(_matrix(metrics, STEP_TIME, nodes), cfg)
@@ -207,6 +221,7 @@ def _persistent(
         z, big = _z(win, name, direction, scale)
         flags = (z >= cfg.z_threshold) & big
         run, end = _longest_run(flags)
+        total = _persistent_windows(flags, cfg.persist)
         for i in (int(j) for j in np.flatnonzero(run >= cfg.persist)):
             lo, hi = int(end[i] - run[i]), int(end[i])
             per_unit.setdefault(i, []).append(
@@ -215,7 +230,7 @@ def _persistent(
                     node=nodes[i],
                     rank=units[i].rank,
                     score=round(float(np.mean(z[i, lo:hi])), 2),
-                    windows=int(run[i]),
+                    windows=int(total[i]),
                 )
             )
     return per_unit
@@ -266,7 +281,7 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
         out.node_scores[node] = round(min(0.95, 0.3 + 0.3 * _weight(scores, full_run, bool(local_runs))), 2)
         out.reasons[node] = [
             f"{s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "
-            f"the other nodes for {s.windows} windows in a row"
+            f"the other nodes for {s.windows} windows (runs of {cfg.persist} or more in a row)"
             for s in scores[:4]
         ]
     # A rank out in its own work names its node (the stronger of the node's and its ranks' scores).
@@ -278,7 +293,7 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
         out.node_scores[node] = max(out.node_scores.get(node, 0.0), score)
         out.reasons.setdefault(node, []).extend(
             f"rank {rank}: {s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "
-            f"the other ranks for {s.windows} windows in a row"
+            f"the other ranks for {s.windows} windows (runs of {cfg.persist} or more in a row)"
             for s in scores[:2]
         )
     out.ranking.sort(key=lambda s: (-out.node_scores.get(s.node, 0), -s.score))

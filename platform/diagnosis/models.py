@@ -287,7 +287,7 @@ class MetricScore(_Model):
     node: NodeName
     rank: int | None = None  # the rank on `node` that is out, when ranks were compared
     score: float  # robust z-score in the bad direction, mean over the windows it persisted
-    windows: int = 0  # consecutive windows it was an outlier in
+    windows: int = 0  # windows it was an outlier in, in runs of the persistence or more in a row
 
 
 Action = Literal["evict", "rollback", "fail", "restart", "stop_time_checks", "observe", "none"]

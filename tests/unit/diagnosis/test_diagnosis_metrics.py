@@ -164,3 +164,15 @@ def test_metrics_alone_name_a_node_in_a_slowdown_only_once_they_persist(slow_sam
     assert (verdict.flagged == ["node-2"]) is named, verdict.summary
     if not named:
         assert verdict.failure_class == "none" and "metrics lean towards node-2" in verdict.summary, verdict.summary
+
+
+@pytest.mark.parametrize(("runs", "named"), [((6, 7), True), ((4, 4), False)])
+def test_persistent_runs_with_a_lull_between_add_up(runs: tuple[int, int], named: bool) -> None:
+    """A starved host the scheduler now and then lets breathe: out for a while, back for a few
+    samples, out again. Two runs each past the persistence bar (5 windows; a run of n slow samples
+    sways n windows of 5) count as long as one run of both (6 + 7 windows: named alone); runs each
+    under the bar are jitter, however many."""
+    first, second = runs
+    slow: list[float | None] = [1.0] * 6 + [1.3] * first + [1.0] * 6 + [1.3] * second + [1.0] * 2
+    verdict = diagnose(EvidenceBundle(job="j", kind="slowdown", metrics=fleet(8, len(slow), step_time_s={2: slow})))
+    assert (verdict.flagged == ["node-2"]) is named, verdict.summary
