@@ -86,6 +86,7 @@ def system_run(name: str, steps: int, inject: list[str], busy: bool, slowed: set
         for fault in inject:
             argv += ["--inject", fault]
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        load_at_start = os.getloadavg()[0]
         t0 = time.monotonic()
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=700)
@@ -108,6 +109,7 @@ def system_run(name: str, steps: int, inject: list[str], busy: bool, slowed: set
         "evicted": evicted,
         "false_evictions": _false_evictions(snap["incidents"], slowed or set()),
         "incidents": [i["failure_class"] for i in snap["incidents"]],
+        "load": [round(load_at_start, 1), round(os.getloadavg()[0], 1)],  # 1-min load average, start and end
         # which detector blamed whom: a straggler verdict, the pace's rounds (slowdown), metric outliers...
         "blamed": [
             {
@@ -206,6 +208,7 @@ def main() -> None:
     p.add_argument("--no-anchor", action="store_true")
     p.add_argument("--anchor-kinds", default=",".join(KINDS), help="the anchor's slowdowns (each at 1.2x and 1.5x)")
     p.add_argument("--output", type=Path, default=RESULTS / "bench_stragglers.md")
+    p.add_argument("--note", default="", help="a paragraph for the report's head (how the runs were split, the load)")
     p.add_argument(
         "--report-from",
         type=Path,
@@ -269,6 +272,10 @@ def report_from(args: argparse.Namespace) -> None:
     write_report(args, started, loads, rows, healthy, anchor)
 
 
+def _load(row: dict[str, Any]) -> str:
+    return "-".join(f"{x:g}" for x in row["load"]) if row.get("load") else "not recorded"
+
+
 def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -289,6 +296,7 @@ def write_report(
         f"{platform.python_version()}), a machine shared with other work: {'; '.join(loads)}"
         + (" (before the matrix, after it, after the healthy runs, after the anchor)." if len(loads) > 1 else "."),
         "",
+        *([args.note, ""] if args.note else []),
         "## Slowdowns through the product",
         "",
         "The example job (`examples/pretrain-tiny.yaml`: 2 nodes x 2 gloo workers, a warm standby), the straggler "
@@ -296,8 +304,8 @@ def write_report(
         "Decision: fault to incident; swapped: fault to the hot-swapped generation's first step.",
         "",
         "| slowdown | factor | outcome | node named | ranks blamed | verdict | cause | decision (s) | swapped (s) | "
-        "false evictions |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "false evictions | load (1 min, start-end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -305,7 +313,7 @@ def write_report(
             f"{', '.join(r.get('named') or []) or 'none'} | {r.get('ranks', 'not recorded')} | "
             f"{r.get('verdict') or '-'} | {r.get('cause') or '-'} | "
             f"{_s(r.get('decision'))} | {_s(r.get('swapped'))} | "
-            f"{', '.join(r.get('false_evictions') or []) or 'none'} |"
+            f"{', '.join(r.get('false_evictions') or []) or 'none'} | {_load(r)} |"
         )
     if any("ranks" not in r for r in rows):
         lines += [
@@ -326,6 +334,10 @@ def write_report(
         + (", ".join(f"{h['run']}: {h['incidents']}" for h in healthy if h.get("incidents")) or "none")
         + ". Outcomes: "
         + ", ".join(f"{h.get('phase', h.get('error'))}" for h in healthy)
+        + ".",
+        "",
+        "1-min load average at each run's start and end: "
+        + (", ".join(f"{h['run']} {_load(h)}" for h in healthy) or "none")
         + ".",
         "",
         *[f"- {h['run']}: {b}" for h in healthy for b in h.get("blamed") or []],
