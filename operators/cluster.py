@@ -193,9 +193,16 @@ class KubernetesCluster(Cluster):
                     name=node,
                     alive=phase in _ALIVE_PHASES and not terminating,
                     machine=(pod.get("spec") or {}).get("nodeName"),
+                    unschedulable=phase == "Pending" and not terminating and _unschedulable(pod),
                 )
             )
         return sorted(out, key=lambda n: n.name)
+
+    def free_machines(self) -> int | None:
+        """0 while one of the job's pods waits for a machine the scheduler cannot find (Pending,
+        PodScheduled False, reason Unschedulable): a role with minReplicas then shrinks rather than
+        wait. Otherwise None: the cluster's free capacity is the scheduler's to know."""
+        return 0 if any(n.unschedulable for n in self.list_nodes()) else None
 
     def rendezvous(self, node: str) -> tuple[str, int]:
         """Rank 0's pod IP (its DNS name under the headless Service until it has one)."""
@@ -278,6 +285,13 @@ class KubernetesCluster(Cluster):
 
 def _node_of(pod: Mapping[str, Any]) -> str | None:
     return ((pod.get("metadata") or {}).get("labels") or {}).get(names.NODE_LABEL)
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def _age_key(pod: dict[str, Any]) -> tuple[str, bool]:

@@ -52,8 +52,21 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
             if meta.get(k) is not None
         },
         "spec": {"nodeName": spec.get("nodeName")} if spec.get("nodeName") else {},
-        "status": {k: status[k] for k in ("phase", "podIP") if status.get(k) is not None},
+        "status": {
+            **{k: status[k] for k in ("phase", "podIP") if status.get(k) is not None},
+            # The scheduler's word on a Pending pod (no machine for it: elastic roles shrink).
+            **({"conditions": unscheduled} if (unscheduled := _unscheduled(status)) else {}),
+        },
     }
+
+
+def _unscheduled(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's PodScheduled condition when it says the scheduler could not place it."""
+    return [
+        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+        for c in status.get("conditions") or []
+        if c.get("type") == "PodScheduled" and c.get("status") == "False"
+    ]
 
 
 def _key(pod: Mapping[str, Any]) -> str:

@@ -12,6 +12,8 @@ class NodeInfo(BaseModel):
     alive: bool
     pid: int | None = None
     machine: str | None = None  # the host (Kubernetes node) it runs on, where the cluster knows it
+    # Waiting for a machine the cluster does not have (a Pending pod the scheduler could not place).
+    unschedulable: bool = False
 
 
 class PreflightVerdict(BaseModel):

@@ -6,12 +6,13 @@ at that size, so ranks, detectors, replay and the success check all see the job 
 declared spec (Observation.declared) keeps the size to grow back to.
 
 Shrink (Restarting): a slot node is missing, the cluster did not place it (no live node of that
-name) and says no machine is free. Its elastic role drops to the largest valid size its remaining
-nodes allow (stalwart.spec.elastic: other parallel dimensions kept, so a node holding a TP or PP
-group member takes its whole group out); nodes beyond that size wait as the role's standbys, and
-the missing ones stay asked for as standbys too, started when a machine frees (a Pending pod on
-Kubernetes). The open incident records the resize; the restart goes on with the nodes kept, from
-the last committed checkpoint, resharded on load, the loader continuing at the next sample.
+name, or a Pending pod the scheduler could not place) and says no machine is free. Its elastic role
+drops to the largest valid size its remaining nodes allow (stalwart.spec.elastic: other parallel
+dimensions kept, so a node holding a TP or PP group member takes its whole group out); nodes beyond
+that size wait as the role's standbys, and the missing ones stay asked for as standbys too, started
+when a machine frees (a Pending pod on Kubernetes). The open incident records the resize; the
+restart goes on with the nodes kept, from the last committed checkpoint, resharded on load, the
+loader continuing at the next sample.
 
 Grow (Running): the role runs below replicas, enough of its standbys registered (and passed their
 check, with pre-flight on) for a larger valid size, and a checkpoint was just committed (this tick
@@ -101,7 +102,11 @@ def shrink(plan: Plan, obs: Observation, job: str) -> bool:
     if obs.cluster is None or obs.free_machines is None or obs.free_machines > 0 or state.restarting_roles:
         return False
     cluster = obs.cluster
-    unplaced = {s for s in state.slots if s not in obs.registrations and not (s in cluster and cluster[s].alive)}
+    unplaced = {
+        s
+        for s in state.slots
+        if s not in obs.registrations and (s not in cluster or not cluster[s].alive or cluster[s].unschedulable)
+    }
     if not unplaced or not state.roles:
         return False
     resizes: list[Resize] = []

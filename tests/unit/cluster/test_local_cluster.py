@@ -119,3 +119,36 @@ def test_under_a_machine_limit_a_node_waits_for_a_free_machine_and_a_killed_one_
 
 def test_without_a_machine_limit_the_cluster_has_no_capacity_record(tmp_path: Path) -> None:
     assert cluster(tmp_path).capacity() is None
+
+
+def test_free_machines_counts_what_neither_a_live_node_nor_a_lost_machine_holds(tmp_path: Path) -> None:
+    """What lets an elastic role shrink: 0 once every machine is lost or held by a live node."""
+    c = cluster(tmp_path)
+    assert c.free_machines() is None  # no limit: a replacement always comes
+    c.limit_machines(2)
+    assert c.free_machines() == 2
+    machines = {
+        name: spawn(
+            [sys.executable, "-c", "import sys; sys.stdin.read()", "--node", name],
+            die_with_parent=True,
+            new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+        )
+        for name in ("node-0", "node-1")
+    }
+    try:
+        for name, proc in machines.items():
+            (tmp_path / "nodes" / name).mkdir(parents=True)
+            (tmp_path / "nodes" / name / "agent.pid").write_text(str(proc.pid))
+        assert c.free_machines() == 0
+        c.kill_node("node-1")  # its machine is lost with it, dead pid file or not
+        machines["node-1"].wait()
+        assert c.free_machines() == 0
+        c.restore_machine()
+        assert c.free_machines() == 1
+    finally:
+        for proc in machines.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

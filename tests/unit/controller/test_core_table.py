@@ -705,3 +705,11 @@ def test_a_grown_role_starts_its_next_generation_at_full_size() -> None:
     assignment = started.puts[keys.generation(JOB, 3)]
     assert isinstance(assignment, Assignment) and assignment.world_size == 6
     assert seen.the_state().stage is S.RUNNING
+
+
+def test_a_replacement_pod_the_scheduler_cannot_place_shrinks_the_role_too() -> None:
+    seen = elastic_restart()
+    seen.cluster["node-3"] = NodeInfo(name="node-3", alive=True, unschedulable=True)  # Pending on Kubernetes
+    decision = seen.decide()
+    assert [r.trigger for r in decision.transitions] == [Trigger.SHRUNK]
+    assert seen.the_state().slots == ["node-0", "node-2"]
