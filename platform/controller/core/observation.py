@@ -25,6 +25,25 @@ from stalwart.store.records import (
 
 
 @dataclass(frozen=True)
+class BeatChanges:
+    """The nodes whose heartbeat changed, in arrival order, as a log each reader follows from its own
+    cursor: a detector keeps its own summary per node and redoes only the nodes that changed since it
+    last looked (at 10,000 nodes, a tick's few hundred heartbeats instead of 80,000 worker records).
+    The shell appends to `log` and drops its oldest part now and then (`start` moves on); a cursor
+    from before `start` gets None: everything may have changed."""
+
+    log: Sequence[str]  # node names; log[i] is change number start + i
+    start: int
+    end: int  # the changes this observation covers: [start, end)
+
+    def since(self, cursor: int) -> set[str] | None:
+        """The nodes changed from change number `cursor` to `end` (None: no longer known)."""
+        if not self.start <= cursor <= self.end:
+            return None
+        return set(self.log[cursor - self.start : self.end - self.start])
+
+
+@dataclass(frozen=True)
 class Observation:
     now: float
     state: JobState | None
@@ -44,6 +63,7 @@ class Observation:
     results: Mapping[WorkKey, WorkResult] = field(default_factory=dict)
     in_flight: frozenset[WorkKey] = frozenset()
     etcd_back_at: float | None = None  # when etcd last answered again after this controller lost it
+    beat_changes: BeatChanges | None = None  # None: not known (every node may have changed)
     catalog: Mapping[int, CheckpointEntry] = field(default_factory=dict)  # the job's checkpoint catalog, by step
     incidents: Mapping[str, Incident | None] = field(default_factory=dict)  # read when asked for (None: gone)
     dataplane: DataPlaneHealth | None = None  # the RLHF relay's word on its workers (jobs with a dataPlane)

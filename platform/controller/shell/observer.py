@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 from stalwart.cluster import Cluster
 from stalwart.controller.core.decision import Needs
-from stalwart.controller.core.observation import Observation
+from stalwart.controller.core.observation import BeatChanges, Observation
 from stalwart.controller.core.work import WorkKey, WorkResult
 from stalwart.controller.shell.clock import Clock
 from stalwart.logs import ContextLogger
@@ -75,6 +75,7 @@ from stalwart.store.records import (
 # Stages whose every tick may start, stop or replace nodes: they list the cluster every tick.
 # (Running and Suspended list it once per heartbeat interval, and when the core asks.)
 VECTOR_WINDOW = 120  # heartbeat metric vectors kept per node
+CHANGE_LOG_KEPT = 200_000  # heartbeat changes remembered (a detector further behind redoes every node)
 
 LISTED_EVERY_TICK = frozenset(
     {
@@ -157,6 +158,7 @@ class Observer:
             dataplane=self.store.get(keys.dataplane_health(self.job), DataPlaneHealth)
             if spec.spec.data_plane is not None
             else None,
+            beat_changes=view.beat_changes(),
         )
         interval = spec.spec.fault_tolerance.heartbeat_interval_seconds
         if state is not None and (state.stage in LISTED_EVERY_TICK or now - self._listed_at >= interval):
@@ -227,6 +229,10 @@ class JobView:
         self.commands: dict[str, AgentCommand] = {}
         self.requests: dict[str, OperatorRequest] = {}  # by key
         self.catalog: dict[str, CheckpointEntry] = {}  # by key
+        # The nodes whose heartbeat changed, in order (core.observation.BeatChanges): detectors redo
+        # only those. Its oldest half goes when it grows past CHANGE_LOG_KEPT.
+        self._changes: list[str] = []
+        self._changes_start = 0
 
     def start(self) -> None:
         """Read the prefixes (paged) and watch them; idempotent; raises StoreUnavailable."""
@@ -258,6 +264,7 @@ class JobView:
                 if beat is not None:
                     self.last_beats[node] = beat
                     beats.append(beat)
+                    self._changes.append(node)
             elif leaf == "command":
                 self._apply(self.commands, node, key, raw, AgentCommand)
         for key, raw in self.requests_mirror.take().items():
@@ -265,6 +272,14 @@ class JobView:
         for key, raw in self.checkpoints_mirror.take().items():
             self._apply(self.catalog, key, key, raw, CheckpointEntry)
         return beats
+
+    def beat_changes(self) -> BeatChanges:
+        """The change log as the next observation carries it."""
+        if len(self._changes) > CHANGE_LOG_KEPT:
+            dropped = len(self._changes) // 2
+            self._changes = self._changes[dropped:]  # a new list: past observations keep theirs
+            self._changes_start += dropped
+        return BeatChanges(self._changes, self._changes_start, self._changes_start + len(self._changes))
 
     def _on_node_change(self, key: str, raw: bytes | None) -> None:
         assert self._notice is not None

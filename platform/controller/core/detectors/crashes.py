@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from stalwart.controller.core.decision import Needs
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, LateVerdict, Report, View
+from stalwart.controller.core.detectors.node_digests import FailureWatch
 from stalwart.controller.core.policy import MACHINE_CLASSES, Classified, classify_crash
 from stalwart.controller.core.work import CrashDiagnosis, Diagnosis, WorkKey, WorkResult
 from stalwart.spec.model import FailureEvent
@@ -34,6 +35,7 @@ class Crashes(Detector):
         self._asked: dict[WorkKey, float] = {}  # diagnosis key -> when it was asked for
         self._diagnosed: dict[WorkKey, WorkResult] = {}
         self._unjudged: WorkKey | None = None  # the diagnosis the last crash finding went without
+        self._failures = FailureWatch()  # the workers that exited non-zero, kept per node
 
     def observe(self, view: View) -> Report:
         late = self._late_verdicts(view)
@@ -68,10 +70,10 @@ class Crashes(Detector):
                 self._late[key] = finding.incident
 
     def _crash(self, view: View) -> Report:
-        crashed = view.crashed()
+        crashed = self._failures.crashed(view)
         if not crashed or view.lost():
             return Report()
-        first_exit = view.first_exit() or view.now
+        first_exit = self._failures.first_exit(view) or view.now
         if view.silent_since(first_exit):
             return Report()  # a node not heard from since: lost-nodes decides first
         pairs = [(view.owners[w.rank], w) for w in crashed if w.rank in view.owners]

@@ -6,12 +6,15 @@ looked at again one timeout later before anything restarts; progress in the mean
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.node_digests import NodeDigests
 from stalwart.controller.core.policy import Classified, hang_timeout
 from stalwart.controller.core.work import StackDiagnosis, WorkResult
 from stalwart.spec.model import FailureEvent
+from stalwart.store.records import WorkerStatus
 
 
 @dataclass
@@ -24,6 +27,21 @@ class _Stall:
     judged: WorkResult | None = None
 
 
+@dataclass(frozen=True)
+class _Pace:
+    """A node's running workers, as the hang timeout needs them."""
+
+    running: int
+    last_progress: float | None
+    step_times: tuple[float, ...]
+
+
+def _pace(workers: Sequence[WorkerStatus]) -> _Pace:
+    running = [w for w in workers if w.exit_code is None]
+    progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
+    return _Pace(len(running), max(progress, default=None), tuple(w.step_time for w in running if w.step_time))
+
+
 class Hangs(Detector):
     name = "hangs"
 
@@ -31,17 +49,17 @@ class Hangs(Detector):
         self._stall: _Stall | None = None
         self._captures = 0  # numbers the captures of this generation (their work keys)
         self._quiet_until = 0.0  # after a hang was handled without a restart (an Ignore rule)
+        self._digests: NodeDigests[_Pace] = NodeDigests(_pace)
+        self._whole: tuple[bool, float | None, list[float]] | None = None
 
     def observe(self, view: View) -> Report:
-        running = [w for w in view.workers if w.exit_code is None]
+        running, last_progress, steps = self._pace(view)
         ft = view.spec.fault_tolerance
-        progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
-        if progress:
-            steps = [w.step_time for w in running if w.step_time]
+        if last_progress is not None:
             # A big job's progress is seen up to a progress interval late (not a heartbeat interval):
             # the timeout waits that much longer, so the margin is what it is for a small job.
             timeout = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds) + view.progress_lag
-            since = max(progress)
+            since = last_progress
         else:
             timeout = ft.first_step_timeout_seconds
             since = view.state.generation_started_at or view.state.updated_at
@@ -55,6 +73,20 @@ class Hangs(Detector):
             self._stall = _Stall(since, timeout, view.now, first=self._captures, capture=self._captures)
             self._captures += 1
         return self._follow(view, self._stall)
+
+    def _pace(self, view: View) -> tuple[bool, float | None, list[float]]:
+        """(any worker running, the newest progress of a running one, the running ones' step
+        times), from each node's digest: redone for the nodes whose heartbeat changed."""
+        by_node = self._digests.update(view)
+        if self._digests.changed or self._whole is None:
+            paces = by_node.values()
+            progress = [p for pace in paces if (p := pace.last_progress) is not None]
+            self._whole = (
+                any(pace.running for pace in paces),
+                max(progress) if progress else None,
+                [t for pace in paces for t in pace.step_times],
+            )
+        return self._whole
 
     def _follow(self, view: View, stall: _Stall) -> Report:
         work = StackDiagnosis("hang", view.state.generation, stall.capture)

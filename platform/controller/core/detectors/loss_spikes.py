@@ -5,11 +5,20 @@ classification reads it.)"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.node_digests import NodeDigests
 from stalwart.controller.core.policy import Classified, is_loss_spike
 from stalwart.spec.model import FailureEvent
+from stalwart.store.records import WorkerStatus
 
 LOSS_HISTORY = 20
+
+
+def _first_reporting(workers: Sequence[WorkerStatus]) -> WorkerStatus | None:
+    """A node's lowest rank that reports a loss at a step."""
+    return min((w for w in workers if w.loss is not None and w.step is not None), key=lambda w: w.rank, default=None)
 
 
 class LossSpikes(Detector):
@@ -19,12 +28,17 @@ class LossSpikes(Detector):
         self._losses: list[float] = []  # the reporting rank's loss, one value per change
         self._spike: tuple[int, float] | None = None  # (step, loss) reported and not yet handled
         self._handled_step: int | None = None
+        self._digests: NodeDigests[WorkerStatus | None] = NodeDigests(_first_reporting)
+        self._first: tuple[WorkerStatus | None] | None = None  # the job's, from the nodes' digests
 
     def observe(self, view: View) -> Report:
         # Roles that do not train (rollouts, reward, reference) report no loss: the series is the
         # lowest job-wide rank that does.
-        reporting = [w for w in view.workers if w.loss is not None and w.step is not None]
-        rank0 = min(reporting, key=lambda w: w.rank, default=None)
+        by_node = self._digests.update(view)
+        if self._digests.changed or self._first is None:
+            firsts = (w for n in view.state.slots if (w := by_node.get(n)) is not None)  # a walk's order
+            self._first = (min(firsts, key=lambda w: w.rank, default=None),)
+        rank0 = self._first[0]
         if rank0 is None or rank0.loss is None or rank0.step is None:
             return Report()
         recent = self._losses[-LOSS_HISTORY:]

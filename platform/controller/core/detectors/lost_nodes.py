@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from stalwart.controller.core.decision import Needs
 from stalwart.controller.core.detectors.base import Detector, Failure, Report, View
+from stalwart.controller.core.detectors.node_digests import FailureWatch
 from stalwart.controller.core.policy import Classified, outage_grace
 from stalwart.spec.model import FailureEvent
 
@@ -29,15 +30,16 @@ class LostNodes(Detector):
     def reset(self) -> None:
         self._registered: frozenset[str] | None = None  # slot nodes with a lease at the last look
         self._all_lapsed_at: float | None = None  # when every slot's lease lapsed together
+        self._failures = FailureWatch()  # crashes and peer-loss symptoms, kept per node
 
     def observe(self, view: View) -> Report:
         ft = view.spec.fault_tolerance
         lapsed = f"node lease lapsed (no heartbeat for {ft.lease_ttl_seconds}s)"
         why: dict[str, str] = dict.fromkeys(view.lost() if not self._etcd_may_explain(view) else [], lapsed)
         fence: dict[str, tuple[int, str]] = {}
-        first_exit = view.first_exit()
+        first_exit = self._failures.first_exit(view)
         silent = view.silent_since(first_exit) if first_exit is not None and not why else []
-        needs = Needs(cluster=bool(silent) or view.peer_trouble())
+        needs = Needs(cluster=bool(silent) or self._failures.peer_trouble(view))
         if needs.cluster and view.cluster is None:
             return Report(needs=needs)
         registered = view.registrations
