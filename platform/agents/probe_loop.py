@@ -18,6 +18,7 @@ from stalwart.health.host import HostReadings, read_host
 from stalwart.health.network import NetReadings, error_deltas, read_net_sysfs
 from stalwart.health.node_expectations import NodeExpectations
 from stalwart.health.probes import Probe, node_probes, run_probes
+from stalwart.health.recorded import recorded_outputs
 from stalwart.health.records import ProbeResult
 
 INTERVAL_ENV = "STALWART_PROBE_INTERVAL"
@@ -37,6 +38,7 @@ class ProbeLoop:
         self.expected = expected or NodeExpectations()
         self.started_at = started_at if started_at is not None else time.time()
         self.sysfs_root = sysfs_root
+        self.recorded = recorded_outputs(metrics.node)  # recorded outputs for this node's readers, if named
         self.probes = self._probes()
         self.results: list[ProbeResult] = []
         self.host: HostReadings | None = None
@@ -65,7 +67,7 @@ class ProbeLoop:
             self._stop.wait(self.interval)
 
     def _probes(self) -> list[Probe]:
-        return node_probes(self.expected, self.started_at, self.sysfs_root)
+        return node_probes(self.expected, self.started_at, self.sysfs_root, self.recorded)
 
     def expect(self, expected: NodeExpectations) -> None:
         """Judge the node by `expected` from the next round on (its role's, once it has one)."""

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -18,7 +17,8 @@ from stalwart.cluster.agent_zygote import AgentZygote, ForkRequest
 from stalwart.cluster.base import Cluster, NodeInfo, PreflightVerdict
 from stalwart.logs import get_logger
 from stalwart.net import free_port
-from stalwart.processes import ChildProcess, kill_session, signal_session, spawn, wait_for
+from stalwart.processes import kill_session, signal_session, spawn, wait_for
+from stalwart.store.client import Store
 from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV
 
 PREFLIGHT_FAULTS_ENV = "STALWART_PREFLIGHT_FAULTS"
@@ -51,6 +51,7 @@ class LocalCluster(Cluster):
         self.job_dir = job_dir
         self.zygote = AgentZygote(workdir / "agent-zygote.log", agent_env)
         self._pending: set[str] = set()  # nodes asked for while no machine was free (logged once)
+        self._store: Store | None = None  # the pre-flight's, opened when first asked for
         self.log = get_logger("stalwart.cluster", job=job)
 
     def _node_dir(self, name: str) -> Path:
@@ -162,6 +163,9 @@ class LocalCluster(Cluster):
         env = agent_env()
         env.update(faults.get("*", {}))  # "*": every node, standbys included
         env.update(faults.get(name, {}))
+        # Pre-flight faults (tests, demos): {"node-1": {"STALWART_FAULT_CORRUPT_COMPUTE": "1"}}, for
+        # the check ranks the agent starts (they inherit its environment).
+        env.update(json.loads(os.environ.get(PREFLIGHT_FAULTS_ENV, "{}")).get(name, {}))
         log_path = node_dir / "agent.log"
         pid = self.zygote.start_agent(ForkRequest(args=argv[3:], env=env, log=str(log_path)))
         if pid is None:
@@ -219,52 +223,24 @@ class LocalCluster(Cluster):
         return "127.0.0.1", free_port()
 
     def preflight(self, nodes: list[str], procs_per_node: int) -> list[PreflightVerdict]:
-        """The checks run as real processes, `procs_per_node` per node, gloo on loopback."""
-        from stalwart.health.collective_runner import cpu_reference, run_collective_check
+        """The checks as on a cluster (stalwart.cluster.agent_checks): each node's agent runs its
+        probes and its `procs_per_node` check ranks (gloo on loopback), so a node whose probes find
+        a machine fault (a GPU missing, a required NIC down) is refused before it gets ranks."""
+        from stalwart.cluster.agent_checks import checks_through_agents
 
-        # Injected faults (tests, demos): {"node-1": {"STALWART_FAULT_CORRUPT_COMPUTE": "1"}}.
-        faults: dict[str, dict[str, str]] = json.loads(os.environ.get(PREFLIGHT_FAULTS_ENV, "{}"))
-        rank_env = {
-            i * procs_per_node + local: faults[name]
-            for i, name in enumerate(nodes)
-            if name in faults
-            for local in range(procs_per_node)
-        }
-        report = run_collective_check(
-            self.workdir / "preflight" / time.strftime("%H%M%S"),
-            nodes=len(nodes),
-            procs_per_node=procs_per_node,
-            timeout=120.0,
-            collective_timeout=10.0,
-            rank_env=rank_env,
-            backend="gloo",
-            reference=cpu_reference,  # CPU processes here: this one knows the answer
-            start=self._start_check_rank,
-        )
-        verdicts = {v.node: v for v in report.nodes}
-        return [
-            PreflightVerdict(
-                node=name,
-                passed=verdicts[i].passed if i in verdicts else False,
-                reasons=verdicts[i].reasons if i in verdicts else ["no report"],
-            )
-            for i, name in enumerate(nodes)
-        ]
-
-    def _start_check_rank(self, env: dict[str, str], log: Path) -> ChildProcess:
-        """Forked by the agent zygote, which has imported torch (a cold rank spends 2.5 CPU-seconds
-        importing it), or cold where it cannot."""
-        from stalwart.health.collective_runner import WORKER_ENTRY, start_cold
-
-        return self.zygote.start_entry(WORKER_ENTRY, env, log) or start_cold(env, log)
+        if self._store is None:
+            self._store = Store(self.etcd_endpoint)
+        return checks_through_agents(self._store, self.job, nodes, procs_per_node, self.log, backend="gloo")
 
     def stop_all(self) -> None:
         for info in self.list_nodes():
             self.stop_node(info.name)
 
     def close(self) -> None:
-        """Ends the agent zygote (its check ranks with it); the agents it forked live on."""
+        """Ends the agent zygote; the agents it forked live on."""
         self.zygote.close()
+        if self._store is not None:
+            self._store.close()
 
 
 def agent_env() -> dict[str, str]:

@@ -101,6 +101,7 @@ def on_stop_time_checks(plan: Plan, obs: Observation, result: WorkResult, job: s
     unexplained failure counts towards a dual-phase replay."""
     state = plan.state
     failed = [v for v in result.verdicts if not v.passed] if result.error is None else []
+    unexplained = _count_unexplained(plan, obs.spec.spec, explained=bool(failed))
     incident = obs.incident.model_copy(deep=True) if obs.incident is not None else None
     if incident is not None:
         if result.error is not None:
@@ -110,9 +111,15 @@ def on_stop_time_checks(plan: Plan, obs: Observation, result: WorkResult, job: s
             incident.suspects = sorted(set(incident.suspects) | {v.node for v in failed})
             evict(plan, [v.node for v in failed], incident, obs.registrations, obs.spec.spec)
             incident.action += f"; stop-time checks evicted {', '.join(v.node for v in failed)}"
+        elif result.error is None:  # the record of what ran, and what it counts for
+            replay_after = obs.spec.spec.failure_policy.replay_after
+            incident.evidence.append(
+                f"stop-time checks passed on {', '.join(v.node for v in result.verdicts) or 'no node'}: "
+                f"unexplained failure {unexplained}"
+                + (f" of the {replay_after} that start a dual-phase replay" if replay_after else "")
+            )
         plan.put(keys.incident(job, incident.id), incident)
     plan.log("info", "stop-time checks done", failed=[v.node for v in failed], error=result.error)
-    _count_unexplained(plan, obs.spec.spec, explained=bool(failed))
     if state.replay is None:
         plan.enter(Trigger.CHECKS_DONE)
     elif all(g.outcome is not None for g in state.replay.groups(JobStage.REPLAY_HORIZONTAL)):
@@ -121,7 +128,7 @@ def on_stop_time_checks(plan: Plan, obs: Observation, result: WorkResult, job: s
         plan.enter(Trigger.REPLAY_HORIZONTAL_DUE)
 
 
-def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> None:
+def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> int:
     """A failure the checks cannot explain counts towards a replay; one that recurs within the hour
     counts on top of the last (a job that ran well for longer starts the count again). A multi-role
     job's failure that stays in one role counts in that role's books, and replays that role alone."""
@@ -130,15 +137,15 @@ def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> No
     books: JobState | RoleState = state.roles[role] if role is not None else state
     if explained:
         books.unexplained_failures = 0
-        return
+        return 0
     ran = plan.now - (books.generation_started_at or plan.now)
     books.unexplained_failures = 1 if ran > REPLAY_RECENT_SECONDS else books.unexplained_failures + 1
     if not policy.replay_after or books.unexplained_failures < policy.replay_after:
-        return
+        return books.unexplained_failures
     why_not = replayable(spec, state.slots, role)
     if why_not:
         plan.log("warning", "failures keep coming with nothing to blame, and the job cannot be replayed", why=why_not)
-        return
+        return books.unexplained_failures
     state.replay = plan_phases(spec, state.slots, role)
     plan.log(
         "warning",
@@ -147,3 +154,4 @@ def _count_unexplained(plan: Plan, spec: TrainingJobSpec, explained: bool) -> No
         vertical=[g.nodes for g in state.replay.vertical],
         **({"role": role} if role else {}),
     )
+    return books.unexplained_failures
