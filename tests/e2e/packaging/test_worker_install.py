@@ -19,7 +19,7 @@ from support.paths import REPO
 
 pytestmark = pytest.mark.e2e
 
-PROBE = REPO / "tests" / "unit" / "packaging" / "probe_worker_side.py"
+PROBE = Path(__file__).with_name("probe_worker_side.py")
 SCRIPT = Path(__file__).with_name("report_steps.py")
 UV = Path(sys.executable).with_name("uv")
 STEPS = 5
