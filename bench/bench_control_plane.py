@@ -344,6 +344,9 @@ class SizeRun:
                 f"controller view start {phase['controller_view_start'].get('wall_s')}s, "
                 f"tick (observe + decide) {phase['tick_observe_decide'].get('wall_s')}s "
                 f"in {phase['tick_observe_decide'].get('etcd_calls')} etcd calls; "
+                f"tick after {phase.get('tick_after_beats', {}).get('beats_per_tick')} heartbeats "
+                f"{phase.get('tick_after_beats', {}).get('wall_s')}s "
+                f"({phase.get('tick_after_beats', {}).get('cpu_s')}s of CPU); "
                 f"eviction of {phase['eviction_commit'].get('evicted')} nodes "
                 f"{'ok' if phase['eviction_commit']['ok'] else 'FAILS'}; "
                 f"stack collection {'ok' if phase['stack_collection']['ok'] else 'FAILS'} "
@@ -771,7 +774,7 @@ def load_of(size: dict[str, Any]) -> float | None:
     """The highest 1-minute load average recorded while this size's figures were measured."""
     p = size["phases"]
     seen = [p.get("steady", {}).get("load_before"), p.get("steady", {}).get("load_after")]
-    seen += [p.get(phase, {}).get("load") for phase in ("startup", "kill", "recovery", "hang")]
+    seen += [p.get(phase, {}).get("load") for phase in ("read_probe", "startup", "kill", "recovery", "hang")]
     values = [x[0] for x in seen if x]
     return max(values) if values else None
 
@@ -882,8 +885,9 @@ def render(doc: dict[str, Any]) -> str:
     probe_rows = [
         "| label | nodes | nodes prefix MB | read_nodes (each tick) | per-slot command checks s (each tick) "
         "| keys-only listing s | `stalwart jobs` | generation commit | stack collection MB | hang topology "
-        "| controller view start | tick: observe + decide (etcd calls) | eviction of 300 | stack collection |",
-        "|---|---:|---:|---|---:|---:|---|---|---:|---|---|---|---|---|",
+        "| controller view start | tick: observe + decide (etcd calls) | tick after a tick's heartbeats (CPU s) "
+        "| eviction of 300 | stack collection |",
+        "|---|---:|---:|---|---:|---:|---|---|---:|---|---|---|---|---|---|",
     ]
     for label, run in doc["runs"].items():
         for size in run["sizes"]:
@@ -920,6 +924,12 @@ def render(doc: dict[str, Any]) -> str:
                     + (
                         f"| {ok(rp['tick_observe_decide'])} ({rp['tick_observe_decide'].get('etcd_calls', '-')}) "
                         if "tick_observe_decide" in rp
+                        else "| - "
+                    )
+                    + (
+                        f"| {ok(rp['tick_after_beats'])} after {rp['tick_after_beats']['beats_per_tick']} "
+                        f"({_f(rp['tick_after_beats'].get('cpu_s'), 3)}) "
+                        if "tick_after_beats" in rp
                         else "| - "
                     )
                     + f"| {ok(rp['eviction_commit']) if 'eviction_commit' in rp else '-'} "

@@ -15,6 +15,7 @@ command with a Range each tick: `command_check_per_slot` times that, for compari
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -29,11 +30,13 @@ from stalwart.controller.core.ranks import assign
 from stalwart.controller.core.reconcile import ReconcileCore
 from stalwart.controller.shell.clock import SystemClock
 from stalwart.controller.shell.diagnosis import collect_stacks
-from stalwart.controller.shell.loop import commit_chunks
+from stalwart.controller.shell.loop import IDLE_TICK_SECONDS, commit_chunks
 from stalwart.controller.shell.observer import Observer
 from stalwart.logs import get_logger
+from stalwart.processes import wait_for
 from stalwart.spec import TrainingJob
 from stalwart.store import Store, keys
+from stalwart.store.heartbeat_budget import job_progress_interval
 from stalwart.store.nodes import read_nodes
 from stalwart.store.records import (
     AgentAction,
@@ -114,6 +117,49 @@ def _timed(fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
     if isinstance(value, dict):
         out.update(value)
     return out
+
+
+def _tick_after_beats(
+    store: Store, job: TrainingJob, state: JobState, observer: Observer, tick: Callable[[], Any], repeats: int
+) -> dict[str, Any]:
+    """A running job's tick: the heartbeats that arrive between two idle ticks (nodes x the idle
+    tick over the progress interval: a quarter of the nodes at 1,000, 1/40 at 10,000) are written
+    and reach the controller's view first, then one observation and decision is timed. What the
+    detectors' digests save shows here: only those nodes are looked at again."""
+    name, procs = job.metadata.name, job.spec.roles[0].processes_per_node
+    per_tick = max(1, math.ceil(len(state.slots) * IDLE_TICK_SECONDS / job_progress_interval(job.spec)))
+    walls: list[float] = []
+    cpus: list[float] = []
+    cursor = 0
+    for _ in range(repeats):
+        now = time.time()
+        batch: dict[str, Any] = {}
+        for _ in range(per_tick):
+            i, cursor = cursor, (cursor + 1) % len(state.slots)
+            workers = running_workers(i * procs, procs, now - 120, state.slots[i])
+            advance_workers(workers, now - 120, now, first_step_after=1.0, step_time=1.0, checkpoint_interval=100)
+            batch[keys.node_heartbeat(name, state.slots[i])] = heartbeat_record(
+                state.slots[i], state.generation, workers, now
+            )
+            if len(batch) >= SEED_BATCH:
+                store.commit(batch)
+                batch = {}
+        if batch:
+            store.commit(batch)
+        events = observer.view.nodes.events
+        target = events + per_tick
+        wait_for(lambda target=target: observer.view.nodes.events >= target, timeout=60.0, interval=0.01)
+        w0, c0 = time.perf_counter(), time.process_time()
+        tick()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return {
+        "ok": True,
+        "beats_per_tick": per_tick,
+        "wall_s": round(statistics.median(walls), 4),
+        "cpu_s": round(statistics.median(cpus), 4),
+        "wall_max_s": round(max(walls), 4),
+    }
 
 
 def seed(store: Store, job: TrainingJob, nodes: int, generation: int = 1) -> JobState:
@@ -227,6 +273,7 @@ def probe(store: Store, job: TrainingJob, nodes: int, repeats: int = 3) -> dict[
                 return {"etcd_calls": calls.count}
 
             out["tick_observe_decide"] = _timed(tick, repeats)
+            out["tick_after_beats"] = _tick_after_beats(store, job, state, observer, tick, repeats)
         finally:
             observer.close()
         out["job_state_bytes"] = len(state.dumps())
