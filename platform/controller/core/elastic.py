@@ -82,10 +82,12 @@ def checkpoint_committed(plan: Plan, obs: Observation) -> bool:
     return any(isinstance(r, CheckpointEntry) and r.step > newest for r in plan.puts.values())
 
 
-def _set_role_slots(state: JobState, role: str, slots: list[str]) -> None:
+def _set_role_slots(state: JobState, spec: TrainingJobSpec, role: str, slots: list[str]) -> None:
+    """The role's slots replaced by `slots`; every role's place laid out again (the roles after it move)."""
     record = state.roles[role]
     state.slots = [*state.slots[: record.first_slot], *slots, *state.slots[record.first_slot + record.nodes :]]
     record.nodes = len(slots)
+    relayout(state, spec)
 
 
 def _to_pool(state: JobState, nodes: list[str], role: str) -> None:
@@ -123,12 +125,11 @@ def shrink(plan: Plan, obs: Observation, job: str) -> bool:
             continue
         kept = [s for s in slots if s not in gone][:size]
         leaving = [s for s in slots if s not in kept]
-        _set_role_slots(state, role.name, kept)
+        _set_role_slots(state, declared, role.name, kept)
         _to_pool(state, leaving, role.name)  # asked for again, or waiting: capacity to grow back with
         resizes.append(_resize(role.name, len(slots), size, role.replicas, plan.now))
     if not resizes:
         return False
-    relayout(state, declared)
     capacity = _capacity(state, declared)
     resizes = [r.model_copy(update={"capacity": capacity}) for r in resizes]
     state.resizes = [*state.resizes, *resizes]
@@ -185,11 +186,10 @@ def grow(plan: Plan, obs: Observation, view: View, checkpointed: bool, job: str,
         for node in joining[role.name]:
             state.standbys.remove(node)
             state.standby_roles.pop(node, None)
-        _set_role_slots(state, role.name, [*state.role_slots(role.name), *joining[role.name]])
+        _set_role_slots(state, declared, role.name, [*state.role_slots(role.name), *joining[role.name]])
         resizes.append(_resize(role.name, current, size, role.replicas, plan.now))
     if not resizes:
         return False
-    relayout(state, declared)
     capacity = _capacity(state, declared)
     resizes = [r.model_copy(update={"capacity": capacity}) for r in resizes]
     state.resizes = [*state.resizes, *resizes]

@@ -713,3 +713,24 @@ def test_a_replacement_pod_the_scheduler_cannot_place_shrinks_the_role_too() -> 
     decision = seen.decide()
     assert [r.trigger for r in decision.transitions] == [Trigger.SHRUNK]
     assert seen.the_state().slots == ["node-0", "node-2"]
+
+
+def test_a_shrunk_role_moves_the_roles_after_it() -> None:
+    roles = [*ELASTIC_ROLES, {"name": "reward", "replicas": 1, "processesPerNode": 1, "command": ["python", "r.py"]}]
+    seen = Seen(roles=roles)
+    seen.put_state(
+        stage=S.RESTARTING,
+        generation=1,
+        slots=["node-0", "node-4", "node-2", "node-3"],  # node-1's replacement node-4 was never started
+        next_node_index=5,
+        roles=role_states(seen.spec.spec),
+    )
+    seen.join("node-0", "node-2", "node-3", generation=1)
+    seen.free_machines = 0
+    seen.decide()
+    state = seen.the_state()
+    assert state.role_slots("trainer") == ["node-0", "node-2"] and state.role_slots("reward") == ["node-3"]
+    assert (state.roles["reward"].first_slot, state.roles["reward"].first_rank) == (2, 4)
+    started = seen.decide()
+    assignment = started.puts[keys.generation(JOB, 2)]
+    assert isinstance(assignment, Assignment) and assignment.world_size == 5
