@@ -3,7 +3,8 @@
 
 Each incident gives a Warning with its class, what the controller did and its runbook; then one
 Event per node it evicted, per standby hot-swapped in, for a rollback, and when training resumed.
-Phase changes (Running, Restarting, Suspended, Resumed, Succeeded, Failed) are Events too.
+Phase changes (Running, Restarting, Suspended, Resumed, Succeeded, Failed) are Events too, and so is
+the outcome of a suspension's checkpoint first (CheckpointedBeforeSuspend, or SuspendCheckpointMissed).
 
 No Event is posted twice, even across operator restarts and after Kubernetes expired the old
 ones (an hour by default): each has a name derived from the job's uid and what it reports (a
@@ -22,7 +23,7 @@ from stalwart.runbooks import runbook_for_incident
 from stalwart.spec import FailureAction
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import Incident, JobState
+from stalwart.store.records import Incident, JobStage, JobState
 from stalwart_operator import names
 from stalwart_operator.status import TrainingJobPhase, rfc3339
 
@@ -48,6 +49,7 @@ class PostedEvents(BaseModel):
 
     incidents: list[str] = []  # detection Events posted (the incident, evictions, hot-swaps, rollback)
     recovered: list[str] = []  # "training resumed" Events posted
+    suspension_saves: list[float] = []  # suspensions (their start) whose checkpoint first was reported
 
 
 def _runbook(incident: Incident) -> str:
@@ -153,6 +155,39 @@ def phase_event(before: str | None, after: TrainingJobPhase, state: JobState | N
     )
 
 
+def suspension_save_event(state: JobState | None, posted: PostedEvents) -> tuple[JobEvent | None, PostedEvents]:
+    """The outcome of the newest suspension's checkpoint first, once it is known: Normal when the
+    workers committed the step asked for, Warning when the grace period passed without it."""
+    if state is None or not state.suspensions or state.stage is JobStage.SAVING:
+        return None, posted
+    suspension = state.suspensions[-1]
+    if suspension.save_step is None or suspension.started_at in posted.suspension_saves:
+        return None, posted
+    if suspension.saved_step is not None:
+        event = JobEvent(
+            key=f"suspend-save/{suspension.started_at}",
+            type="Normal",
+            reason="CheckpointedBeforeSuspend",
+            message=f"the workers committed a checkpoint at step {suspension.saved_step} (asked for step "
+            f"{suspension.save_step}) before they stopped; the job resumes from it",
+            action="Checkpoint",
+            at=suspension.started_at,
+        )
+    else:
+        event = JobEvent(
+            key=f"suspend-save/{suspension.started_at}",
+            type="Warning",
+            reason="SuspendCheckpointMissed",
+            message=f"no checkpoint at step {suspension.save_step} was committed within "
+            "checkpoint.saveBeforeSuspendSeconds: the workers were stopped anyway and the job resumes from its "
+            "newest earlier checkpoint (does the script save when worker_sdk.checkpoint_requested says so?)",
+            action="Suspend",
+            at=suspension.started_at,
+        )
+    kept = [*posted.suspension_saves, suspension.started_at][-REMEMBERED_INCIDENTS:]
+    return event, posted.model_copy(update={"suspension_saves": kept})
+
+
 def pending_events(incidents: list[Incident], posted: PostedEvents) -> tuple[list[JobEvent], PostedEvents]:
     """The incident Events not reported yet, oldest first, and the record once they are."""
     newest = sorted(incidents, key=lambda i: (i.detected_at, i.id))[-REMEMBERED_INCIDENTS:]
@@ -170,6 +205,7 @@ def pending_events(incidents: list[Incident], posted: PostedEvents) -> tuple[lis
     return out, PostedEvents(
         incidents=sorted(seen & kept),
         recovered=sorted(recovered & kept),
+        suspension_saves=posted.suspension_saves,
     )
 
 

@@ -337,6 +337,9 @@ class Runtime:
         job_id = names.job_id(namespace, job.name)
         posted = recorder.load_posted(self.store, job_id)
         events, after = recorder.pending_events(observed.incidents, posted)
+        saved, after = recorder.suspension_save_event(observed.state, after)
+        if saved is not None:
+            events.append(saved)
         change = recorder.phase_event(before_phase, observed.status.phase, observed.state, time.time())
         if change is not None:
             events.append(change)

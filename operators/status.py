@@ -21,7 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from stalwart.controller.core.ettr import compute_ettr
 from stalwart.runbooks import runbook_for_incident
-from stalwart.store.records import Incident, JobStage, JobState, OperatorRequest, RoleState
+from stalwart.store.records import Incident, JobPhase, JobStage, JobState, OperatorRequest, RoleState
 
 
 class StatusModel(BaseModel):
@@ -57,6 +57,8 @@ Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-tim
 MAX_LISTED_NODES = 50
 MAX_LISTED_EVICTED = 50
 MAX_LISTED_REQUESTS = 16
+RECENT_INCIDENTS = 10  # the newest incidents in the status (`kubectl stalwart incidents`); all: with etcd
+MAX_SUSPECTS = 8
 RESULT_LIMIT = 8192
 
 
@@ -187,6 +189,20 @@ class IncidentSummary(StatusModel):
     at: Annotated[Timestamp, Field(description="When it failed.")]
     node: Annotated[str | None, Field(max_length=63, description="The node it happened on, if one.")] = None
     runbook: Annotated[str | None, Field(max_length=128, description="Its runbook: stalwart runbook show NAME.")] = None
+    generation: Annotated[int | None, Field(ge=0, description="The generation that failed.")] = None
+    rank: Annotated[int | None, Field(description="The rank it happened on, if one.")] = None
+    exit_code: Annotated[int | None, Field(description="The worker's exit code, if one exited.")] = None
+    policy_action: Annotated[
+        str | None, Field(max_length=32, description="The failure policy's action: Restart, Evict, Rollback, Fail.")
+    ] = None
+    suspects: Annotated[
+        list[str], Field(max_length=MAX_SUSPECTS, description=f"The nodes suspected, at most {MAX_SUSPECTS}.")
+    ] = []
+    detect_seconds: Annotated[float | None, Field(ge=0, description="From the failure to its detection.")] = None
+    downtime_seconds: Annotated[
+        float | None, Field(ge=0, description="From the failure to the first step after it (once recovered).")
+    ] = None
+    recovered: Annotated[bool | None, Field(description="Whether training stepped again since.")] = None
 
 
 class RequestState(StatusModel):
@@ -287,6 +303,18 @@ class TrainingJobStatus(StatusModel):
     ] = []
     evicted_count: Annotated[int, Field(ge=0, description="Nodes evicted for a fault, in all.")] = 0
     last_incident: Annotated[IncidentSummary | None, Field(description="The newest incident.")] = None
+    recent_incidents: Annotated[
+        list[IncidentSummary],
+        Field(
+            max_length=RECENT_INCIDENTS,
+            description=f"The newest {RECENT_INCIDENTS} incidents, oldest first (`kubectl stalwart incidents JOB`; "
+            "every one: `stalwart incidents` with etcd).",
+        ),
+    ] = []
+    incident_count: Annotated[int, Field(ge=0, description="Incidents recorded, in all.")] = 0
+    tokens_per_second: Annotated[
+        float | None, Field(ge=0, description="Training throughput at currentStep, while Running.")
+    ] = None
     start_time: Annotated[Timestamp | None, Field(description="When the first generation started.")] = None
     completion_time: Annotated[Timestamp | None, Field(description="When the job finished.")] = None
     requests: Annotated[
@@ -395,6 +423,11 @@ def _wanted_conditions(
         message = "spec.suspend is true: pods stopped, state and checkpoints kept"
         out[ConditionType.RUNNING] = (False, "Suspended", message)
         out[ConditionType.SUSPENDED] = (True, "Suspended", message)
+    elif phase is TrainingJobPhase.SUSPENDED and state is not None and state.stage is JobStage.SAVING:
+        step = state.suspensions[-1].save_step if state.suspensions else None
+        message = f"spec.suspend is true: the workers checkpoint at step {step} first, then stop, then the pods"
+        out[ConditionType.RUNNING] = (False, "Checkpointing", message)
+        out[ConditionType.SUSPENDED] = (False, "Checkpointing", message)
     elif phase is TrainingJobPhase.SUSPENDED:
         message = "spec.suspend is true: the controller is stopping the workers, then the pods"
         out[ConditionType.RUNNING] = (False, "Suspending", message)
@@ -448,6 +481,14 @@ def summarize_incident(incident: Incident) -> IncidentSummary:
         at=rfc3339(incident.failed_at) or "",
         node=incident.node,
         runbook=runbook_for_incident(incident),
+        generation=incident.generation,
+        rank=incident.rank,
+        exit_code=incident.exit_code,
+        policy_action=incident.policy_action.value if incident.policy_action else None,
+        suspects=[s[:253] for s in incident.suspects[:MAX_SUSPECTS]],
+        detect_seconds=max(0.0, incident.detected_at - incident.failed_at),
+        downtime_seconds=incident.downtime,
+        recovered=incident.recovered,
     )
 
 
@@ -514,11 +555,14 @@ def build_status(
         now,
         observed_generation,
     )
+    recent = sorted(incidents, key=lambda i: (i.detected_at, i.id))[-RECENT_INCIDENTS:]
     status = TrainingJobStatus(
         phase=phase,
         conditions=conditions,
         job_id=job_id,
         last_incident=last,
+        recent_incidents=[summarize_incident(i) for i in recent],
+        incident_count=len(incidents),
         observed_generation=observed_generation,
         requests=request_states(requests or []),
     )
@@ -582,6 +626,11 @@ def build_status(
             "current_generation": state.generation,
             "current_step": state.last_step,
             "loss": state.last_loss,
+            "tokens_per_second": (
+                round(state.last_tokens_per_second, 1)
+                if state.last_tokens_per_second is not None and state.phase is JobPhase.RUNNING
+                else None
+            ),
             "ettr": None if ettr is None else round(min(1.0, max(0.0, ettr)), 4),
             "restarts": Restarts(
                 total=state.restarts + state.infra_restarts, infrastructure=state.infra_restarts, counted=state.restarts

@@ -71,6 +71,9 @@ CHECKPOINT_KEEP = "STALWART_CHECKPOINT_KEEP"
 CHECKPOINT_MEMORY_URI = "STALWART_CHECKPOINT_MEMORY_URI"  # this node's memory store, its peer, the others
 CHECKPOINT_TOKEN = "STALWART_CHECKPOINT_TOKEN"  # the memory stores' per-job token (never in a URI)
 RESUME_MAX_STEP = "STALWART_RESUME_MAX_STEP"  # a rollback: load no checkpoint newer than this
+# A file the agent writes when the controller asks every rank to checkpoint (JSON: id, step, reason):
+# worker_sdk.checkpoint_requested(step) reads it.
+CHECKPOINT_REQUEST = "STALWART_CHECKPOINT_REQUEST"
 
 # -- data ------------------------------------------------------------------------------------------------
 DATA_CONFIG = "STALWART_DATA_CONFIG"  # the loader's DataConfig, as JSON
@@ -111,6 +114,7 @@ STALWART = (
     CHECKPOINT_MEMORY_URI,
     CHECKPOINT_TOKEN,
     RESUME_MAX_STEP,
+    CHECKPOINT_REQUEST,
     DATA_CONFIG,
     DATA_MICRO_BATCH,
     DATA_ACCUMULATION,

@@ -27,6 +27,7 @@ from pathlib import Path
 from stalwart import worker_contract as contract
 from stalwart.agents.agent_state import AgentState, check_transition
 from stalwart.agents.check_duty import CheckDuty
+from stalwart.agents.checkpoint_requests import CheckpointRequests
 from stalwart.agents.checkpoint_token import CheckpointToken
 from stalwart.agents.data_plane import DataPlane, DataPlaneError, memory_peer, memory_uri
 from stalwart.agents.launcher import NodeServices, WorkerLauncher, generation_spec
@@ -152,6 +153,7 @@ class NodeAgent:
             lambda: self.history.as_records(self.generation),
             wake=self._wake.set,
         )
+        self.checkpoint_requests = CheckpointRequests(store, job, self.node_dir, self.log, wake=self._wake.set)
         self.checks = CheckDuty(
             store,
             job,
@@ -228,6 +230,7 @@ class NodeAgent:
         self.store.watch_prefix(keys.node_command(self.job_name, self.node), self._on_command)
         self.reports.watch()
         self.checks.watch()
+        self.checkpoint_requests.watch()
         self.log.info("registered", fields={"lease": f"{lease.id:x}"})
         self.lease_keeper.start()
         memory = self.data_plane.memory_port
@@ -294,6 +297,7 @@ class NodeAgent:
         dirty |= self._apply_commands()
         self.reports.serve()
         self.checks.serve()
+        self.checkpoint_requests.serve()
         if self.group is not None:
             # Exits first, then the reports: whatever a worker sent before it exited (its last step,
             # its final checkpoint) is then in the same heartbeat as its exit.
@@ -401,6 +405,7 @@ class NodeAgent:
             checkpoint_uri=checkpoint_uri,
             memory_uri=memory,
             checkpoint_token=self.checkpoint_token.get() if memory else None,
+            checkpoint_request=str(self.checkpoint_requests.path),
             shadow_segment=self.data_plane.shadow_segment,
             data_config=self.data_plane.data_config_json,
             etcd=self.store.endpoint,

@@ -32,6 +32,7 @@ class NodeServices:
     checkpoint_uri: str  # the job's checkpoint location, made absolute
     memory_uri: str | None = None  # this node's memory store, its peer and the others (mem://...)
     checkpoint_token: str | None = None  # what the memory stores ask of their callers
+    checkpoint_request: str | None = None  # the file the agent writes the controller's CheckpointRequest to
     shadow_segment: str | None = None  # the node's shadow data loader
     data_config: str | None = None  # the loader's DataConfig as JSON (with absolute shard paths)
     etcd: str | None = None  # HOST:PORT of the job's etcd (RLHF roles find the data plane there)
@@ -163,6 +164,8 @@ def worker_env(
                 env[contract.CHECKPOINT_TOKEN] = services.checkpoint_token
         if assignment.resume_max_step is not None:
             env[contract.RESUME_MAX_STEP] = str(assignment.resume_max_step)
+        if services.checkpoint_request is not None:
+            env[contract.CHECKPOINT_REQUEST] = services.checkpoint_request
         if services.shadow_segment:
             env[contract.DATALOADER_SHM] = services.shadow_segment
     if node.role_generation is not None:

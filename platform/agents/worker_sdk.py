@@ -42,7 +42,7 @@ from typing import IO, Any, Literal, NamedTuple, Protocol
 
 from stalwart import worker_contract as contract
 from stalwart.agents import fault_hooks
-from stalwart.store.records import CheckpointTiming, PhaseTimes, ProgressReport
+from stalwart.store.records import CheckpointRequest, CheckpointTiming, PhaseTimes, ProgressReport
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 Phase = Literal["data", "compute", "optimizer", "comm"]
@@ -55,6 +55,8 @@ _unsent: dict[str, ProgressReport] = {}  # report kind -> the newest report the 
 FLUSH_SECONDS = 5.0
 _last_report_at: float | None = None
 _saving = False  # a checkpoint save started since the last step report (its staging is in the next step's time)
+_request_read: tuple[tuple[int, int], CheckpointRequest | None] | None = None  # (the file's mtime, size), its request
+_requests_served: set[str] = set()  # the CheckpointRequests this worker has said yes to
 
 
 class Layout(NamedTuple):
@@ -302,10 +304,47 @@ def report_load(step: int, seconds: float, tier: str | None) -> None:
     )
 
 
+def _checkpoint_request() -> CheckpointRequest | None:
+    """The agent's request file, read again only when it changed (one stat per call otherwise)."""
+    global _request_read
+    path = os.environ.get(contract.CHECKPOINT_REQUEST)
+    if not path:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    version = (info.st_mtime_ns, info.st_size)
+    if _request_read is None or _request_read[0] != version:
+        try:
+            request: CheckpointRequest | None = CheckpointRequest.loads(Path(path).read_bytes())
+        except (OSError, ValueError):
+            request = None  # (written whole by rename: unreadable only if someone else wrote it)
+        _request_read = (version, request)
+    return _request_read[1]
+
+
+def checkpoint_requested(step: int) -> bool:
+    """True when the platform asks for a checkpoint at this step: the controller does before it
+    suspends the job (Kueue's preemption, `stalwart suspend`), naming a step just ahead of the fastest
+    rank, so that every rank saves the same step. Call it after each step and save when it says so;
+    it says so once per request (a rank that reads a request only after its step says so at once).
+    PeriodicCheckpoints does this by itself. Outside Stalwart: always False."""
+    request = _checkpoint_request()
+    if request is None or request.id in _requests_served or step < request.step:
+        return False
+    generation = contract.int_var(contract.GENERATION)
+    if generation is not None and generation != request.generation:
+        return False  # asked of another generation's workers
+    _requests_served.add(request.id)
+    return True
+
+
 class PeriodicCheckpoints:
-    """Save every `interval` steps (and at `last_step`) without waiting for the write, and report each
-    save once it is done (report_save), with the data loader's state at that step; a failed save is
-    said on rank 0 and training goes on (the previous checkpoint still stands). Works with any checkpointer
+    """Save every `interval` steps (and at `last_step`, and when the platform asks: checkpoint_requested)
+    without waiting for the write, and report each save once it is done (report_save), with the data
+    loader's state at that step; a failed save is said on rank 0 and training goes on (the previous
+    checkpoint still stands). Works with any checkpointer
     whose `save(state, step)` returns a handle with `done()` and `wait()` (stalwart.checkpoint's does).
     """
 
@@ -318,7 +357,7 @@ class PeriodicCheckpoints:
     def after_step(self, step: int) -> None:
         if self._pending is not None and self._pending.done():
             self._report(self._pending.wait())
-        if step % self.interval == 0 or step == self.last_step:
+        if step % self.interval == 0 or step == self.last_step or checkpoint_requested(step):
             if self._pending is not None:
                 self._report(self._pending.wait())  # one save in flight at a time
             saving_checkpoint()

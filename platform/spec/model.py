@@ -753,6 +753,16 @@ class CheckpointSettings(SpecModel):
     memory_capacity_gib: Annotated[
         float, Field(gt=0, le=4096, description="Host memory each node's checkpoint store may use.")
     ] = 16.0
+    save_before_suspend_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=3600,
+            description="Before a running job suspends (spec.suspend: Kueue's preemption, `stalwart suspend`), "
+            "its workers are asked to checkpoint (worker_sdk.checkpoint_requested) and given this long to "
+            "commit; then they stop whether it came or not (a Warning Event says so). 0: stop at once.",
+        ),
+    ] = 120.0
 
     @field_validator("uri")
     @classmethod

@@ -15,6 +15,8 @@ Agents and the controller talk to each other only through these keys:
     /stalwart/v1/jobs/{job}/stack-request              StackRequest: every agent dumps its workers' stacks
     /stalwart/v1/jobs/{job}/stacks/{request}/{node}    StackReport, written by each agent
     /stalwart/v1/jobs/{job}/log-request                LogRequest: every agent reports its workers' log tails
+    /stalwart/v1/jobs/{job}/checkpoint-request         CheckpointRequest: every agent tells its workers to save
+                                                       at a step (the controller, before a suspension)
     /stalwart/v1/jobs/{job}/logs/{request}/{node}      LogReport, written by each agent
     /stalwart/v1/jobs/{job}/checks/{id}/request        CheckRequest: the collective and compute checks, run by
                                                        the agents of the nodes it names (a cluster whose
@@ -145,6 +147,11 @@ def parse_node_key(job: str, key: str) -> tuple[str, str] | None:
 
 def log_request(job: str) -> str:
     return job_prefix(job) + "log-request"
+
+
+def checkpoint_request(job: str) -> str:
+    """The controller's CheckpointRequest (a suspension's save first); agents pass it to their workers."""
+    return job_prefix(job) + "checkpoint-request"
 
 
 def logs_prefix(job: str, request_id: str) -> str:

@@ -53,6 +53,7 @@ class JobStage(str, Enum):
     CHECKING = "StopTimeChecks"  # Restarting: stop-time checks on the job's nodes
     REPLAY_HORIZONTAL = "ReplayHorizontal"  # Restarting: dual-phase replay, horizontal groups
     REPLAY_VERTICAL = "ReplayVertical"  # Restarting: dual-phase replay, vertical groups
+    SAVING = "SuspendSaving"  # Suspended: the workers save a checkpoint first, still running
     SUSPENDING = "Suspending"  # Suspended: workers and nodes stop, the state stays
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
@@ -75,6 +76,7 @@ _PHASES: dict[JobStage, JobPhase] = {
     JobStage.CHECKING: JobPhase.RESTARTING,
     JobStage.REPLAY_HORIZONTAL: JobPhase.RESTARTING,
     JobStage.REPLAY_VERTICAL: JobPhase.RESTARTING,
+    JobStage.SAVING: JobPhase.SUSPENDED,
     JobStage.SUSPENDING: JobPhase.SUSPENDED,
     JobStage.SUSPENDED: JobPhase.SUSPENDED,
     JobStage.SUCCEEDED: JobPhase.SUCCEEDED,
@@ -128,6 +130,10 @@ class Suspension(BaseModel):
 
     started_at: float
     ended_at: float | None = None
+    # The checkpoint asked of the workers before they stopped (CheckpointRequest): the step they were
+    # to save at, and the step committed for it (None: none came within the grace period).
+    save_step: int | None = None
+    saved_step: int | None = None
 
 
 class Resize(BaseModel):
@@ -295,6 +301,18 @@ class StackRequest(Record):
     """Ask every agent of a job for its workers' stacks now (written by the controller or CLI)."""
 
     id: str
+    requested_at: float
+
+
+class CheckpointRequest(Record):
+    """Ask every worker of a generation to checkpoint at `step` (written by the controller before it
+    suspends a job; agents hand it to their workers: worker_sdk.checkpoint_requested). A rank that
+    reads it only after `step` saves at its next step."""
+
+    id: str
+    generation: int
+    step: int
+    reason: str
     requested_at: float
 
 

@@ -45,14 +45,15 @@ def _merge(entry: CheckpointEntry | None, save: SavedCheckpoint) -> CheckpointEn
             bytes=save.total_bytes,
             generation=save.generation,
         )
-    return entry.model_copy(
-        update={
-            "uri": entry.uri or save.location or "",
-            "committed_at": min(entry.committed_at, save.committed_at) if save.committed_at else entry.committed_at,
-            "tiers": entry.tiers or list(save.tiers),
-            "bytes": max(entry.bytes or 0, save.total_bytes or 0) or None,
-        }
-    )
+    update = {
+        "uri": entry.uri or save.location or "",
+        "committed_at": min(entry.committed_at, save.committed_at) if save.committed_at else entry.committed_at,
+        "tiers": entry.tiers or list(save.tiers),
+        "bytes": max(entry.bytes or 0, save.total_bytes or 0) or None,
+    }
+    if all(getattr(entry, name) == value for name, value in update.items()):
+        return entry  # every node reports the same save: no copy per node per tick (10,000 at 10,000 nodes)
+    return entry.model_copy(update=update)
 
 
 def kept_steps(steps: Iterable[int], keep_last: int, rollback_bound: int | None) -> set[int]:

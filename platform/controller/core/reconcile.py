@@ -61,6 +61,7 @@ class ReconcileCore:
             JobStage.CHECKING: self._checking,
             JobStage.REPLAY_HORIZONTAL: self._replaying,
             JobStage.REPLAY_VERTICAL: self._replaying,
+            JobStage.SAVING: self._saving,
             JobStage.SUSPENDING: self._suspending,
             JobStage.SUSPENDED: self._suspended,
         }
@@ -93,7 +94,7 @@ class ReconcileCore:
 
     def _decide(self, plan: Plan, obs: Observation, view: View, reports: list[tuple[Detector, Report]]) -> Needs | None:
         standbys.apply_standby_checks(plan, view)
-        if suspension.follow(plan, view):
+        if suspension.follow(plan, view, self.job):
             return None
         found = next((f for _, r in reports for f in r.findings if isinstance(f, RequestFinding)), None)
         if found is not None and requests.carry_out(plan, found, view, self.job, self.new_id):
@@ -227,6 +228,11 @@ class ReconcileCore:
         if self._replace_dead_slots(plan, obs) or not all(s in obs.registrations for s in plan.state.slots):
             return None
         return replay.launch_phase(plan, obs, self.job)
+
+    def _saving(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
+        catalog.update(plan, obs.catalog, obs.beats, obs.spec.spec.checkpoint.keep_last, self.job)
+        suspension.saving(plan, view, self.job)
+        return None
 
     def _suspending(self, plan: Plan, obs: Observation, view: View, _: list[tuple[Detector, Report]]) -> Needs | None:
         suspension.stopped(plan, view)

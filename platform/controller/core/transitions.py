@@ -33,7 +33,10 @@ The stages (JobStage; JobPhase, what users see, groups them) and the transitions
                       Running --failure fatal
         suspend:      Starting, Preflight, Running, Restarting, StopTimeChecks, ReplayHorizontal,
                       ReplayVertical --suspend--> Suspending --nodes stopped--> Suspended
-        resume:       Suspended --resumed--> Starting;  Suspending --resumed--> Starting
+                      Running --suspend, checkpoint first--> SuspendSaving --checkpoint committed /
+                      save grace passed--> Suspending
+        resume:       Suspended --resumed--> Starting;  Suspending --resumed--> Starting;
+                      SuspendSaving --resumed--> Running (the generation never stopped)
 
 `TABLE` says when each edge fires, in words; docs/control-plane.md has both.
 """
@@ -65,6 +68,9 @@ class Trigger(str, Enum):
     HORIZONTAL_JUDGED = "horizontal judged"
     REPLAY_CONCLUDED = "replay concluded"
     SUSPEND = "suspend"
+    SUSPEND_SAVING = "suspend, checkpoint first"
+    SAVE_COMMITTED = "checkpoint committed"
+    SAVE_GRACE_PASSED = "save grace passed"
     NODES_STOPPED = "nodes stopped"
     RESUMED = "resumed"
     SHRUNK = "shrunk"
@@ -184,6 +190,26 @@ TABLE: tuple[Row, ...] = (
         Row(stage, Trigger.SUSPEND, S.SUSPENDING, "spec.suspend is true: workers and nodes stop, no incident")
         for stage in ACTIVE
     ),
+    Row(
+        S.RUNNING,
+        Trigger.SUSPEND_SAVING,
+        S.SAVING,
+        "spec.suspend is true, workers are stepping and checkpoint.saveBeforeSuspendSeconds > 0: every rank is "
+        "asked to checkpoint at a step just ahead (CheckpointRequest); the workers keep running",
+    ),
+    Row(
+        S.SAVING,
+        Trigger.SAVE_COMMITTED,
+        S.SUSPENDING,
+        "a node reports the asked-for checkpoint committed: workers and nodes stop, no incident",
+    ),
+    Row(
+        S.SAVING,
+        Trigger.SAVE_GRACE_PASSED,
+        S.SUSPENDING,
+        "no checkpoint committed within saveBeforeSuspendSeconds: workers and nodes stop anyway (a warning)",
+    ),
+    Row(S.SAVING, Trigger.RESUMED, S.RUNNING, "spec.suspend unset before the save committed: the generation goes on"),
     Row(S.SUSPENDING, Trigger.NODES_STOPPED, S.SUSPENDED, "the cluster reports none of the job's nodes alive"),
     Row(S.SUSPENDING, Trigger.RESUMED, S.STARTING, "spec.suspend unset before every node stopped"),
     Row(

@@ -17,7 +17,7 @@ EVICTED_REASON = "evicted by the controller"
 def commands(state: JobState) -> dict[str, tuple[int, AgentAction]]:
     """node -> (generation, action) its agent should hold. Standbys get none: they wait."""
     stage = state.stage
-    if stage is JobStage.RUNNING:
+    if stage in (JobStage.RUNNING, JobStage.SAVING):  # (saving before a suspension: the workers run on)
         return {n: (state.running_generation(n), AgentAction.RUN) for n in state.slots}
     replay = state.replay
     if stage in (JobStage.REPLAY_HORIZONTAL, JobStage.REPLAY_VERTICAL) and replay and replay.generation is not None:

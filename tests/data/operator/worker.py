@@ -2,18 +2,16 @@
 worker SDK, like a real training script, and exits 0 after --steps steps (bounded either way).
 With --checkpoint it keeps a small state where the agent says (STALWART_CHECKPOINT_URI, every
 STALWART_CHECKPOINT_INTERVAL steps, through Stalwart's checkpoint engine), resumes from the newest
-one, and writes the step it resumed from to <--resumed-to>.g<generation> for the test to read.
-With --save-on-sigterm it saves a checkpoint at its current step when SIGTERM comes (its agent
-stopping it: a suspension, a preemption) and exits, as a script does to lose nothing when preempted."""
+one, and writes the step it resumed from to <--resumed-to>.g<generation> for the test to read. It
+also saves when the platform asks (worker_sdk.checkpoint_requested: the controller does before it
+suspends the job), and has no SIGTERM handler of its own: a stopped worker saves nothing."""
 
 import argparse
 import os
-import signal
-import sys
 import time
 from pathlib import Path
 
-from stalwart.agents.worker_sdk import report_step
+from stalwart.agents.worker_sdk import checkpoint_requested, report_save, report_step
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100_000)
@@ -25,11 +23,7 @@ parser.add_argument(
 )
 parser.add_argument("--checkpoint", action="store_true", help="save and resume through the checkpoint engine")
 parser.add_argument("--resumed-to", default=None, help="file prefix: <this>.g<generation> gets the resumed step")
-parser.add_argument("--save-on-sigterm", action="store_true", help="with --checkpoint: save, then exit, on SIGTERM")
 args = parser.parse_args()
-stopping = []
-if args.save_on_sigterm:
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 rank = int(os.environ.get("RANK", "0"))
 generation = os.environ.get("STALWART_GENERATION")
 print(
@@ -60,14 +54,14 @@ for step in range(start + 1, args.steps + 1):
     time.sleep(args.step_seconds)
     if state is not None:
         state["model"]["w"] += 1.0
-        if step % interval == 0:
+        asked = checkpoint_requested(step)
+        if step % interval == 0 or asked:
             result = api.save(state, uri, step, blocking=True).wait()
             assert result.committed, result.error
+            report_save(result)  # the controller's catalog, and its wait for the asked-for save
+            if asked:
+                print(f"checkpoint at step {step}, as the platform asked: committed={result.committed}", flush=True)
     report_step(step, loss=1.0 / step, tokens=128, step_time=args.step_seconds)
-    if stopping and state is not None:
-        result = api.save(state, uri, step, blocking=True).wait()
-        print(f"stopped at step {step}: checkpoint committed={result.committed}", flush=True)
-        sys.exit(143)  # as a process ended by SIGTERM
     trigger = f"{args.crash_when}.g{generation}" if args.crash_when else None
     if rank == 1 and trigger and os.path.exists(trigger):
         print(f"RuntimeError: injected crash at step {step} ({trigger})", flush=True)

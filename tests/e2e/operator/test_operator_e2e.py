@@ -30,6 +30,8 @@ from stalwart.store.credentials import DIAGNOSIS_TOKEN_ENV, new_token
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.records import (
     Assignment,
+    CheckpointEntry,
+    CheckpointRequest,
     Heartbeat,
     Incident,
     JobPhase,
@@ -644,6 +646,105 @@ def test_an_rlhf_job_gets_pods_and_standbys_per_role_and_a_rollout_standby_repla
         assert {e.get("name"): e.get("value") for e in pod["spec"]["containers"][0]["env"]}["WHO"] == "rollout"
 
 
+def test_an_elastic_job_shrinks_when_no_machine_is_free_and_grows_back(world: World) -> None:
+    """minReplicas on Kubernetes: 3 machines of one pod each; a pod fails, its machine is cordoned
+    and its replacement stays Pending (Unschedulable): the job goes on at 2 nodes. A machine for
+    one more pod appears: the Pending pod runs, and the job grows back to 3 at a checkpoint."""
+    from stalwart.spec.model import FailureEvent
+    from stalwart.store.records import Incident
+
+    name = "elastic"
+    job_id = names.job_id(NS, name)
+    nodes = raw(world.core.list_node(_preload_content=False))["items"]
+    busy = {p["spec"].get("nodeName") for p in raw(world.core.list_namespaced_pod(NS, _preload_content=False))["items"]}
+    clean = [n["metadata"]["name"] for n in nodes if not (n.get("spec") or {}).get("taints")]
+    clean = [m for m in clean if m not in busy][:3]
+    assert len(clean) == 3, f"the module's earlier tests left too few clean machines: {clean}"
+    taints = {n["metadata"]["name"]: list((n.get("spec") or {}).get("taints") or []) for n in nodes}
+    full = {"key": "test.stalwart.dev/full", "effect": "NoSchedule"}
+    body = {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "roles": [
+                {
+                    "name": "trainer",
+                    "replicas": 3,
+                    "minReplicas": 2,
+                    "processesPerNode": 1,
+                    "command": ["python", "worker.py", "--checkpoint"],
+                }
+            ],
+            "faultTolerance": {
+                "heartbeatIntervalSeconds": 0.5,
+                "leaseTtlSeconds": 6,
+                "stopGraceSeconds": 1,
+                "preflight": False,
+                "firstStepTimeoutSeconds": 120,
+                "warmWorkers": False,
+            },
+            "standbys": {"count": 0, "minimum": 0},
+            "checkpoint": {"intervalSteps": 5},
+        },
+    }
+    world.kubelet.pods_per_machine = 1
+    try:
+        for machine, had in taints.items():  # the job gets 3 machines: the others are full
+            if machine not in clean:
+                world.core.patch_node(machine, {"spec": {"taints": [*had, full]}}, _preload_content=False)
+        world.custom.create_namespaced_custom_object(
+            names.GROUP, names.VERSION, NS, names.PLURAL, body, _preload_content=False
+        )
+        with world.training(name):
+            world.running(name, standby=False)
+            state = world.state(name)
+            assert state is not None and len(state.slots) == 3
+            victim = state.slots[1]
+            world.core.patch_namespaced_pod_status(
+                names.pod_name(name, victim),
+                NS,
+                {"status": {"phase": "Failed", "reason": "Error", "message": "machine fault injected by the test"}},
+                _preload_content=False,
+            )
+            shrunk = world.wait(
+                "the job running at 2 nodes",
+                lambda: (
+                    (s := world.state(name))
+                    and s.phase is JobPhase.RUNNING
+                    and s.roles["trainer"].nodes == 2
+                    and s.open_incident is None
+                    and s
+                ),
+            )
+            waiting = shrunk.standbys[0]  # the replacement, still asked for: its pod is Pending
+            assert world.pods(name)[waiting]["status"]["phase"] == "Pending"
+            incidents = world.store.get_prefix(keys.incidents_prefix(job_id), Incident)
+            [lost] = [i for i in incidents if i.resize is not None]
+            assert (lost.resize.from_replicas, lost.resize.to_replicas) == (3, 2)  # type: ignore[union-attr]
+            world.kubelet.pods_per_machine = 2  # a machine for one more pod: the Pending pod runs
+            grown = world.wait(
+                "the job grown back to 3 nodes",
+                lambda: (
+                    (s := world.state(name))
+                    and s.phase is JobPhase.RUNNING
+                    and s.roles["trainer"].nodes == 3
+                    and s.generation > shrunk.generation
+                    and s
+                ),
+            )
+            assert waiting in grown.slots
+            incidents = world.store.get_prefix(keys.incidents_prefix(job_id), Incident)
+            [grow] = [i for i in incidents if i.failure_class is FailureEvent.ELASTIC_GROW]
+            assert grow.resize is not None and (grow.resize.from_replicas, grow.resize.to_replicas) == (2, 3)
+            assignment = world.store.get(keys.generation(job_id, grown.generation), Assignment)
+            assert assignment is not None and assignment.world_size == 3
+    finally:
+        world.kubelet.pods_per_machine = None
+        for machine, had in taints.items():
+            world.core.patch_node(machine, {"spec": {"taints": had}}, _preload_content=False)
+
+
 def test_on_call_requests_through_the_kubernetes_api(world: World) -> None:
     """(The job stays for the next test, which deletes it.)"""
     world.submit("delta", replicas=1, standbys=0)
@@ -858,10 +959,12 @@ def test_preflight_on_the_cluster_s3_checkpoints_and_suspend_resume(world: World
 def test_kueue_admits_suspends_and_resumes_a_job_through_its_label(world: World, s3: str) -> None:
     """Kueue's suspend-based admission, driven the way Kueue drives a Job: the job carries only the
     `kueue.x-k8s.io/queue-name` label and is created suspended (no pod, no generation); unsetting
-    spec.suspend (admission) starts it; setting it again (preemption) stops the workers, which
-    checkpoint at their current step on SIGTERM, then the pods; admitted again, it resumes from that
-    checkpoint. Periodic checkpoints are out of reach (every 10,000 steps): the one it resumes from
-    is the preemption's."""
+    spec.suspend (admission) starts it; setting it again (preemption) makes the platform ask every
+    rank for a checkpoint at a step just ahead (the controller's CheckpointRequest, through the agents
+    to the worker SDK), wait for its commit, then stop the workers and the pods; admitted again, it
+    resumes from that checkpoint. Periodic checkpoints are out of reach (every 10,000 steps) and the
+    test worker has no SIGTERM handler (a 1 s stop grace): the checkpoint it resumes from is the one
+    the platform asked for, at the step the controller named."""
     from stalwart.checkpoint import latest
 
     name, job_id = "mu", names.job_id(NS, "mu")
@@ -877,7 +980,7 @@ def test_kueue_admits_suspends_and_resumes_a_job_through_its_label(world: World,
                 {
                     "name": "trainer",
                     "replicas": 1,
-                    "command": ["python", "worker.py", "--checkpoint", "--save-on-sigterm", "--step-seconds", "0.1"]
+                    "command": ["python", "worker.py", "--checkpoint", "--step-seconds", "0.1"]
                     + ["--resumed-to", str(resumed_to)],
                     "template": {"spec": {"containers": [{"name": "agent", "env": container_env}]}},
                 }
@@ -886,7 +989,7 @@ def test_kueue_admits_suspends_and_resumes_a_job_through_its_label(world: World,
             "faultTolerance": {
                 "heartbeatIntervalSeconds": 0.5,
                 "leaseTtlSeconds": 6,
-                "stopGraceSeconds": 30,  # the workers' time to save on SIGTERM
+                "stopGraceSeconds": 1,  # a stopped worker saves nothing: the save comes before the stop
                 "preflight": False,
                 "firstStepTimeoutSeconds": 120,
                 "warmWorkers": False,
@@ -913,8 +1016,13 @@ def test_kueue_admits_suspends_and_resumes_a_job_through_its_label(world: World,
         world.wait("a few steps", lambda: (world.status(name).get("currentStep") or 0) >= 5)
         with _environ(s3_env):
             assert latest("s3://ckpt/mu") is None  # no periodic checkpoint yet
-        # Preempted: Kueue sets spec.suspend again; the workers checkpoint, then every pod stops.
+        # Preempted: Kueue sets spec.suspend again; the platform asks for a checkpoint, the workers
+        # save it while they still run, then every pod stops.
         set_suspend(True)
+        asked = world.wait(
+            "the checkpoint asked of the workers",
+            lambda: (s := world.state(name)) and s.suspensions and s.suspensions[-1].save_step,
+        )
         world.wait(
             "suspended after preemption",
             lambda: (
@@ -927,7 +1035,17 @@ def test_kueue_admits_suspends_and_resumes_a_job_through_its_label(world: World,
         assert preempted is not None and preempted.stage.value == "Suspended" and preempted.generation == 1
         with _environ(s3_env):
             saved = latest("s3://ckpt/mu")
-        assert saved is not None and saved >= 5
+        # The checkpoint is the one the controller asked for, at the step it named, committed before the
+        # workers were stopped (the controller recorded it in the suspension before it stopped them).
+        assert saved == asked and preempted.suspensions[-1].saved_step == asked and asked > 5
+        assert world.store.get(keys.checkpoint_request(job_id), CheckpointRequest) is None  # done with
+        [catalogued] = world.store.get_prefix(keys.checkpoints_prefix(job_id), CheckpointEntry)
+        assert catalogued.step == asked and catalogued.generation == 1
+        said = world.wait(
+            "the CheckpointedBeforeSuspend Event",
+            lambda: [e["message"] for e in world.events(name) if e["reason"] == "CheckpointedBeforeSuspend"],
+        )
+        assert f"step {asked}" in said[0]
         # Admitted again: a new generation, from the preemption's checkpoint; no incident.
         set_suspend(False)
         world.running(name, standby=False, timeout=2 * WAIT)

@@ -18,6 +18,7 @@ SERVICES = NodeServices(
     checkpoint_uri="/ckpt",
     memory_uri="mem://127.0.0.1:9/j?peer=127.0.0.1:8",
     checkpoint_token="t0ken",
+    checkpoint_request="/tmp/stw-x/checkpoint-request.json",
     shadow_segment="stalwart-j-node-2",
     data_config='{"sources": []}',
     bin_dir="/venv/bin",
@@ -102,6 +103,7 @@ def test_a_worker_gets_torchruns_variables_the_layout_and_the_nodes_services() -
     assert env[contract.RESUME_MAX_STEP] == "30" and env[contract.CODE_VERSION] == "v2"
     assert env[contract.DATALOADER_SHM] == "stalwart-j-node-2" and env[contract.DATA_MICRO_BATCH] == "4"
     assert env[contract.PROGRESS_SOCKET] == SERVICES.progress_socket
+    assert env[contract.CHECKPOINT_REQUEST] == SERVICES.checkpoint_request  # the controller's "checkpoint now"
     assert env["PATH"] == "/venv/bin:/usr/bin" and env["HOME"] == "/root" and env["OMP_NUM_THREADS"] == "1"
     assert contract.REPLAY_STEPS not in env
 
@@ -152,6 +154,7 @@ def test_a_replay_group_is_a_smaller_copy_of_the_job() -> None:
         contract.CHECKPOINT_TOKEN,
         contract.RESUME_MAX_STEP,
         contract.DATALOADER_SHM,
+        contract.CHECKPOINT_REQUEST,  # a replay's scratch checkpoints are not the job's to suspend on
     ):
         assert absent not in env
     assert env[contract.DATA_CONFIG] == SERVICES.data_config  # it reads the job's data itself

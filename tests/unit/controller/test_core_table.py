@@ -19,7 +19,7 @@ import pytest
 from support.controller_harness import spec_document
 
 from stalwart.cluster.base import NodeInfo, PreflightVerdict
-from stalwart.controller.core.decision import Decision, Launch, Needs, SendCommand, StartNode, StopNode
+from stalwart.controller.core.decision import Decision, Launch, Log, Needs, SendCommand, StartNode, StopNode
 from stalwart.controller.core.detectors import default_detectors
 from stalwart.controller.core.observation import Observation
 from stalwart.controller.core.ranks import role_states
@@ -32,6 +32,7 @@ from stalwart.store import keys
 from stalwart.store.records import (
     AgentAction,
     Assignment,
+    CheckpointRequest,
     Heartbeat,
     Incident,
     JobStage,
@@ -583,7 +584,8 @@ def replay_concluded() -> tuple[Seen, Decision]:
 # -- Suspending and Suspended ------------------------------------------------------------------
 def suspend_from(stage: JobStage) -> Case:
     def case() -> tuple[Seen, Decision]:
-        seen = Seen(suspend=True)
+        # (A running job's checkpoint first is its own row: here the spec leaves it out.)
+        seen = Seen(suspend=True, checkpoint={"saveBeforeSuspendSeconds": 0})
         if stage is S.RUNNING:
             seen.running()
         else:
@@ -596,6 +598,67 @@ def suspend_from(stage: JobStage) -> Case:
         return seen, decision
 
     return case
+
+
+def suspend_saving() -> tuple[Seen, Decision]:
+    """Workers at step 5 with a 0.1 s pace: the save is asked 2 s of steps ahead, and they run on."""
+    seen = Seen(suspend=True)
+    seen.running()
+    for i, node in enumerate(["node-0", "node-1"]):
+        seen.beat(node, 1, [worker(r, at=seen.now).model_copy(update={"step_time": 0.1}) for r in (2 * i, 2 * i + 1)])
+    decision = seen.decide()
+    state = seen.the_state()
+    request = seen.records[keys.checkpoint_request(JOB)]
+    assert isinstance(request, CheckpointRequest) and request.generation == 1 and request.step == 5 + 20
+    assert state.suspensions[-1].save_step == 25 and state.suspensions[-1].saved_step is None
+    assert not any(isinstance(e, StopNode) for e in decision.effects) and seen.incidents() == []
+    assert not any(isinstance(e, SendCommand) and e.action is AgentAction.STOP for e in decision.effects)
+    return seen, decision
+
+
+def _saving(seen: Seen, asked: int = 25) -> None:
+    seen.put_state(
+        stage=S.SAVING, generation=1, suspensions=[Suspension(started_at=seen.now - 1, save_step=asked)]
+    )
+    seen.join("node-0", "node-1", generation=1)
+    seen.records[keys.checkpoint_request(JOB)] = "the request"
+
+
+def save_committed() -> tuple[Seen, Decision]:
+    seen = Seen(suspend=True)
+    _saving(seen)
+    saved = SavedCheckpoint(step=25, generation=1, committed_at=seen.now)
+    seen.beat("node-1", 1, [worker(2), worker(3)], checkpoints=[saved])
+    decision = seen.decide()
+    state = seen.the_state()
+    assert state.suspensions[-1].saved_step == 25 and keys.checkpoint_request(JOB) not in seen.records
+    assert keys.checkpoint_entry(JOB, 25) in decision.puts  # in the catalog, as the checkpoint to resume from
+    assert sorted(e.node for e in decision.effects if isinstance(e, StopNode)) == ["node-0", "node-1"]
+    return seen, decision
+
+
+def save_grace_passed() -> tuple[Seen, Decision]:
+    seen = Seen(suspend=True, checkpoint={"saveBeforeSuspendSeconds": 30})
+    _saving(seen)
+    older = SavedCheckpoint(step=20, generation=1, committed_at=seen.now)  # a periodic one: not what was asked
+    seen.beat("node-1", 1, [worker(2), worker(3)], checkpoints=[older])
+    seen.now += 31
+    decision = seen.decide()
+    state = seen.the_state()
+    assert state.suspensions[-1].saved_step is None and keys.checkpoint_request(JOB) not in seen.records
+    logs = [e for e in decision.effects if isinstance(e, Log)]
+    assert any(log.level == "warning" and "without the checkpoint" in log.message for log in logs)
+    return seen, decision
+
+
+def resumed_while_saving() -> tuple[Seen, Decision]:
+    seen = Seen()
+    _saving(seen)
+    decision = seen.decide()
+    state = seen.the_state()
+    assert state.generation == 1 and state.suspensions[-1].ended_at == seen.now  # the generation goes on
+    assert keys.checkpoint_request(JOB) not in seen.records
+    return seen, decision
 
 
 def suspended() -> tuple[Seen, Decision]:
@@ -644,6 +707,10 @@ CASES: dict[tuple[JobStage | None, Trigger], Callable[..., tuple[Seen, Decision]
     (S.REPLAY_HORIZONTAL, Trigger.HORIZONTAL_JUDGED): horizontal_judged,
     (S.REPLAY_VERTICAL, Trigger.REPLAY_CONCLUDED): replay_concluded,
     **{(stage, Trigger.SUSPEND): suspend_from(stage) for stage in ACTIVE},
+    (S.RUNNING, Trigger.SUSPEND_SAVING): suspend_saving,
+    (S.SAVING, Trigger.SAVE_COMMITTED): save_committed,
+    (S.SAVING, Trigger.SAVE_GRACE_PASSED): save_grace_passed,
+    (S.SAVING, Trigger.RESUMED): resumed_while_saving,
     (S.SUSPENDING, Trigger.NODES_STOPPED): suspended,
     (S.SUSPENDING, Trigger.RESUMED): resumed_while_suspending,
     (S.SUSPENDED, Trigger.RESUMED): resumed,

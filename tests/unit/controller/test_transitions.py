@@ -15,7 +15,16 @@ from support.controller_harness import JOB, Harness, worker
 from stalwart.controller.core.transitions import ACTIVE, TABLE, WAITING_FOR_NODES, Row, Trigger
 from stalwart.spec.model import FailureEvent
 from stalwart.store import keys
-from stalwart.store.records import Incident, JobStage, ReplayGroupRun, ReplayState, RequestKind
+from stalwart.store.records import (
+    CheckpointEntry,
+    CheckpointRequest,
+    Incident,
+    JobStage,
+    ReplayGroupRun,
+    ReplayState,
+    RequestKind,
+    SavedCheckpoint,
+)
 
 S = JobStage
 Scenario = Callable[[], Harness]
@@ -384,7 +393,7 @@ def replay_concluded() -> Harness:
 # -- Suspended -----------------------------------------------------------------------------------
 def suspend_from(stage: JobStage) -> Scenario:
     def scenario() -> Harness:
-        h = Harness(suspend=True)
+        h = Harness(suspend=True, checkpoint={"saveBeforeSuspendSeconds": 0})  # (checkpoint first: its own row)
         if stage is S.RUNNING:
             h.running()
         else:
@@ -399,6 +408,61 @@ def suspend_from(stage: JobStage) -> Scenario:
         return h
 
     return scenario
+
+
+def suspend_saving() -> Harness:
+    h = Harness(suspend=True)
+    h.running()
+    h.tick()
+    request = h.store.get(keys.checkpoint_request(JOB), CheckpointRequest)
+    assert request is not None and request.generation == 1 and request.step > 5
+    assert h.state().suspensions[-1].save_step == request.step
+    assert h.command("node-0") == (1, "run") and h.cluster.called("stop") == []  # the workers run on to save
+    return h
+
+
+def _saving(h: Harness) -> CheckpointRequest:
+    from stalwart.store.records import Suspension
+
+    h.put_state(stage=S.SAVING, generation=1, suspensions=[Suspension(started_at=h.clock.now - 1, save_step=25)])
+    h.join("node-0", "node-1", generation=1)
+    h.run_generation(1, ["node-0", "node-1"])
+    request = CheckpointRequest(id="suspend-1", generation=1, step=25, reason="suspend", requested_at=h.clock.now)
+    h.store.put(keys.checkpoint_request(JOB), request)
+    return request
+
+
+def save_committed() -> Harness:
+    h = Harness(suspend=True)
+    _saving(h)
+    saved = SavedCheckpoint(step=25, generation=1, committed_at=h.clock.now)
+    h.beat("node-0", 1, [worker(0, at=h.clock.now), worker(1, at=h.clock.now)], checkpoints=[saved])
+    h.tick()
+    assert h.state().suspensions[-1].saved_step == 25
+    assert h.store.get(keys.checkpoint_request(JOB), CheckpointRequest) is None
+    assert h.store.get(keys.checkpoint_entry(JOB, 25), CheckpointEntry) is not None
+    assert h.command("node-0") == (1, "stop") and sorted(h.cluster.called("stop")) == ["node-0", "node-1"]
+    return h
+
+
+def save_grace_passed() -> Harness:
+    h = Harness(suspend=True, checkpoint={"saveBeforeSuspendSeconds": 10})
+    _saving(h)
+    h.clock.now += 11
+    h.tick()
+    assert h.state().suspensions[-1].saved_step is None and h.incidents() == []
+    assert h.store.get(keys.checkpoint_request(JOB), CheckpointRequest) is None
+    assert h.command("node-0") == (1, "stop")
+    return h
+
+
+def resumed_while_saving() -> Harness:
+    h = Harness()
+    _saving(h)
+    h.tick()
+    assert h.state().generation == 1 and h.command("node-0") == (1, "run")
+    assert h.store.get(keys.checkpoint_request(JOB), CheckpointRequest) is None
+    return h
 
 
 def suspended() -> Harness:
@@ -469,6 +533,10 @@ SCENARIOS: dict[tuple[JobStage | None, Trigger], Callable[..., Harness]] = {
     (S.REPLAY_HORIZONTAL, Trigger.HORIZONTAL_JUDGED): horizontal_judged,
     (S.REPLAY_VERTICAL, Trigger.REPLAY_CONCLUDED): replay_concluded,
     **{(stage, Trigger.SUSPEND): suspend_from(stage) for stage in ACTIVE},
+    (S.RUNNING, Trigger.SUSPEND_SAVING): suspend_saving,
+    (S.SAVING, Trigger.SAVE_COMMITTED): save_committed,
+    (S.SAVING, Trigger.SAVE_GRACE_PASSED): save_grace_passed,
+    (S.SAVING, Trigger.RESUMED): resumed_while_saving,
     (S.SUSPENDING, Trigger.NODES_STOPPED): suspended,
     (S.SUSPENDING, Trigger.RESUMED): resumed_while_suspending,
     (S.SUSPENDED, Trigger.RESUMED): resumed,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from statistics import median
 
 from stalwart.store.records import PhaseTimes
@@ -71,7 +72,7 @@ def score_group(history: Mapping[int, Sequence[Sample]], recent: int, *, min_sam
     """Scores for the ranks of one peer group (ranks that do the same work: one data-parallel
     group), from each rank's samples, oldest first. A rank with fewer than `min_samples` recent
     samples is not scored, nor compared with."""
-    windows = {r: list(s[-recent:]) for r, s in history.items() if len(s) >= min_samples}
+    windows = {r: list(islice(s, max(0, len(s) - recent), None)) for r, s in history.items() if len(s) >= min_samples}
     totals = {r: median(s.total for s in w) for r, w in windows.items()}
     phases = {r: _median_phases(w) for r, w in windows.items()}
     # Each rank's peers are the group less itself: sorted once, the median without one value is a
@@ -88,7 +89,7 @@ def score_group(history: Mapping[int, Sequence[Sample]], recent: int, *, min_sam
         peer_phases = {k: median_without(all_phases[k], phases[rank][k]) for k in phases[rank]}
         by_phase = {k: phases[rank][k] - peer_phases[k] for k in phases[rank]}
         phase = max(by_phase, key=lambda k: by_phase[k])
-        earlier = history[rank][:-recent]
+        earlier = list(islice(history[rank], 0, max(0, len(history[rank]) - recent)))  # a deque has no slices
         before = median(s.total for s in earlier) if len(earlier) >= min_samples else own
         out[rank] = RankScore(
             rank=rank,

@@ -84,7 +84,7 @@ class Stragglers(Detector):
         step_time = times[len(times) // 2]
         scores: dict[int, RankScore] = {}
         for group in self._groups(view):
-            history = {r: list(self._samples[r]) for r in group if r in self._samples}
+            history = {r: self._samples[r] for r in group if r in self._samples}  # read, not copied
             scores.update(score_group(history, RECENT, min_samples=MIN_SAMPLES))
         self.scores = scores
         slow = slow_ranks(scores, ft.straggler_threshold, step_time, MIN_COST)
