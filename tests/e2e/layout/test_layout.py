@@ -26,6 +26,12 @@ JOB = REPO / "tests" / "data" / "jobs" / "e2e-3d.yaml"
 STALWART = [sys.executable, "-m", "stalwart.cli.main"]  # the module's runs outlive a test's fixtures
 SLOW_RANK, HUNG_RANK = 5, 1  # node-2 (stage 1, replica 0) and node-0 (stage 0, replica 0)
 STEPS = 30  # checkpoints every 10: the slowdown resumes from 10 or 20, the hang from 20
+# The slow loader makes each of its rank's steps SLOW_FACTOR times what they took before it: a
+# delay in seconds is no slowdown on a machine loaded enough that a step takes about as long (the
+# detector looks for 2x its baseline). From step SLOW_STEP to the end, the rank stays slow until it
+# is evicted, and the steps left take SLOW_FACTOR x as long, so a loaded machine that slows the
+# detection slows the job as much.
+SLOW_STEP, SLOW_FACTOR = 12, 5
 
 Run = tuple[int, dict[str, Any], str, Path]
 # Each test may be the first to ask for its module's run (eight workers and five agents on a shared
@@ -49,7 +55,7 @@ def faults_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         tmp,
         STALWART,
         job,
-        f"slow-data:rank={SLOW_RANK},step=14,seconds=2",
+        f"slow-data:rank={SLOW_RANK},step={SLOW_STEP},factor={SLOW_FACTOR}",
         f"hang-worker:rank={HUNG_RANK},step=24,after=recovery",
         timeout=600,
     )
@@ -71,7 +77,7 @@ def test_the_3d_job_runs_to_the_end_and_learns(faults_run: Run) -> None:
     assert result["phase"] == "Succeeded" and snap["step"] == STEPS
     assert snap["loss"] < 4.5  # ln(257) ≈ 5.55 untrained: it learned through two hot-swaps
     assert [f["fault"] for f in result["faults"]] == [
-        f"slow-data rank={SLOW_RANK} +2s at step 14",
+        f"slow-data rank={SLOW_RANK} x{SLOW_FACTOR} at step {SLOW_STEP}",
         f"hang-worker rank={HUNG_RANK} at step 24 after recovery",
     ]
 
