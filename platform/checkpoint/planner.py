@@ -13,6 +13,8 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint._sharded_tensor_utils import _flatten_sharded_tensors
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -56,6 +58,18 @@ def balance_replicas(all_plans: list[SavePlan]) -> list[SavePlan]:
 
 
 class BalancedSavePlanner(DefaultSavePlanner):
+    def __init__(self) -> None:
+        super().__init__(flatten_sharded_tensors=False)  # done in set_up_planner, only when needed
+
+    def set_up_planner(
+        self, state_dict: dict[str, Any], storage_meta: Any = None, is_coordinator: bool = False
+    ) -> None:
+        """DCP's set-up, without its second walk of the whole state dict for ShardedTensors (a save's
+        time on the training thread) when the flattened state holds none."""
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
+        if any(isinstance(v, ShardedTensor) for v in self.state_dict.values()):
+            self.state_dict = _flatten_sharded_tensors(self.state_dict)
+
     def _dedup_save_plans(self, all_plans: list[SavePlan]) -> list[SavePlan]:
         return balance_replicas(all_plans)
 
