@@ -3,8 +3,15 @@
     .venv/bin/python bench/bench_peers.py --setup    # .venv-peers: the `peers` extra's pins, this machine's torch
     # by hand: python3.11 -m venv .venv-peers && .venv-peers/bin/pip install -c constraints/cpu.txt \
     #     torch==2.13.0 'dlrover[k8s]==0.6.1' torchft==0.2.0 nvidia-resiliency-ext==0.4.1 numpy
-    .venv/bin/python bench/bench_peers.py            # 3 repeats, systems interleaved (about 40 min, 2 cores)
+    .venv/bin/python bench/bench_peers.py            # 3 repeats, systems interleaved (about an hour, 2 cores)
     .venv/bin/python bench/bench_peers.py --repeats 1 --keep /tmp/peers   # one pass, every log kept
+    .venv/bin/python bench/bench_peers.py --stop-at 06:00 --output bench/results/peers-a.md   # no run starts later
+    .venv/bin/python bench/bench_peers.py --repeats 0 --systems stalwart dlrover --output bench/results/peers-b.md
+    .venv/bin/python bench/bench_peers.py --report-from bench/results/peers-a.json bench/results/peers-b.json
+
+Every pass rewrites its .json after each run, so a pass cut short keeps what it measured; `--report-from`
+merges passes into one report (every run's cells, the newest pass's checkpoint blocked times);
+`--repeats 0` runs only the clean runs and the blocked-time measurement.
 
 Stalwart runs from .venv (`stalwart run` of examples/pretrain-tiny.yaml, 2 nodes x 2 gloo workers, its
 faults injected by `--inject`, figures from the incident the controller recorded); every peer runs
@@ -17,8 +24,11 @@ Faults, the same for every system, at step FAULT_STEP of STEPS, a checkpoint eve
 - lost-node: node 1's processes (its launcher or agent and its workers) SIGKILLed together; for a
   peer the harness starts the replacement node at once (a scheduler's best case; Stalwart uses its
   warm standby);
-- hang: rank 3 SIGSTOPped (no socket closes); a system that has not recovered HANG_WAIT seconds
-  later is marked so.
+- hang: rank 3 SIGSTOPped (no socket closes); a system that has not restarted a rank HANG_WAIT
+  seconds later (or whose other ranks finished without it) is marked so. Each peer notices a hang
+  as its documentation has it, set low: torch's collective timeout (10 s) for torchrun and DLRover,
+  torchft's gloo timeout (5 s) and lighthouse heartbeat; NVRx's Wrapper (soft 5 s, hard 10 s) in the
+  probe.
 
 Measured per system and fault: failure -> the first step trained by the restarted ranks, steps
 redone (the restarted rank's newest step before the failure minus the step it resumed from), and
@@ -57,7 +67,7 @@ SYSTEMS = ("stalwart", "torchrun", "dlrover", "torchft")
 FAULTS = ("kill-worker", "lost-node", "hang")
 STEPS, FAULT_STEP, INTERVAL = 40, 25, 10
 RANKS, FAULTY_RANK, FAULTY_NODE = 4, 3, 1
-HANG_WAIT = 90.0  # seconds a hung rank is left before the cell reads "not recovered"
+HANG_WAIT = 120.0  # seconds a hung rank is left before the cell reads "not recovered"
 RUN_TIMEOUT = 300.0
 PEER_VERSIONS = {"dlrover": "0.6.1", "torchft": "0.2.0", "nvidia-resiliency-ext": "0.4.1"}
 
@@ -519,7 +529,7 @@ def run_peer(system: str, fault: str | None, folder: Path) -> tuple[Cell, list[S
         if rec.first_step is None and not cell.note:
             cell.note = f"no restarted rank trained within {HANG_WAIT if fault == 'hang' else RUN_TIMEOUT:.0f}s"
             if rec.others_pause is not None:
-                cell.note += f"; the other ranks trained on (longest pause {rec.others_pause:.2f} s)"
+                cell.note += "; the other ranks trained on without it"
     blocked = [
         float(json.loads(line)["blocked"]) for p in audit.glob("ckpt-*.jsonl") for line in p.read_text().splitlines()
     ]
@@ -611,7 +621,7 @@ def stalwart_blocked(folder: Path) -> list[float]:
     folder.mkdir(parents=True)
     shm = Path(tempfile.mkdtemp(prefix="stalwart-peers-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     argv = [str(REPO / ".venv" / "bin" / "python"), "-m", "torch.distributed.run", "--standalone"]
-    argv += ["--nproc-per-node", "2", str(PEERS / "train_stalwart_ckpt.py"), "--out", str(folder / "audit")]
+    argv += ["--nproc-per-node", str(RANKS), str(PEERS / "train_stalwart_ckpt.py"), "--out", str(folder / "audit")]
     argv += ["--ckpt-dir", str(shm), "--steps", str(STEPS), "--interval", str(INTERVAL)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     try:
@@ -647,31 +657,36 @@ CONFIGS = {
     ),
     "torchrun": (
         "torch 2.13 `torch.distributed.run --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --max-restarts 3` "
-        "per node (node 0 hosts the c10d store); DCP `dcp.save` every 10 steps, `dcp.load` of the newest at "
-        "start (bench/peers/train_torchrun.py). Synchronous: `async_save` on gloo needs a second process group, "
-        "and with one torchrun's restarted workers fail in `Gloo connectFullMesh failed ... Connection refused` "
-        "until --max-restarts runs out. Without it, a 1-node job's restart recovers, but a 2-node job's "
-        "restarted workers still fail the same way (`RuntimeError: Gloo connectFullMesh failed with "
-        "[.../gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused`: the previous "
-        "attempt's addresses), 3 times, then `RendezvousClosedError`: torchrun's cells read not recovered."
+        "per node (node 0 hosts the c10d store), with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's "
+        "store shared (the default since torch 2.5) the restarted workers read the previous round's gloo "
+        "addresses and fail in `Gloo connectFullMesh failed ... Connection refused` (pytorch/pytorch#135712: "
+        "the store's keys are separated by TORCHELASTIC_RESTART_COUNT, which each agent counts for itself); "
+        "DCP `dcp.save` every 10 steps, `dcp.load` of the newest at start; the process group's timeout 10 s "
+        "(torch's only hang detection: a hung rank fails its partners' next collective), "
+        "bench/peers/train_torchrun.py. A hang's restart also waits for torchrun's stop of the hung "
+        "worker: SIGTERM, then SIGKILL 30 s later (a stopped process cannot exit on SIGTERM)."
     ),
     "dlrover": (
         "dlrover 0.6.1: its job master (`dlrover.python.master.main --platform local --node_num 2`) and "
         "`dlrover-run --nnodes 2 --nproc_per_node 2 --max-restarts 3` per node (DLROVER_MASTER_ADDR, NODE_RANK); "
         "Flash Checkpoint (`DdpCheckpointer.save_checkpoint`) to shared memory every 10 steps and to disk every "
-        "5th, `load_checkpoint` at start (bench/peers/train_dlrover.py). Its standalone mode fails on torch "
-        "2.13 (`SubprocessHandler.__init__() missing 1 required positional argument: 'numa_options'` in "
-        "`_launch_dlrover_local_master`), hence the master started by hand."
+        "5th, `load_checkpoint` at start; the process group's timeout 10 s (bench/peers/train_dlrover.py). "
+        "Its master's hang detector (`--hang_detection`, `--hang_downtime` in minutes, at least 2) reads the "
+        "GPU timer's metrics, so on CPU a hang is noticed by the collective timeout. Its standalone mode fails "
+        "on torch 2.13 (`SubprocessHandler.__init__() missing 1 required positional argument: 'numa_options'` "
+        "in `_launch_dlrover_local_master`), hence the master started by hand."
     ),
     "torchft": (
         "torchft 0.2.0: the wheel's `torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms "
-        "10000` (as its README runs it); 4 replica groups of 1 rank (2 per node), each under `torchrun "
-        "--standalone --max-restarts 3`; Manager(min_replica_size=1, timeout 30 s, ProcessGroupGloo timeout "
-        "5 s, synchronous quorum), torchft's DistributedDataParallel and Optimizer wrappers; a restarted "
-        "group recovers the live state from a healthy peer; no periodic checkpoint (bench/peers/train_torchft.py). "
-        "Seen here: when a peer dies, the healthy groups' DDP comm hook fails too (`AssertionError` at "
-        "torchft/ddp.py:76 `assert fut._fut`, after `Connection reset by peer` in the gloo all-reduce), so every "
-        "group restarts, and with no group alive to recover from, from step 1."
+        "10000` (heartbeat timeout 5 s, its default); 4 replica groups of 1 rank (2 per node), each under "
+        "`torchrun --standalone --max-restarts 3`; Manager(min_replica_size=1, timeout 30 s, ProcessGroupGloo "
+        "timeout 5 s: its train_ddp.py's), synchronous quorum, torchft's Optimizer wrapper and its "
+        "DistributedDataParallel with one fix: 0.2.0's comm hook asserts a managed future "
+        "(`assert fut._fut`, torchft/ddp.py:76, still so upstream) but the Manager returns a plain "
+        "`_DummyWork` once an allreduce failed, so without the fix a peer's death crashes every healthy "
+        "group; with it they skip the step and go on. A restarted group recovers the live state from a "
+        "healthy peer; no periodic checkpoint (bench/peers/train_torchft.py). A hang: the gloo timeout fails "
+        "the step and the lighthouse drops the silent group; nothing restarts the hung (alive) process."
     ),
     "nvrx": (
         "nvidia-resiliency-ext 0.4.1: probed on this machine (bench/peers/probe_nvrx.py): the in-process "
@@ -726,6 +741,11 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--keep", type=Path, default=None, help="keep every run's folder under this folder")
+    parser.add_argument(
+        "--stop-at",
+        default=None,
+        help="UTC HH:MM after which no new run starts: the pass ends with the runs done so far, probed and reported",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "peers.md")
     parser.add_argument(
         "--report-from",
@@ -783,6 +803,7 @@ def main() -> None:
             "notes": list(args.note),
         }
 
+    stop_at = _utc_today(args.stop_at) if args.stop_at else None
     cells: list[Cell] = []
     clean: dict[str, dict[int, list[int]]] = {}
     blocked: dict[str, list[float]] = {}
@@ -792,6 +813,8 @@ def main() -> None:
 
         def one(system: str, fault: str | None) -> None:
             nonlocal count
+            if stop_at is not None and time.time() > stop_at:
+                return
             count += 1
             folder = root / f"{count:03d}-{system}-{fault or 'clean'}"
             if system == "stalwart":
@@ -822,14 +845,27 @@ def main() -> None:
         print("clean runs (the reference samples, the checkpoint blocked time):", flush=True)
         for system in args.systems:
             one(system, None)
-        if "stalwart" in args.systems:
+        if "stalwart" in args.systems and (stop_at is None or time.time() < stop_at):
             blocked["stalwart"] = stalwart_blocked(root / "stalwart-ckpt")
+            save(cells, blocked, context(), args.output)
         for repeat in range(args.repeats):
             print(f"repeat {repeat + 1}/{args.repeats}:", flush=True)
             for fault in args.faults:
                 for system in args.systems:
                     one(system, fault)
     save(cells, blocked, context(probe_nvrx()), args.output)
+
+
+def _utc_today(hhmm: str) -> float:
+    """The epoch time of HH:MM UTC today (tomorrow when that is already past by more than 12 hours)."""
+    try:
+        hours, minutes = (int(x) for x in hhmm.split(":"))
+    except ValueError:
+        raise SystemExit(f"--stop-at {hhmm!r}: expected HH:MM (UTC)") from None
+    now = time.time()
+    day = now - now % 86400
+    at = day + hours * 3600 + minutes * 60
+    return at + 86400 if at < now - 12 * 3600 else at
 
 
 def save(cells: list[Cell], blocked: dict[str, list[float]], context: dict[str, Any], output: Path) -> None:
@@ -840,13 +876,12 @@ def save(cells: list[Cell], blocked: dict[str, list[float]], context: dict[str, 
 
 
 def merge_runs(runs: Sequence[dict[str, Any]]) -> tuple[list[Cell], dict[str, list[float]], dict[str, Any]]:
-    """Several passes' .json as one: every cell, the first pass's blocked times per system, the load
+    """Several passes' .json as one: every cell, the last pass's blocked times per system, the load
     over all of them, every command."""
     cells = [Cell(**{**c, "pass_index": i}) for i, run in enumerate(runs) for c in run["cells"]]
     blocked: dict[str, list[float]] = {}
-    for run in runs:
-        for system, values in run["blocked"].items():
-            blocked.setdefault(system, values)
+    for run in runs:  # the newest pass that measured a system's saves wins (e.g. a blocked-time pass)
+        blocked.update({system: values for system, values in run["blocked"].items() if values})
     contexts = [run["context"] for run in runs]
     context = dict(contexts[0])
     context["command"] = "`, `".join(c["command"] for c in contexts)

@@ -9,7 +9,9 @@ import os
 import socket
 import sys
 import tempfile
+import time
 import traceback
+import typing
 from datetime import timedelta
 from pathlib import Path
 
@@ -86,6 +88,104 @@ def probe_inprocess() -> list[str]:
     return out
 
 
+def _hang_rank(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    """The Wrapper configured to notice a hang quickly (soft 10 s, hard 20 s timeouts, manual pings every
+    step): in its first iteration rank 1 stops at step HANG_STEP (a loop that never pings); the cell's
+    figure is the hang's start to the first step rank 1 trains in the restarted iteration. What the
+    training function needs is imported and built once before the Wrapper: an import interrupted by
+    the Wrapper's timeout leaves a half-initialized module behind."""
+    import nvidia_resiliency_ext.inprocess as inprocess
+    import torch._dynamo  # DDP's construction imports these; here, not under the Wrapper's timeout
+    import torch._inductor.custom_graph_pass
+
+    warm = TinyGPT()
+    loss_of(warm, batch_for(sample_ids(1, rank, world))).backward()
+    torch.optim.AdamW(warm.parameters()).step()
+
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    marks: dict[str, float] = {}
+
+    def train(call_wrapper=None):  # type: ignore[no-untyped-def]  # unannotated: the Wrapper reads annotations
+        iteration = call_wrapper.iteration
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        store = dist.TCPStore("127.0.0.1", port + 2 + iteration, world, rank == 0, timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=10))
+        model = torch.nn.parallel.DistributedDataParallel(TinyGPT())
+        optim = torch.optim.AdamW(model.parameters())
+        for step in range(1, HANG_STEP + 3):
+            if iteration == 0 and rank == 1 and step == HANG_STEP:
+                marks["hung_at"] = time.time()
+                while True:  # hung: Python runs (so an async exception can land), no progress is reported
+                    time.sleep(0.05)
+            loss = loss_of(model, batch_for(sample_ids(step, rank, world)))
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+            call_wrapper.ping()
+            if iteration > 0 and "first_step_after" not in marks:
+                marks["first_step_after"] = time.time()
+        return iteration
+
+    # The Wrapper passes itself to the parameter annotated CallWrapper, read as an object (not a string).
+    train.__annotations__["call_wrapper"] = typing.Optional[inprocess.CallWrapper]  # noqa: UP045
+    try:
+        wrapped = inprocess.Wrapper(
+            store_kwargs={"port": port + 1},
+            health_check=None,
+            soft_timeout=timedelta(seconds=10),
+            hard_timeout=timedelta(seconds=20),
+            monitor_thread_interval=timedelta(seconds=0.5),
+            monitor_process_interval=timedelta(seconds=0.5),
+            progress_watchdog_interval=timedelta(seconds=0.5),
+            last_call_wait=timedelta(seconds=0.5),
+        )(train)
+        iteration = wrapped()
+        if rank == 1 and "hung_at" in marks and "first_step_after" in marks:
+            queue.put(
+                (
+                    rank,
+                    f"hang: restarted in process (iteration {iteration}), first step "
+                    f"{marks['first_step_after'] - marks['hung_at']:.2f} s after the hang began",
+                )
+            )
+        else:
+            queue.put((rank, f"hang: finished iteration {iteration}"))
+    except BaseException as exc:
+        queue.put((rank, "hang: " + _where(exc)))
+
+
+HANG_STEP = 3
+
+
+def probe_hang() -> list[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_hang_rank, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    out = []
+    for _ in procs:
+        try:
+            rank, said = queue.get(timeout=180)
+            out.append(f"rank {rank}: {said}")
+        except Exception:
+            out.append("hang: a rank said nothing within 180 s")
+            break
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return out
+
+
 def probe_local_checkpoint() -> str:
     try:
         from nvidia_resiliency_ext.checkpointing.local.basic_state_dict import BasicTensorAwareStateDict
@@ -111,5 +211,7 @@ def probe_local_checkpoint() -> str:
 if __name__ == "__main__":
     print(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}")
     for line in probe_inprocess():
+        print(line)
+    for line in probe_hang():
         print(line)
     print(probe_local_checkpoint())

@@ -7,8 +7,6 @@ Replica group `REPLICA_GROUP_ID` of `NUM_REPLICA_GROUPS` trains the data shard o
 quorum is synchronous (use_async_quorum=False) so the step a sample id belongs to is known before
 the forward pass, which the audit needs."""
 
-from __future__ import annotations
-
 import os
 import sys
 import time
@@ -25,12 +23,17 @@ from common import Audit, TinyGPT, batch_for, loss_of, parse_args, sample_ids
 
 
 class FaultTolerantDDP(DistributedDataParallel):
-    """torchft's DDP whose comm hook also accepts the Manager's `_DummyWork` (an errored step)."""
+    """torchft's DDP whose comm hook also accepts the Manager's `_DummyWork` (an errored step). No
+    `from __future__ import annotations` here: DDP checks the hook's return annotation at runtime."""
 
     @staticmethod
     def _comm_hook(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         work = state.allreduce(bucket.buffer())
         work.wait()
+        if state.errored() is not None:  # this step will not commit: hand DDP a finished future
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
         fut = work.get_future()
         inner = getattr(fut, "_fut", None)  # a _ManagedFuture's own future, as torchft's hook returns
         return inner if inner is not None else fut  # type: ignore[return-value]
@@ -57,7 +60,7 @@ def main() -> None:
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         replica_id=f"peers_{group}",
-        timeout=timedelta(seconds=args.collective_timeout),
+        timeout=timedelta(seconds=30),  # train_ddp.py's; lower, a restarted group's first quorum times out
         use_async_quorum=False,
     )
     ddp = FaultTolerantDDP(manager, model)
