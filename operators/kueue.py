@@ -2,10 +2,10 @@
 
 A TrainingJob labelled `kueue.x-k8s.io/queue-name` is created suspended (what Kueue's webhook does
 for a Job): nothing starts until Kueue admits its Workload and unsets `spec.suspend`. When Kueue
-preempts it, it sets `spec.suspend` again: the controller stops the workers (SIGTERM, then
-SIGKILL after `faultTolerance.stopGraceSeconds`, the time a script has to save a checkpoint) and
-the pods, and keeps the job's state; admitted again, the job resumes from its newest checkpoint as a
-new generation. The suspension itself is the one `spec.suspend` always drove (the controller's
+preempts it, it sets `spec.suspend` again: the controller asks the workers for a checkpoint at a
+step just ahead and waits for its commit (stalwart.controller.core.suspension, bounded by
+`checkpoint.saveBeforeSuspendSeconds`), then stops the workers and the pods and keeps the job's
+state; admitted again, the job resumes from that checkpoint as a new generation. The suspension itself is the one `spec.suspend` always drove (the controller's
 Suspended stage); this module only decides the initial state.
 """
 
