@@ -982,6 +982,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip-cli", action="store_true", help="do not time `stalwart jobs` and `incidents`")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     parser.add_argument("--render", action="store_true", help="print --out's results as markdown tables and stop")
+    parser.add_argument("--labels", default="", help="with --render: only these labels, comma-separated")
     parser.add_argument(
         "--baseline",
         default=None,
@@ -994,6 +995,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.render:
         doc: dict[str, Any] = json.loads(args.out.read_text())
+        if args.labels:
+            wanted = [label.strip() for label in args.labels.split(",") if label.strip()]
+            if missing := [label for label in wanted if label not in doc["runs"]]:
+                raise SystemExit(f"--labels: {missing} not in {args.out} (it has {sorted(doc['runs'])})")
+            doc = {"runs": {label: doc["runs"][label] for label in wanted}}
         print(render(doc), end="")
         return doc
     baseline = read_baseline(args.baseline) if args.baseline else None  # a bad reference fails before the run
