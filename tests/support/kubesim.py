@@ -243,6 +243,9 @@ class Kubelet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> agent process
         self.started: dict[str, str] = {}  # pod uid -> pod name, for every pod ever started
         self.fault_env: dict[str, dict[str, str]] = {}  # pod name -> variables its machine injects
+        # Pods a machine takes at most (None: any number); a pod no machine takes is marked
+        # Unschedulable, as kube-scheduler marks it.
+        self.pods_per_machine: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
         self.errors: list[str] = []
@@ -312,6 +315,8 @@ class Kubelet:
                         meta["name"], meta["namespace"], {"spec": {"nodeName": machine}}, _preload_content=False
                     )
                     load[machine] += 1
+                elif not any(c.get("reason") == "Unschedulable" for c in status.get("conditions") or []):
+                    self._unschedulable(pod, len(nodes))
                 continue
             phase = status.get("phase", "Pending")
             proc = self.procs.get(uid)
@@ -327,6 +332,22 @@ class Kubelet:
                 self.procs.pop(uid, None)
         for uid in [u for u in self.procs if u not in live]:  # deleted outright
             self._terminate(uid, grace=5.0)
+
+    def _unschedulable(self, pod: dict[str, Any], machines: int) -> None:
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": f"0/{machines} nodes are available: no machine free for the pod.",
+            "lastTransitionTime": _now(),
+        }
+        meta = pod["metadata"]
+        self.core.patch_namespaced_pod_status(
+            meta["name"],
+            meta["namespace"],
+            {"status": {"phase": "Pending", "conditions": [condition]}},
+            _preload_content=False,
+        )
 
     def _schedule(self, pod: dict[str, Any], nodes: dict[str, Any], load: dict[str, int]) -> str | None:
         """The least loaded Ready node the pod may go to (taints, nodeSelector, affinity)."""
@@ -352,6 +373,8 @@ class Kubelet:
             if not ready or untolerated or any(labels.get(k) != v for k, v in selector.items()):
                 continue
             if not self._affinity_ok(spec, labels):
+                continue
+            if self.pods_per_machine is not None and load[name] >= self.pods_per_machine:
                 continue
             candidates.append((load[name], name))
         return min(candidates)[1] if candidates else None
