@@ -107,6 +107,7 @@ def _hang_rank(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # ty
     )
     os.environ.setdefault("LOCAL_RANK", str(rank))
     marks: dict[str, float] = {}
+    notes: list[str] = []
 
     def train(call_wrapper=None):  # type: ignore[no-untyped-def]  # unannotated: the Wrapper reads annotations
         iteration = call_wrapper.iteration
@@ -119,8 +120,15 @@ def _hang_rank(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # ty
         for step in range(1, HANG_STEP + 3):
             if iteration == 0 and rank == 1 and step == HANG_STEP:
                 marks["hung_at"] = time.time()
-                while True:  # hung: Python runs (so an async exception can land), no progress is reported
-                    time.sleep(0.05)
+                try:
+                    while True:  # hung: Python runs (so an async exception can land), no progress is reported
+                        time.sleep(0.05)
+                except BaseException as exc:  # the Wrapper's interruption: when it came, and which
+                    marks["noticed_after"] = time.time() - marks["hung_at"]
+                    notes.append(f"{type(exc).__name__}: {exc}")
+                    raise
+            if iteration > 3:
+                raise SystemExit(f"gave up after {iteration} in-process restarts")
             loss = loss_of(model, batch_for(sample_ids(step, rank, world)))
             optim.zero_grad()
             loss.backward()
@@ -144,7 +152,7 @@ def _hang_rank(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # ty
             last_call_wait=timedelta(seconds=0.5),
         )(train)
         iteration = wrapped()
-        if rank == 1 and "hung_at" in marks and "first_step_after" in marks:
+        if rank == 1 and "first_step_after" in marks:
             queue.put(
                 (
                     rank,
@@ -155,7 +163,12 @@ def _hang_rank(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # ty
         else:
             queue.put((rank, f"hang: finished iteration {iteration}"))
     except BaseException as exc:
-        queue.put((rank, "hang: " + _where(exc)))
+        noticed = (
+            f"noticed {marks['noticed_after']:.2f} s after the hang began ({notes[0]}); then "
+            if "noticed_after" in marks
+            else ""
+        )
+        queue.put((rank, f"hang: {noticed}{_where(exc)}"))
 
 
 HANG_STEP = 3
