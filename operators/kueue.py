@@ -5,8 +5,9 @@ for a Job): nothing starts until Kueue admits its Workload and unsets `spec.susp
 preempts it, it sets `spec.suspend` again: the controller asks the workers for a checkpoint at a
 step just ahead and waits for its commit (stalwart.controller.core.suspension, bounded by
 `checkpoint.saveBeforeSuspendSeconds`), then stops the workers and the pods and keeps the job's
-state; admitted again, the job resumes from that checkpoint as a new generation. The suspension itself is the one `spec.suspend` always drove (the controller's
-Suspended stage); this module only decides the initial state.
+state; admitted again, the job resumes from that checkpoint as a new generation. The suspension
+itself is the one `spec.suspend` always drove (the controller's SuspendSaving, then Suspended
+stages); this module only decides the initial state.
 """
 
 from __future__ import annotations
