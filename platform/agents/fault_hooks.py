@@ -1,11 +1,12 @@
 """The one place where injected faults reach a training process.
 
-The worker SDK calls `at_step` once per reported step and `at_phase` as each timed phase of a step
-starts; with no fault injected both do nothing. Production code has no fault branches: the faults
-package (stalwart.faults.worker_faults) registers its hooks here, and it is imported only when the
-worker's environment names faults (STALWART_FAULT_HOOKS, set by `stalwart run --inject`), so a
-production worker never loads it. The import is by name because the faults package sits above the
-agents in the layers: this module is the plug-in point, not a dependency.
+The worker SDK calls `at_step` once per reported step, `reported_loss` for the loss it reports and
+`at_phase` as each timed phase of a step starts; with no fault injected they do nothing. Production
+code has no fault branches: the faults package (stalwart.faults.worker_faults) registers its hooks
+here, and it is imported only when the worker's environment names faults (STALWART_FAULT_HOOKS, set
+by `stalwart run --inject`), so a production worker never loads it. The import is by name because
+the faults package sits above the agents in the layers: this module is the plug-in point, not a
+dependency.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ FAULTS_MODULE = "stalwart.faults.worker_faults"
 
 StepHook = Callable[[int], None]
 PhaseHook = Callable[[str], None]
+LossHook = Callable[[int, float | None], float | None]
 
 _step_hooks: list[StepHook] = []
 _phase_hooks: list[PhaseHook] = []
+_loss_hooks: list[LossHook] = []
 _loaded = False
 
 
@@ -34,6 +37,11 @@ def on_step(hook: StepHook) -> None:
 def on_phase(hook: PhaseHook) -> None:
     """Call `hook(phase)` as a timed phase ("data", "compute", "optimizer", "comm") starts."""
     _phase_hooks.append(hook)
+
+
+def on_loss(hook: LossHook) -> None:
+    """Let `hook(step, loss)` say the loss a step reports (an injected loss spike)."""
+    _loss_hooks.append(hook)
 
 
 def load() -> None:
@@ -57,9 +65,16 @@ def at_phase(phase: str) -> None:
         hook(phase)
 
 
+def reported_loss(step: int, loss: float | None) -> float | None:
+    for hook in _loss_hooks:
+        loss = hook(step, loss)
+    return loss
+
+
 def reset() -> None:
     """Forget every hook (tests)."""
     global _loaded
     _step_hooks.clear()
     _phase_hooks.clear()
+    _loss_hooks.clear()
     _loaded = False

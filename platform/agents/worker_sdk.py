@@ -186,6 +186,7 @@ def report_step(
     install()
     check_loss(step, loss)
     fault_hooks.at_step(step)
+    loss = fault_hooks.reported_loss(step, loss)
     _steps_reported += 1
     now = time.monotonic()
     measured = [t for t in (data_time, compute_time, optimizer_time, comm_time) if t is not None]

@@ -12,7 +12,13 @@ from pydantic import BaseModel
 from stalwart.cluster.local import LocalCluster
 from stalwart.faults.etcd_faults import EtcdFaults
 from stalwart.faults.spec import FaultKind, FaultSpec
-from stalwart.faults.worker_faults import HANG_SIGNAL, SLOW_DATA_SIGNAL, SLOW_OPTIMIZER_SIGNAL, SLOW_SIGNAL
+from stalwart.faults.worker_faults import (
+    HANG_SIGNAL,
+    LOSS_SPIKE_SIGNAL,
+    SLOW_DATA_SIGNAL,
+    SLOW_OPTIMIZER_SIGNAL,
+    SLOW_SIGNAL,
+)
 from stalwart.logs import get_logger
 from stalwart.store.records import Heartbeat, JobPhase, JobState
 
@@ -22,6 +28,7 @@ _WORKER_SIGNALS = {
     FaultKind.SLOW_WORKER: SLOW_SIGNAL,
     FaultKind.SLOW_DATA: SLOW_DATA_SIGNAL,
     FaultKind.SLOW_OPTIMIZER: SLOW_OPTIMIZER_SIGNAL,
+    FaultKind.LOSS_SPIKE: LOSS_SPIKE_SIGNAL,
 }
 
 

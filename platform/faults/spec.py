@@ -19,9 +19,13 @@ class FaultKind(str, Enum):
     FREEZE_NODE = "freeze-node"
     KILL_CONTROLLER = "kill-controller"  # SIGKILL the controller process
     HANG_WORKER = "hang-worker"  # one rank stops before its next collective (worker SDK, SIGUSR2)
+    # Every rank stops at `step` in the job's first generation only, waiting to receive from the next
+    # rank, which never sends: no rank stands out, so nothing names a suspect (the stop-time checks run).
+    HANG_JOB = "hang-job"
     SLOW_WORKER = "slow-worker"  # one rank turns slow: every later step takes longer (SIGRTMIN+1)
     SLOW_DATA = "slow-data"  # one rank's data loading alone turns slow: every later batch waits (SIGRTMIN+2)
     SLOW_OPTIMIZER = "slow-optimizer"  # one rank's optimizer step alone turns slow (SIGRTMIN+3)
+    LOSS_SPIKE = "loss-spike"  # the rank's next reported loss is 100x what it computed (SIGRTMIN+4)
     CORRUPT_COMPUTE = "corrupt-compute"  # pre-flight: the node's compute check gives wrong bits
     COLLECTIVE_HANG = "collective-hang"  # pre-flight: the node never joins the collective test
     # A bad machine no check catches: its workers die, with no message, 5 steps into every run.
@@ -47,7 +51,11 @@ class FaultKind(str, Enum):
     @property
     def through_environment(self) -> bool:
         """Faults that act through a process's environment, not through the injector's poll."""
-        return self.preflight or self in (FaultKind.KILL_CONTROLLER_MID_RECOVERY, FaultKind.BAD_NODE)
+        return self.preflight or self in (
+            FaultKind.KILL_CONTROLLER_MID_RECOVERY,
+            FaultKind.BAD_NODE,
+            FaultKind.HANG_JOB,
+        )
 
 
 class FaultSpec(BaseModel):
@@ -93,6 +101,7 @@ _REQUIRED = {
     FaultKind.SLOW_WORKER: "rank",
     FaultKind.SLOW_DATA: "rank",
     FaultKind.SLOW_OPTIMIZER: "rank",
+    FaultKind.LOSS_SPIKE: "rank",
     FaultKind.CORRUPT_COMPUTE: "node",
     FaultKind.COLLECTIVE_HANG: "node",
     FaultKind.BAD_NODE: "node",
@@ -103,7 +112,13 @@ _PREFLIGHT_ENV = {
 }
 BAD_NODE_CRASH_AFTER_STEPS = 5
 # Faults the injector fires with a signal that the worker's hooks answer (stalwart.faults.worker_faults).
-_WORKER_SIGNAL_FAULTS = (FaultKind.HANG_WORKER, FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA, FaultKind.SLOW_OPTIMIZER)
+_WORKER_SIGNAL_FAULTS = (
+    FaultKind.HANG_WORKER,
+    FaultKind.SLOW_WORKER,
+    FaultKind.SLOW_DATA,
+    FaultKind.SLOW_OPTIMIZER,
+    FaultKind.LOSS_SPIKE,
+)
 _SLOW_FAULTS = (FaultKind.SLOW_WORKER, FaultKind.SLOW_DATA, FaultKind.SLOW_OPTIMIZER)
 
 
@@ -128,10 +143,12 @@ def node_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
     """Environment for the nodes' agents, whose workers inherit it (node index -> node-N; "*": every
     node, standbys included): the worker faults to arm through the SDK's hook module."""
     signals = any(f.kind in _WORKER_SIGNAL_FAULTS for f in faults)
+    hang_at = min((f.step for f in faults if f.kind is FaultKind.HANG_JOB), default=None)
     delays = {f.kind: f.seconds for f in faults if f.seconds is not None}
     factors = {f.kind: f.factor for f in faults if f.factor is not None}
     armed = WorkerFaults(
         signals=signals,
+        hang_at_step=hang_at,
         **({"slow_step_seconds": delays[FaultKind.SLOW_WORKER]} if FaultKind.SLOW_WORKER in delays else {}),
         **({"slow_data_seconds": delays[FaultKind.SLOW_DATA]} if FaultKind.SLOW_DATA in delays else {}),
         **({"slow_step_factor": factors[FaultKind.SLOW_WORKER]} if FaultKind.SLOW_WORKER in factors else {}),
@@ -141,7 +158,7 @@ def node_fault_env(faults: list[FaultSpec]) -> dict[str, dict[str, str]]:
     )
     bad = {_node_name(f.node) for f in faults if f.kind is FaultKind.BAD_NODE and f.node is not None}
     out: dict[str, dict[str, str]] = {}
-    if signals:
+    if signals or hang_at is not None:
         out["*"] = {contract.FAULT_HOOKS: armed.model_dump_json()}
     for node in sorted(bad):
         crashing = armed.model_copy(update={"crash_after_steps": BAD_NODE_CRASH_AFTER_STEPS})

@@ -73,6 +73,10 @@ def node_probes(
         writable_paths=expected.writable_paths,
         required_nics=expected.required_nics,
         sysfs_root=sysfs_root,
-        kernel_log_reader=WindowedKernelLog(started_at, expected.kernel_log_window_minutes),
+        kernel_log_reader=WindowedKernelLog(
+            started_at,
+            expected.kernel_log_window_minutes,
+            reader=recorded.read_kernel_log if recorded is not None and recorded.kernel_log else read_kernel_log,
+        ),
         recorded=recorded,
     )

@@ -2,7 +2,8 @@
 
 A development machine has no GPU and no InfiniBand, so a test (or a demo) that must show a node
 refused for a missing GPU or a NIC that is down gives that node's agent what a machine with the
-fault printed: a `nvidia-smi -q` text and a `/sys` tree (tests/data/health/ holds real ones). The
+fault printed: a `nvidia-smi -q` text, a `/sys` tree, a kernel log (tests/data/health/ holds real
+ones). The
 agent's environment names them per node, `"*"` for every node not named:
 
     STALWART_PROBE_RECORDINGS='{"node-1": {"nvidiaSmiQ": "/path/gpu.txt", "sysfsRoot": "/path/sys"}}'
@@ -29,6 +30,13 @@ class RecordedOutputs(BaseModel):
 
     nvidia_smi_q: Path | None = Field(default=None, alias="nvidiaSmiQ", description="`nvidia-smi -q` text")
     sysfs_root: Path | None = Field(default=None, alias="sysfsRoot", description="a tree in /sys's layout")
+    kernel_log: Path | None = Field(
+        default=None, alias="kernelLog", description="kernel log lines, dated as `dmesg --time-format iso` prints"
+    )
+
+    def read_kernel_log(self) -> list[str] | None:
+        """The recorded lines, which the agent's window then filters as it filters dmesg's."""
+        return self.kernel_log.read_text().splitlines() if self.kernel_log is not None else None
 
     def read_nvidia_smi_q(self) -> str | None:
         """The recorded text (NVML is then not asked: the recording stands for the whole GPU reader)."""

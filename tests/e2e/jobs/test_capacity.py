@@ -25,6 +25,7 @@ def test_a_lost_node_with_no_standby_and_no_free_machine_fails_the_job_naming_th
     assert snap["reason"] == "CapacityUnavailable", snap["message"]
     message = snap["message"]
     assert "\n" not in message and "runbook show capacity_unavailable" in message, message
+    assert message.startswith("the restart waited 5 s for 1 of 2 nodes to register"), message  # the configured time
     [incident] = snap["incidents"]  # the lost node was handled (evicted) before the wait began
     assert incident["failure_class"] == "LostNode", incident
     missing = re.search(r"to register \(([^)]*)\)", message)

@@ -5,6 +5,7 @@ they would the machine; another node, and bad settings, are handled as they shou
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from support.paths import REPO
@@ -17,6 +18,11 @@ from stalwart.health.recorded import RECORDINGS_ENV, RecordedOutputs, recorded_o
 DATA = REPO / "tests" / "data" / "health"
 ONE_H100 = DATA / "nvidia-smi" / "h100-80gb-hbm3-driver-580.txt"  # one GPU
 PORT_DOWN = DATA / "sysfs" / "ib-port-down"
+KERNEL_LOG = DATA / "kernel-log" / "xid-week-old-and-fresh.log"
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
 def recordings(table: dict[str, dict[str, str]]) -> dict[str, str]:
@@ -56,3 +62,19 @@ def test_the_agents_probes_find_the_recorded_gpu_missing_and_the_nic_down(monkey
     # A node the recordings do not name reads its machine (no GPU reader here: not a fault).
     others = ProbeLoop(MetricsExporter("job", "node-0"), NodeExpectations(expected_gpus=2)).check_now()
     assert not any(f.startswith("gpu:") for f in others), others
+
+
+def test_on_the_agents_path_a_week_old_xid_does_not_evict_and_a_fresh_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's probe loop, its window since the agent started, on a recorded kernel log: an Xid 79
+    of 2026-11-21 and an Xid 48 of 2026-11-28 11:38 (dated as `dmesg --time-format iso` prints)."""
+    monkeypatch.setenv(RECORDINGS_ENV, json.dumps({"*": {"kernelLog": str(KERNEL_LOG)}}))
+
+    def faults(started: str) -> list[str]:
+        loop = ProbeLoop(MetricsExporter("job", "node-0"), NodeExpectations(), started_at=at(started))
+        return [f for f in loop.check_now() if f.startswith("gpu:")]
+
+    since_before_both = faults("2026-11-20T00:00:00")
+    assert any("Xid 79" in f for f in since_before_both) and any("Xid 48" in f for f in since_before_both)
+    between = faults("2026-11-28T11:00:00")  # started after last week's Xid, before today's
+    assert between and not any("Xid 79" in f for f in between) and any("Xid 48" in f for f in between), between
+    assert faults("2026-11-28T11:40:00") == []  # started after both: nothing is this run's evidence
