@@ -37,7 +37,8 @@ class TinyGPTModule(L.LightningModule):
         self.lr, self.step_delay = lr, step_delay
         self.sample_log = sample_log
         self.samples: SampleLog | None = None
-        self.step_ends: list[float] = []  # when each step of this run ended (the step-time figure)
+        # When each step of this run ended: wall, the process's CPU (every thread) and this thread's CPU.
+        self.step_ends: list[tuple[float, float, float]] = []
 
     def on_fit_start(self) -> None:
         self.samples = SampleLog(self.sample_log)  # an audit: each step's sample ids, per rank
@@ -52,7 +53,7 @@ class TinyGPTModule(L.LightningModule):
             time.sleep(self.step_delay)
         if self.samples is not None:
             self.samples.write(self.trainer.global_step, batch["sample_ids"].tolist())
-        self.step_ends.append(time.perf_counter())
+        self.step_ends.append((time.perf_counter(), time.process_time(), time.thread_time()))
 
     def on_fit_end(self) -> None:
         if self.samples is not None:
@@ -111,11 +112,15 @@ def main() -> None:
     trainer.fit(module, train_dataloaders=data.dataloader())
     if trainer.global_rank == 0:
         resumed = next((c.resumed_from for c in callbacks if isinstance(c, StalwartCallback)), 0)
-        times = [b - a for a, b in zip(module.step_ends, module.step_ends[1:], strict=False)]
-        steps = sorted(times[1:])  # the first step left out: it pays for the first collectives
+        walls, cpus, threads = (
+            [b[i] - a[i] for a, b in zip(module.step_ends, module.step_ends[1:], strict=False)] for i in range(3)
+        )
+        steps = sorted(walls[1:])  # the first step left out: it pays for the first collectives
         median = steps[len(steps) // 2] * 1000 if steps else float("nan")
         mean = sum(steps) / len(steps) * 1000 if steps else float("nan")  # checkpoint steps included
-        print("STEP_TIMES " + json.dumps({"stalwart": not args.without_stalwart, "step_times": times}), flush=True)
+        hooks = data.clock.per_step() if not args.without_stalwart else None  # the integration's own time
+        report = {"step_times": walls, "cpu_times": cpus, "thread_times": threads, "hooks": hooks}
+        print("STEP_TIMES " + json.dumps({"stalwart": not args.without_stalwart, **report}), flush=True)
         print(
             f"world={trainer.world_size} resumed_from={resumed} steps={trainer.global_step} "
             f"median_step_time {median:.1f}ms mean_step_time {mean:.1f}ms",

@@ -30,7 +30,7 @@ from stalwart import worker_contract as contract
 from stalwart.agents.worker_sdk import PeriodicCheckpoints, Phase, SampleLog, StepTimer, report_load
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader.batch import Batch, BatchLoader
-from stalwart.integrations.common import SchedulerState, checkpoint_tiers
+from stalwart.integrations.common import HookClock, SchedulerState, checkpoint_tiers
 
 
 class StalwartLoop:
@@ -50,6 +50,7 @@ class StalwartLoop:
     ) -> None:
         self.loader = loader
         self.timer = StepTimer()
+        self.clock = HookClock()  # step_done's own time on the training thread, the periodic saves left out
         self.samples = SampleLog(sample_log)
         self.state: dict[str, Any] = {
             "train": TrainState(model, getattr(optimizer, "optimizer", optimizer)),  # AcceleratedOptimizer's own
@@ -90,12 +91,14 @@ class StalwartLoop:
     def step_done(self, step: int, loss: float | None, batch: Batch | None = None) -> float:
         """Report the step (a NaN or infinite loss raises FloatingPointError: the job rolls back), write
         its sample ids to the audit, and checkpoint every CHECKPOINT_INTERVAL steps. Returns the step time."""
-        tokens = None
-        if batch is not None:
-            tokens = int(batch.tokens.shape[0] * (batch.tokens.shape[1] - 1))
-        elapsed = self.timer.report(step, loss=loss, tokens=tokens)
-        if batch is not None:
-            self.samples.write(step, batch.sample_ids.tolist())
+        with self.clock:
+            tokens = None
+            if batch is not None:
+                tokens = int(batch.tokens.shape[0] * (batch.tokens.shape[1] - 1))
+            elapsed = self.timer.report(step, loss=loss, tokens=tokens)
+            if batch is not None:
+                self.samples.write(step, batch.sample_ids.tolist())
+            self.clock.step_done()
         if self._periodic is not None:
             self._periodic.after_step(step)
         return elapsed

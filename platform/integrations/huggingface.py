@@ -14,6 +14,10 @@
   tiers the agent gives, and at the start loads the newest checkpoint a rollback allows: model,
   optimizer, LR scheduler, RNG, the Trainer's step counter and the loader's position.
 
+What this costs each step is measured as it runs: `StalwartCallback.clock` (a HookClock) holds the wall
+and CPU time the training thread spent in the integration's hooks, the periodic saves and the loader's
+own batch fetches left out; it is logged when training ends.
+
 Outside Stalwart the reports are no-ops and checkpoints go to `checkpoint_dir` (none if not given),
 so the same script runs under plain torchrun.
 """
@@ -33,7 +37,7 @@ from stalwart.agents.worker_sdk import PeriodicCheckpoints, SampleLog, StepTimer
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader import DataConfig, open_loader
 from stalwart.dataloader.batch import BatchLoader
-from stalwart.integrations.common import SchedulerState, checkpoint_tiers, data_config_from_env
+from stalwart.integrations.common import HookClock, SchedulerState, checkpoint_tiers, data_config_from_env
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ class StalwartCallback(TrainerCallback):
         self.checkpoint_dir = checkpoint_dir
         self.samples = SampleLog(sample_log)
         self.timer = StepTimer()
+        self.clock = HookClock()  # the integration's own time on the training thread
         self.loader: BatchLoader | None = None
         self.trainer: Trainer | None = None
         self.resumed_step = 0
@@ -121,27 +126,33 @@ class StalwartCallback(TrainerCallback):
         self.timer = StepTimer()  # the first step's time starts now, not at construction
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self._mark = time.perf_counter()  # the step's batches are fetched (and timed) just before this
+        with self.clock:
+            self._mark = time.perf_counter()  # the step's batches are fetched (and timed) just before this
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        now = time.perf_counter()
-        self.timer.times["compute"] = now - self._mark  # forward, backward (DDP's all-reduce) and clipping
-        self._mark = now
+        with self.clock:
+            now = time.perf_counter()
+            self.timer.times["compute"] = now - self._mark  # forward, backward (DDP's all-reduce) and clipping
+            self._mark = now
 
     def on_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.timer.times["optimizer"] = time.perf_counter() - self._mark
+        with self.clock:
+            self.timer.times["optimizer"] = time.perf_counter() - self._mark
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         step = state.global_step
-        loss = float(torch.stack(self._losses).float().mean()) if self._losses else None
-        # A NaN or infinite loss raises FloatingPointError here (the worker SDK's check): the job rolls back.
-        self.timer.report(step, loss=loss, tokens=self._tokens or None)
-        self.samples.write(step, self._ids)
-        self._losses, self._ids, self._tokens = [], [], 0
+        with self.clock:
+            # The Trainer already waited for this loss (its NaN filter reads it), so reading it syncs nothing.
+            loss = _mean_loss(self._losses)
+            # A NaN or infinite loss raises FloatingPointError here (the worker SDK's check): the job rolls back.
+            self.timer.report(step, loss=loss, tokens=self._tokens or None)
+            self.samples.write(step, self._ids)
+            self._losses, self._ids, self._tokens = [], [], 0
+            self.clock.step_done()
         if self._periodic is not None:
             self._periodic.after_step(step)  # every CHECKPOINT_INTERVAL steps, written while training goes on
 
@@ -150,10 +161,26 @@ class StalwartCallback(TrainerCallback):
             self._periodic.finish()
         if self._ckpt is not None:
             self._ckpt.close()
+        cost = self.clock.per_step()
+        log.info(
+            "stalwart's hooks: %.1f us wall, %.1f us CPU per step over %d steps",
+            cost["wall"] * 1e6,
+            cost["cpu"] * 1e6,
+            self.clock.steps,
+        )
         if self.loader is not None:
             self.loader.close()
             self.loader = None
         self.samples.close()
+
+
+def _mean_loss(losses: list[torch.Tensor]) -> float | None:
+    """The step's loss: its micro-steps' mean (one micro-step: read as it is, no stack)."""
+    if not losses:
+        return None
+    if len(losses) == 1 and losses[0].numel() == 1:
+        return float(losses[0])
+    return float(torch.stack(losses).float().mean())
 
 
 class StalwartBatches:
@@ -168,8 +195,9 @@ class StalwartBatches:
         while True:
             with self.callback.timer.phase("data"):
                 batch = self.loader.next_batch()
-            tokens = batch.tokens
-            self.callback.record_batch(batch.sample_ids.tolist(), int(tokens.shape[0] * (tokens.shape[1] - 1)))
+            with self.callback.clock:
+                tokens = batch.tokens
+                self.callback.record_batch(batch.sample_ids.tolist(), int(tokens.shape[0] * (tokens.shape[1] - 1)))
             yield {"input_ids": tokens, "labels": tokens}
 
 
@@ -208,7 +236,8 @@ class StalwartTrainerMixin:
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         loss: torch.Tensor = super().training_step(*args, **kwargs)  # type: ignore[misc]
-        self.stalwart.record_loss(loss)
+        with self.stalwart.clock:
+            self.stalwart.record_loss(loss)
         return loss
 
 

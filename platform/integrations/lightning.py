@@ -18,6 +18,11 @@ Why not Lightning's own checkpointing: a Lightning checkpoint is one dictionary 
 by one rank's CheckpointIO, and a resumed sampler is replayed from the epoch's start. Stalwart's
 engine writes every rank's shard asynchronously to several tiers, and the data position is a few
 counters of Stalwart's deterministic loader, restored before the first batch is drawn.
+
+What the integration costs each step is measured as it runs: `StalwartData.clock` (a HookClock the
+callback shares) holds the wall and CPU time the training thread spent in the callback's hooks and the
+data's position bookkeeping, the periodic saves and the loader's own batch fetches left out; the
+callback logs it when training ends.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from stalwart.agents.worker_sdk import PeriodicCheckpoints, report_load, report_
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader import DataConfig, open_loader
 from stalwart.dataloader.batch import BatchLoader
-from stalwart.integrations.common import checkpoint_tiers, data_config_from_env
+from stalwart.dataloader.state import LoaderStateDelta
+from stalwart.integrations.common import HookClock, checkpoint_tiers, data_config_from_env
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +98,9 @@ class StalwartData(IterableDataset[dict[str, Any]]):
         self.config = data_config_from_env(config)
         self.micro_batch = contract.int_var(contract.DATA_MICRO_BATCH) or micro_batch
         self.loader: BatchLoader | None = None
-        self._drawn: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # next position -> (state, delta)
-        self._trained: tuple[dict[str, Any], dict[str, Any]] | None = None
+        self.clock = HookClock()  # the integration's own time on the training thread (the callback's too)
+        self._drawn: dict[int, dict[str, Any]] = {}  # next position -> the loader's state there
+        self._trained: dict[str, Any] | None = None
 
     @property
     def tokens_per_batch(self) -> int:
@@ -109,7 +116,7 @@ class StalwartData(IterableDataset[dict[str, Any]]):
                 dp_size=world if dp_size is None else dp_size,
                 micro_batch=self.micro_batch,
             )
-            self._trained = (self.loader.state_dict(), self.loader.state_delta())
+            self._trained = self.loader.state_dict()
         return self.loader
 
     def dataloader(self) -> DataLoader[dict[str, Any]]:
@@ -121,32 +128,34 @@ class StalwartData(IterableDataset[dict[str, Any]]):
         loader = self.open()
         while True:
             batch = loader.next_batch()
-            self._drawn[batch.next_position] = (loader.state_dict(), loader.state_delta())
+            with self.clock:  # one state per batch; its delta is read from it when a checkpoint asks
+                self._drawn[batch.next_position] = loader.state_dict()
             yield {"tokens": batch.tokens, "sample_ids": batch.sample_ids, "next_position": batch.next_position}
 
     def mark_trained(self, batch: Mapping[str, Any]) -> None:
         """The step trained this batch: a checkpoint from now on resumes after it."""
-        position = int(batch["next_position"])
-        self._trained = self._drawn.pop(position, self._trained)
-        for drawn in [p for p in self._drawn if p < position]:
-            del self._drawn[drawn]
+        with self.clock:
+            position = int(batch["next_position"])
+            self._trained = self._drawn.pop(position, self._trained)
+            for drawn in [p for p in self._drawn if p < position]:
+                del self._drawn[drawn]
 
     def state_dict(self) -> dict[str, Any]:
         if self._trained is None:
             raise RuntimeError("StalwartData.state_dict before the loader was opened")
-        return self._trained[0]
+        return self._trained
 
     def state_delta(self) -> dict[str, Any]:
         if self._trained is None:
             raise RuntimeError("StalwartData.state_delta before the loader was opened")
-        return self._trained[1]
+        return {name: self._trained[name] for name in LoaderStateDelta.model_fields}  # a part of the state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at a checkpoint's position; batches drawn ahead before this are dropped."""
         loader = self.open()
         loader.load_state_dict(state)
         self._drawn.clear()
-        self._trained = (loader.state_dict(), loader.state_delta())
+        self._trained = loader.state_dict()
 
     def close(self) -> None:
         if self.loader is not None:
@@ -222,6 +231,7 @@ class StalwartCallback(Callback):
         if interval < 1 or keep < 1:
             raise ValueError(f"StalwartCallback: interval ({interval}) and keep ({keep}) must be at least 1")
         self.data = data
+        self.clock = data.clock  # one figure: the callback's hooks and the data's bookkeeping
         self.checkpoint_uri = os.environ.get(contract.CHECKPOINT_URI) or checkpoint_uri
         self.interval = contract.int_var(contract.CHECKPOINT_INTERVAL) or interval
         self.keep = contract.int_var(contract.CHECKPOINT_KEEP) or keep
@@ -267,42 +277,47 @@ class StalwartCallback(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
-        # Fetching this batch (and the one Lightning draws ahead) happened since the last batch ended.
-        self._data_time += now - self._last_end if self._last_end is not None else 0.0
-        self._started = self._before_optimizer = now
+        with self.clock:
+            now = time.perf_counter()
+            # Fetching this batch (and the one Lightning draws ahead) happened since the last batch ended.
+            self._data_time += now - self._last_end if self._last_end is not None else 0.0
+            self._started = self._before_optimizer = now
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        now = time.perf_counter()
-        self._compute_time += now - self._started  # forward and backward, DDP's all-reduce included
-        self._before_optimizer = now
+        with self.clock:
+            now = time.perf_counter()
+            self._compute_time += now - self._started  # forward and backward, DDP's all-reduce included
+            self._before_optimizer = now
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
-        if self._before_optimizer > self._started:
-            self._optimizer_time += now - self._before_optimizer
-        else:  # accumulating gradients: no optimizer step in this batch
-            self._compute_time += now - self._started
-        self.data.mark_trained(batch)
+        with self.clock:
+            now = time.perf_counter()
+            if self._before_optimizer > self._started:
+                self._optimizer_time += now - self._before_optimizer
+            else:  # accumulating gradients: no optimizer step in this batch
+                self._compute_time += now - self._started
+        self.data.mark_trained(batch)  # timed by the same clock
         step = trainer.global_step
         if step > self._reported:  # an optimizer step finished (every batch, unless accumulating)
-            loss = _rank_loss(outputs)
-            # A NaN or infinite loss raises FloatingPointError here, and the job rolls back.
-            report_step(
-                step,
-                loss=loss,
-                tokens=self.data.tokens_per_batch * max(1, trainer.accumulate_grad_batches),
-                step_time=None if self._last_end is None else now - self._last_end,
-                data_time=self._data_time,
-                compute_time=self._compute_time,
-                optimizer_time=self._optimizer_time,
-            )
-            self._reported = step
-            self._data_time = self._compute_time = self._optimizer_time = 0.0
+            with self.clock:
+                loss = _rank_loss(outputs)
+                # A NaN or infinite loss raises FloatingPointError here, and the job rolls back.
+                report_step(
+                    step,
+                    loss=loss,
+                    tokens=self.data.tokens_per_batch * max(1, trainer.accumulate_grad_batches),
+                    step_time=None if self._last_end is None else now - self._last_end,
+                    data_time=self._data_time,
+                    compute_time=self._compute_time,
+                    optimizer_time=self._optimizer_time,
+                )
+                self._reported = step
+                self._data_time = self._compute_time = self._optimizer_time = 0.0
+                self.clock.step_done()
             if self._periodic is not None:
                 self._periodic.after_step(step)  # every `interval` steps; written while training goes on
         self._last_end = time.perf_counter()
@@ -310,6 +325,13 @@ class StalwartCallback(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._periodic is not None:
             self._periodic.finish()
+        cost = self.clock.per_step()
+        log.info(
+            "stalwart's hooks: %.1f us wall, %.1f us CPU per step over %d steps",
+            cost["wall"] * 1e6,
+            cost["cpu"] * 1e6,
+            self.clock.steps,
+        )
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.checkpointer is not None:
