@@ -25,6 +25,7 @@ Writes bench/results/bench_stragglers.md (and a JSON beside it).
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -272,6 +273,12 @@ def report_from(args: argparse.Namespace) -> None:
     write_report(args, started, loads, rows, healthy, anchor)
 
 
+def _steps_of(runs: list[dict[str, Any]]) -> str:
+    """How many runs reached how many steps: '2 of 400 steps, 8 of 250 steps'."""
+    counts = collections.Counter(r.get("steps") for r in runs)
+    return ", ".join(f"{n} of {steps} steps" for steps, n in sorted(counts.items(), key=lambda kv: -(kv[0] or 0)))
+
+
 def _load(row: dict[str, Any]) -> str:
     return "-".join(f"{x:g}" for x in row["load"]) if row.get("load") else "not recorded"
 
@@ -328,7 +335,7 @@ def write_report(
         "",
         "## Healthy runs under CPU noise",
         "",
-        f"{len(healthy)} runs of {max([h.get('steps') or 0 for h in healthy] or [0])} steps, no fault, "
+        f"{len(healthy)} runs ({_steps_of(healthy)}), no fault, "
         "checkpoints every 10 steps, a competing busy "
         f"process at nice 0 for each whole run: **{evictions} eviction(s)**, incidents: "
         + (", ".join(f"{h['run']}: {h['incidents']}" for h in healthy if h.get("incidents")) or "none")
