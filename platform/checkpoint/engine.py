@@ -347,9 +347,9 @@ class Checkpointer:
                 if item.type == WriteItemType.BYTE_IO:  # a plain value: copied now, serialized behind
                     job.staged[item.index] = snapshot(item.index.fqn, planner.lookup_object(item.index))
                     continue
-                data = plain.get(item.index.fqn)  # a whole plain tensor is its own write item's data
-                if data is None or (item.index.offset is not None and any(item.index.offset)):
-                    data = planner.resolve_data(item)
+                whole = plain.get(item.index.fqn)  # a whole plain tensor is its own write item's data
+                offset = item.index.offset
+                data = whole if whole is not None and not (offset and any(offset)) else planner.resolve_data(item)
                 if isinstance(data, io.BytesIO):
                     job.staged[item.index] = data  # serialized now: a snapshot of the value
                 elif (key := storage_key(data)) is not None and (owner := owners.get(key)) is not None:
