@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from support.cli_invoke import Cli
 from support.s3 import moto_s3
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -73,14 +72,10 @@ def test_the_step_can_come_from_dcps_checkpoint_id(tmp_path: Path) -> None:
     assert [c.step for c in Checkpointer.list_committed(open_storage(str(tmp_path)))] == [12]
 
 
-def test_stalwart_checkpoint_ls_lists_a_dcp_save(tmp_path: Path) -> None:
+def test_stalwart_checkpoint_ls_lists_a_dcp_save(tmp_path: Path, cli: Cli) -> None:
     dcp.save(_state(1), storage_writer=DCPWriter(str(tmp_path), 3), no_dist=True)
-    out = subprocess.run(
-        [sys.executable, "-m", "stalwart.cli.main", "checkpoint", "ls", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = cli("checkpoint", "ls", str(tmp_path))
+    assert out.returncode == 0, out.stderr
     assert "3" in out.stdout.split()
 
 

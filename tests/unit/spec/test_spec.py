@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
+from support.cli_invoke import Cli
 from support.paths import REPO
 
 from stalwart.spec import RestartScope, SpecError, load_job
@@ -94,19 +94,17 @@ def test_missing_file(tmp_path: Path) -> None:
         load_job(tmp_path / "nope.yaml")
 
 
-def test_cli_refuses_an_invalid_job_naming_the_field(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_cli_refuses_an_invalid_job_naming_the_field(tmp_path: Path, cli: Cli) -> None:
     path = write(tmp_path, GOOD.replace("replicas: 2,", "replicas: -1,"))
-    out = subprocess.run([*stalwart_cmd, "run", str(path)], capture_output=True, text=True, timeout=60)
+    out = cli("run", str(path))
     assert out.returncode == 2
     assert "spec.roles[0].replicas" in out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     assert not (tmp_path / ".stalwart").exists()  # nothing started, nothing half-written
 
 
-def test_cli_refuses_a_bad_fault_spec(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_cli_refuses_a_bad_fault_spec(tmp_path: Path, cli: Cli) -> None:
     path = write(tmp_path, GOOD)
-    out = subprocess.run(
-        [*stalwart_cmd, "run", str(path), "--inject", "explode:rank=1"], capture_output=True, text=True, timeout=60
-    )
+    out = cli("run", str(path), "--inject", "explode:rank=1")
     assert out.returncode == 2
     assert "unknown fault kind 'explode'" in out.stderr

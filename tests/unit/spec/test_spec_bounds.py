@@ -5,12 +5,12 @@ field and the problem and never quotes more than a few dozen characters of what 
 from __future__ import annotations
 
 import os
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_invoke import Cli
 
 from stalwart.spec import ALLOWED_PATHS_ENV, PathConfinement, SpecError, confined, load_job, parse_job
 from stalwart.spec.loader import MAX_DOCUMENT_BYTES, MAX_SPEC_BYTES, parse_yaml
@@ -177,11 +177,9 @@ def test_an_allowed_folder_is_allowed(tmp_path: Path, monkeypatch: pytest.Monkey
         )
 
 
-def test_the_cli_refuses_an_amplified_job_quickly_and_briefly(tmp_path: Path, stalwart_cmd: list[str]) -> None:
+def test_the_cli_refuses_an_amplified_job_quickly_and_briefly(tmp_path: Path, cli: Cli) -> None:
     text = "x-blob: &blob " + "y" * 700_000 + "\nx-copies: [" + ", ".join(["*blob"] * 256) + "]\n" + JOB
-    out = subprocess.run(
-        [*stalwart_cmd, "run", str(write(tmp_path, text))], capture_output=True, text=True, timeout=120
-    )
+    out = cli("run", str(write(tmp_path, text)))
     assert out.returncode == 2 and "aliases are expanded" in out.stderr
     assert len(out.stderr) < 1000 and "Traceback" not in out.stderr and not out.stdout
     assert not (tmp_path / ".stalwart").exists()
