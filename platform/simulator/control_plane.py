@@ -4,8 +4,9 @@ harness (bench/bench_control_plane.py, issue 23), which writes docs/control-plan
 The recovery benchmark (measured.py) times detection on a job of a few nodes; what a controller
 needs on top of that at 1,200 nodes is what the scale harness measures: the eviction decision after
 a lost node's lease expires, a hang's detection beyond its timeout, and the tick. One run (a label)
-is used for all three, the newest unless one is named; each figure is interpolated linearly in the
-node count between the two measured sizes around the job's. A figure that cannot be had that way
+is used for all three, the newest unless one is named (the newest whose sizes span the job's, if
+any); each figure is interpolated linearly in the node count between the two measured sizes around
+the job's. A figure that cannot be had that way
 (the file or the label is missing, the job's size is above every measured size, or a size next to
 it failed: the phase did not complete, or the job never ran) falls back to the small-job figures,
 i.e. nothing is added, and the note says so.
@@ -107,11 +108,18 @@ def interpolate(points: dict[int, float | None], nodes: int) -> tuple[float | No
     return value, f"interpolated between {lo:,} and {hi:,} nodes"
 
 
-def newest_label(runs: dict[str, Any]) -> str | None:
-    """The run measured last (its `when`), which is the design as it is now."""
+def newest_label(runs: dict[str, Any], nodes: int | None = None) -> str | None:
+    """The run measured last (its `when`), which is the design as it is now; with `nodes`, the last
+    of those whose sizes span it, if any (a run of one size interpolates nothing)."""
     if not runs:
         return None
-    return max(runs, key=lambda label: (str((runs[label] or {}).get("when") or ""), label))
+
+    def spans(label: str) -> bool:
+        sizes = [s.get("nodes") for s in (runs[label] or {}).get("sizes") or [] if isinstance(s.get("nodes"), int)]
+        return nodes is not None and bool(sizes) and min(sizes) <= nodes <= max(sizes)
+
+    candidates = [label for label in runs if spans(label)] or list(runs)
+    return max(candidates, key=lambda label: (str((runs[label] or {}).get("when") or ""), label))
 
 
 def load_control_plane(path: Path | str | None = None, *, nodes: int, label: str | None = None) -> ControlPlaneAtScale:
@@ -125,7 +133,7 @@ def load_control_plane(path: Path | str | None = None, *, nodes: int, label: str
         runs = json.loads(p.read_text()).get("runs") or {}
     except (ValueError, AttributeError) as exc:
         raise ValueError(f"{p}: not the scale harness's output ({exc})") from None
-    chosen = label if label is not None else newest_label(runs)
+    chosen = label if label is not None else newest_label(runs, nodes)
     run = runs.get(chosen) if chosen is not None else None
     if run is None:
         why = f"no run labelled {chosen!r} in {p.name} (it has {sorted(runs)}): {fallback}"

@@ -130,3 +130,15 @@ def test_the_harness_s_own_file_loads() -> None:
         "tick_p50_seconds",
         "tick_p99_seconds",
     }
+
+
+def test_a_newer_run_of_one_size_does_not_hide_the_run_that_spans_the_job(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "cp.json",
+        {
+            "after": ("2026-11-24 10:30:00 UTC", [_size(1000, 0.2, 0.3, 0.01), _size(3000, 0.4, 0.7, 0.05)]),
+            "one-size": ("2026-11-29 05:00:00 UTC", [_size(1000, 0.1, 0.2, 0.01)]),
+        },
+    )
+    assert load_control_plane(path, nodes=JOB.nodes).label == "after"
+    assert load_control_plane(path, nodes=1000).label == "one-size"  # it spans 1,000 itself: the newest
