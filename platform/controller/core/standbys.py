@@ -126,8 +126,14 @@ def evict(
 
 def top_up_standbys(state: JobState, spec: TrainingJobSpec) -> None:
     """Each role's pool back to its target; a new standby is started for one role only. (A standby
-    of a state written before roles had pools is counted towards the first role that lacks one.)"""
+    of a state written before roles had pools is counted towards the first role that lacks one.) A
+    role that elastic data parallelism shrank also keeps asking for the nodes it lacks (the last
+    resize says its declared replicas): they are what it grows back with."""
     targets = role_standbys(spec)
+    declared = {r.role: r.replicas for r in state.resizes}
+    for role, replicas in declared.items():
+        if role in targets and role in state.roles:
+            targets[role] += max(0, replicas - state.roles[role].nodes)
     for node in state.standbys:
         if node not in state.standby_roles:
             short = [r for r, n in targets.items() if sum(1 for v in state.standby_roles.values() if v == r) < n]

@@ -801,3 +801,15 @@ def test_a_shrunk_role_moves_the_roles_after_it() -> None:
     started = seen.decide()
     assignment = started.puts[keys.generation(JOB, 2)]
     assert isinstance(assignment, Assignment) and assignment.world_size == 5
+
+
+def test_a_shrunk_role_asks_again_for_a_node_it_lacks_when_one_dies() -> None:
+    seen, _ = shrunk()
+    seen.decide()  # generation 2 runs at 2 nodes
+    seen.cluster["node-3"] = NodeInfo(name="node-3", alive=False)  # the machine came, its agent died
+    for i, node in enumerate(["node-0", "node-2"]):
+        seen.beat(node, 2, [worker(r, step=12) for r in (2 * i, 2 * i + 1)])
+    seen.decide()
+    state = seen.the_state()
+    assert "node-3" in state.evicted and len(state.standbys) == 1 and state.standbys[0] != "node-3"
+    assert state.standby_roles[state.standbys[0]] == "trainer"
