@@ -42,6 +42,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     shutil.copytree(healthy / "class" / "net" / "eth0", healthy / "class" / "net" / "ib0")
     path = job_variant(JOB, tmp, args=["--steps", "6"], standbys=2)
     doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["name"] = "e2e-preflight-probes"  # its own shared-memory names beside other runs
     role = doc["spec"]["roles"][0]
     role.update(replicas=1, processesPerNode=WORKERS, health={"expectedGpus": 2, "requiredNics": ["ib0"]})
     path.write_text(yaml.safe_dump(doc))

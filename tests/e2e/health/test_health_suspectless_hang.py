@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from support.paths import REPO
 from support.stalwart_run import job_variant, run_job
 
@@ -28,6 +29,9 @@ def test_a_hang_with_no_suspect_runs_the_stop_time_checks_and_counts_towards_a_r
         fault_tolerance={"hangTimeoutFloorSeconds": 20},
         failure_policy={"replayAfter": 2},
     )
+    doc = yaml.safe_load(job.read_text())
+    doc["metadata"]["name"] = "e2e-hang-job"  # its own shared-memory names beside other runs
+    job.write_text(yaml.safe_dump(doc))
     code, result, output = run_job(tmp_path, STALWART, job, "hang-job:step=12", timeout=600)
     snap = result["snapshot"]
     assert code == 0 and result["phase"] == "Succeeded" and snap["step"] == STEPS, output
