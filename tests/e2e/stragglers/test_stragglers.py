@@ -1,9 +1,9 @@
 """End to end: a rank slowed by a fraction of its step time is a straggler, named by the scores
 alone, and its node is hot-swapped; a healthy job under CPU noise with checkpoints evicts nobody.
 
-The straggler detector's threshold is its default (0.8); the stragglers' window is 10 s instead of
-30 so that the job needs fewer steps (the healthy run keeps the default). The pace detector's factor
-stays e2e.yaml's 10, so the scores are what decides. The slowdowns are given as `factor=` of the
+The straggler detector runs with its defaults (threshold 0.8, a 30 s window: a shorter one lets a
+process starved for a few seconds on this loaded 2-core machine pass for a straggler). The pace
+detector's factor stays e2e.yaml's 10, so the scores are what decides. The slowdowns are given as `factor=` of the
 rank's own step time, whatever pace this machine's load gives the job. How long the decision takes
 is the benchmark's (bench/bench_stragglers.py), not a test's.
 """
@@ -28,11 +28,8 @@ HEALTHY_STEPS = 400  # several default windows, a checkpoint every 10 steps
 WARM = {"warmWorkers": True}
 
 
-def _run(
-    tmp_path: Path, stalwart_cmd: list[str], *inject: str, steps: int = STEPS, window: float | None = 10.0
-) -> tuple[int, dict[str, Any], str]:
-    ft: dict[str, Any] = {**WARM, **({"stragglerWindowSeconds": window} if window is not None else {})}
-    job = stalwart_run.job_variant(JOB, tmp_path, args=["--steps", str(steps)], fault_tolerance=ft, standbys=1)
+def _run(tmp_path: Path, stalwart_cmd: list[str], *inject: str, steps: int = STEPS) -> tuple[int, dict[str, Any], str]:
+    job = stalwart_run.job_variant(JOB, tmp_path, args=["--steps", str(steps)], fault_tolerance=WARM, standbys=1)
     return stalwart_run.run_job(tmp_path, stalwart_cmd, job, *inject, timeout=420)
 
 
@@ -53,10 +50,16 @@ def test_a_straggler_s_node_is_hot_swapped_and_the_job_succeeds(
     assert snap["step"] == STEPS
     [incident] = snap["incidents"]
     assert incident["failure_class"] == "Slowdown" and incident["policy_action"] == "Evict", incident
-    assert incident["suspects"] == ["node-1"] and incident["evicted"] == ["node-1"], incident
     assert incident["verdict"]["failure_class"] == "straggler", incident["verdict"]
     assert incident["verdict"]["straggler"]["rank"] == 3 and incident["verdict"]["straggler"]["cause"].startswith(cause)
-    assert snap["slots"] == ["node-0", "node-2"] and snap["restarts"] == 0 and snap["infra_restarts"] == 1
+    # Rank 3's node: node-1, or the node that replaced it if node-1 died before joining (a loaded host).
+    [evicted] = incident["evicted"]
+    assert incident["rank"] == 3 and incident["suspects"] == [evicted], incident
+    assert evicted not in snap["slots"] and incident["replacements"][evicted] in snap["slots"], (
+        incident,
+        snap["slots"],
+    )
+    assert snap["restarts"] == 0 and snap["infra_restarts"] == 1
     [fired] = result["faults"]
     assert incident["first_step_at"] > fired["fired_at"]  # the standby's generation stepped after the fault
 
@@ -75,7 +78,7 @@ def busy_cpu() -> Iterator[None]:
 def test_a_healthy_job_under_cpu_noise_with_checkpoints_evicts_nobody(
     tmp_path: Path, stalwart_cmd: list[str], busy_cpu: None
 ) -> None:
-    code, result, output = _run(tmp_path, stalwart_cmd, steps=HEALTHY_STEPS, window=None)
+    code, result, output = _run(tmp_path, stalwart_cmd, steps=HEALTHY_STEPS)
     snap = result["snapshot"]
     assert code == 0, output
     assert snap["step"] == HEALTHY_STEPS
