@@ -12,6 +12,7 @@ from stalwart.controller.core.detectors.hangs import Hangs
 from stalwart.controller.core.detectors.loss_spikes import LossSpikes
 from stalwart.controller.core.detectors.node_digests import FailureWatch, NodeDigests
 from stalwart.controller.core.observation import BeatChanges, Observation
+from stalwart.controller.core.work import StackDiagnosis
 from stalwart.diagnosis.log_classify import SYMPTOMS
 from stalwart.spec import parse_job
 from stalwart.store.records import Heartbeat, JobStage, JobState, LogMatch, WorkerStatus
@@ -62,7 +63,7 @@ def test_the_change_log_from_a_cursor() -> None:
 def test_only_the_nodes_that_changed_are_digested_again() -> None:
     digested: list[int] = []
 
-    def count(workers: object) -> int:
+    def count(workers: object, sent_at: float | None) -> int:
         digested.append(1)
         return 0
 
@@ -154,10 +155,47 @@ def test_digests_decide_what_a_walk_over_every_worker_decides(
         assert watch.peer_trouble(view) == view.peer_trouble()
         running = [w for w in view.workers if w.exit_code is None]
         progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
-        any_running, last_progress, steps = hangs._pace(view)
+        any_running, last_progress, steps, newest_report = hangs._pace(view)
         assert any_running == bool(running)
         assert last_progress == (max(progress) if progress else None)
         assert sorted(steps) == sorted(w.step_time for w in running if w.step_time)
+        reporting_nodes = [
+            b.sent_at
+            for n in NODES
+            if (b := beats.get(n)) and b.generation == 1 and any(w.exit_code is None for w in b.workers)
+        ]
+        assert newest_report == (max(reporting_nodes) if reporting_nodes else None)
         reporting = [w for w in view.workers if w.loss is not None and w.step is not None]
         spikes.observe(view)
         assert spikes._first == (min(reporting, key=lambda w: w.rank, default=None),)
+
+
+BIG = parse_job(
+    spec_document(
+        roles=[{"name": "trainer", "replicas": 10_000, "processesPerNode": 1, "command": ["x"]}],
+        faultTolerance={"hangTimeoutFloorSeconds": 10, "hangTimeoutMultiplier": 10},
+    )
+)
+
+
+def _big_job_at(now: float, reported: dict[str, float]) -> View:
+    """A 10,000-node job (progress written every 20 s), three of its slots: each node's ranks last
+    progressed at 0; `reported`: when each node's heartbeat saying so was sent."""
+    st_ = state()
+    beats = {
+        n: Heartbeat(node=n, generation=1, sent_at=at, workers=[worker(i, at=0.0, step_time=0.5)])
+        for i, (n, at) in enumerate(reported.items())
+    }
+    obs = observe(now, st_, beats, None)
+    return View.of(Observation(**{**obs.__dict__, "spec": BIG}), st_)
+
+
+def test_a_big_job_s_hang_is_found_once_a_node_reports_a_whole_timeout_without_progress() -> None:
+    """The timeout (10 s here) waits a progress interval longer (20 s at 10,000 nodes) only while no
+    node has said, a timeout after the newest progress, that it made none."""
+    hangs = Hangs()
+    quiet = _big_job_at(12.0, {"node-0": 5.0, "node-1": 6.0, "node-2": 7.0})
+    assert hangs.look(quiet).work == []  # progress may be unseen yet: 12 s < 10 s + 19 s
+    stuck = _big_job_at(12.0, {"node-0": 5.0, "node-1": 11.0, "node-2": 7.0})
+    found = hangs.look(stuck).work  # node-1 said at 11 s that its ranks made no progress since 0 s
+    assert len(found) == 1 and isinstance(found[0], StackDiagnosis) and found[0].kind == "hang"

@@ -34,12 +34,14 @@ class _Pace:
     running: int
     last_progress: float | None
     step_times: tuple[float, ...]
+    reported_at: float | None  # when the heartbeat that says so was sent (None: nothing running)
 
 
-def _pace(workers: Sequence[WorkerStatus]) -> _Pace:
+def _pace(workers: Sequence[WorkerStatus], sent_at: float | None = None) -> _Pace:
     running = [w for w in workers if w.exit_code is None]
     progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
-    return _Pace(len(running), max(progress, default=None), tuple(w.step_time for w in running if w.step_time))
+    steps = tuple(w.step_time for w in running if w.step_time)
+    return _Pace(len(running), max(progress, default=None), steps, sent_at if running else None)
 
 
 class Hangs(Detector):
@@ -50,15 +52,19 @@ class Hangs(Detector):
         self._captures = 0  # numbers the captures of this generation (their work keys)
         self._quiet_until = 0.0  # after a hang was handled without a restart (an Ignore rule)
         self._digests: NodeDigests[_Pace] = NodeDigests(_pace)
-        self._whole: tuple[bool, float | None, list[float]] | None = None
+        self._whole: tuple[bool, float | None, list[float], float | None] | None = None
 
     def observe(self, view: View) -> Report:
-        running, last_progress, steps = self._pace(view)
+        running, last_progress, steps, newest_report = self._pace(view)
         ft = view.spec.fault_tolerance
         if last_progress is not None:
+            timeout = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds)
             # A big job's progress is seen up to a progress interval late (not a heartbeat interval):
-            # the timeout waits that much longer, so the margin is what it is for a small job.
-            timeout = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds) + view.progress_lag
+            # the timeout waits that much longer, so the margin is what it is for a small job; unless
+            # a node already reported, a whole timeout after the newest progress any rank showed,
+            # that its ranks made none (a stuck node still writes once per progress interval).
+            if newest_report is None or newest_report - last_progress <= timeout:
+                timeout += view.progress_lag
             since = last_progress
         else:
             timeout = ft.first_step_timeout_seconds
@@ -74,17 +80,20 @@ class Hangs(Detector):
             self._captures += 1
         return self._follow(view, self._stall)
 
-    def _pace(self, view: View) -> tuple[bool, float | None, list[float]]:
+    def _pace(self, view: View) -> tuple[bool, float | None, list[float], float | None]:
         """(any worker running, the newest progress of a running one, the running ones' step
-        times), from each node's digest: redone for the nodes whose heartbeat changed."""
+        times, the newest heartbeat of a node running any), from each node's digest: redone for
+        the nodes whose heartbeat changed."""
         by_node = self._digests.update(view)
         if self._digests.changed or self._whole is None:
             paces = by_node.values()
             progress = [p for pace in paces if (p := pace.last_progress) is not None]
+            reports = [r for pace in paces if (r := pace.reported_at) is not None]
             self._whole = (
                 any(pace.running for pace in paces),
                 max(progress) if progress else None,
                 [t for pace in paces for t in pace.step_times],
+                max(reports) if reports else None,
             )
         return self._whole
 

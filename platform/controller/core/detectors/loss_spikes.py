@@ -16,7 +16,7 @@ from stalwart.store.records import WorkerStatus
 LOSS_HISTORY = 20
 
 
-def _first_reporting(workers: Sequence[WorkerStatus]) -> WorkerStatus | None:
+def _first_reporting(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> WorkerStatus | None:
     """A node's lowest rank that reports a loss at a step."""
     return min((w for w in workers if w.loss is not None and w.step is not None), key=lambda w: w.rank, default=None)
 

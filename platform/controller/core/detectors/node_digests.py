@@ -24,10 +24,11 @@ T = TypeVar("T")
 
 
 class NodeDigests(Generic[T]):
-    """`digest(workers)` of each slot node, where `workers` are the node's current workers as its
-    last heartbeat tells (empty without one, or with one from a generation it does not run)."""
+    """`digest(workers, sent_at)` of each slot node, where `workers` are the node's current workers
+    as its last heartbeat tells (empty without one, or with one from a generation it does not run)
+    and `sent_at` when that heartbeat was sent (None without one)."""
 
-    def __init__(self, digest: Callable[[Sequence[WorkerStatus]], T]) -> None:
+    def __init__(self, digest: Callable[[Sequence[WorkerStatus], float | None], T]) -> None:
         self._digest = digest
         self._cursor = -1
         self._layout: tuple[int, tuple[str, ...]] | None = None  # (generation, slots) last digested
@@ -53,7 +54,7 @@ class NodeDigests(Generic[T]):
         for node in nodes:
             beat = view.beats.get(node)
             workers = beat.workers if beat is not None and beat.generation == state.running_generation(node) else []
-            self.by_node[node] = self._digest(workers)
+            self.by_node[node] = self._digest(workers, beat.sent_at if beat is not None else None)
         self.changed = nodes
         return self.by_node
 
@@ -71,7 +72,7 @@ class Failures:
     last_symptom_at: float | None = None
 
 
-def failures(workers: Sequence[WorkerStatus]) -> Failures:
+def failures(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> Failures:
     crashed = tuple(w for w in workers if w.exit_code not in (None, 0))
     symptoms = [m.matched_at for w in workers for m in w.matches if m.failure_class in SYMPTOMS]
     return Failures(crashed, max(symptoms, default=None)) if crashed or symptoms else NO_FAILURES
