@@ -17,7 +17,8 @@ from support.paths import REPO
 
 from stalwart.agents.worker_sdk import trained_samples
 
-pytestmark = pytest.mark.e2e
+# Two runs of a 3-node job (a clean one, and one that shrinks and grows): minutes on a starved machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 JOB = REPO / "tests" / "data" / "jobs" / "e2e.yaml"
 STEPS = 80

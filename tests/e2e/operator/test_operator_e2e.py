@@ -646,6 +646,7 @@ def test_an_rlhf_job_gets_pods_and_standbys_per_role_and_a_rollout_standby_repla
         assert {e.get("name"): e.get("value") for e in pod["spec"]["containers"][0]["env"]}["WHO"] == "rollout"
 
 
+@pytest.mark.timeout(900)  # three generations (the start, the shrink, the grow): minutes on a starved machine
 def test_an_elastic_job_shrinks_when_no_machine_is_free_and_grows_back(world: World) -> None:
     """minReplicas on Kubernetes: 3 machines of one pod each; a pod fails, its machine is cordoned
     and its replacement stays Pending (Unschedulable): the job goes on at 2 nodes. A machine for
