@@ -10,7 +10,7 @@ import json
 import os
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kubernetes
 from kubernetes import client as k8s
@@ -21,6 +21,9 @@ from stalwart.store.records import OperatorRequest, RequestKind, RequestStatus
 from stalwart_operator import kube_requests, names
 from stalwart_operator.kube import USER_AGENT, is_status
 from stalwart_operator.status import ConditionType, RequestState, TrainingJobPhase
+
+if TYPE_CHECKING:
+    from stalwart.ops.reading import JobReader
 
 FIELD_MANAGER = "kubectl-stalwart"
 
@@ -73,10 +76,10 @@ class KubernetesActions:
         except Exception as exc:
             if is_status(exc, 404):
                 return None
-            raise _api_error(exc, f"read TrainingJob {job}") from None
-        return _json(body)
+            raise api_error(exc, f"read TrainingJob {job}") from None
+        return json_body(body)
 
-    def _require(self, job: str) -> dict[str, Any]:
+    def require(self, job: str) -> dict[str, Any]:
         body = self._get(job)
         if body is None:
             raise OpsError(f"no TrainingJob {job!r} in namespace {self.namespace} (kubectl get tj -n {self.namespace})")
@@ -87,18 +90,18 @@ class KubernetesActions:
 
     def job_for_node(self, node: str, job: str | None) -> str | None:
         if job is not None:
-            self._require(job)
+            self.require(job)
             return job
         try:
             listed = self.core.list_namespaced_pod(
                 self.namespace, label_selector=f"{names.NODE_LABEL}={node}", _preload_content=False
             )
         except Exception as exc:
-            raise _api_error(exc, "list pods") from None
+            raise api_error(exc, "list pods") from None
         jobs = sorted(
             {
                 labels[names.JOB_LABEL]
-                for p in _json(listed).get("items", [])
+                for p in json_body(listed).get("items", [])
                 if (labels := p["metadata"].get("labels") or {}).get(names.NODE_LABEL) == node
                 and names.JOB_LABEL in labels
             }
@@ -123,7 +126,7 @@ class KubernetesActions:
         except Exception as exc:
             if is_status(exc, 404):
                 raise OpsError(f"no TrainingJob {job!r} in namespace {self.namespace}") from None
-            raise _api_error(exc, f"patch TrainingJob {job}") from None
+            raise api_error(exc, f"patch TrainingJob {job}") from None
 
     def ask(self, job: str, kind: RequestKind, node: str | None, reason: str, timeout: float) -> OperatorRequest:
         """Annotate the job with the request; wait for the controller's answer in its status."""
@@ -141,7 +144,7 @@ class KubernetesActions:
                     answer = next(
                         (
                             r
-                            for r in (self._require(job).get("status") or {}).get("requests") or []
+                            for r in (self.require(job).get("status") or {}).get("requests") or []
                             if r.get("id") == request_id
                         ),
                         None,
@@ -159,10 +162,16 @@ class KubernetesActions:
             EXIT_TIMEOUT,
         )
 
+    def reader(self) -> JobReader:
+        """The read commands' way through the same API and namespace (stalwart.ops.reading)."""
+        from stalwart_operator.cli_reads import KubernetesReader
+
+        return KubernetesReader(self)
+
     def request_suspend(self, job: str, suspended: bool) -> bool:
         """Set the TrainingJob's spec.suspend, without waiting (the console's way: the page shows the
         job follow). False if it already was so: nothing is patched then."""
-        body = self._require(job)
+        body = self.require(job)
         if bool((body.get("spec") or {}).get("suspend")) == suspended:
             return False
         self._patch(job, {"spec": {"suspend": suspended}})
@@ -177,7 +186,7 @@ class KubernetesActions:
         deadline = time.monotonic() + timeout
         with self.waiting(f"waiting for the operator to {verb} {self.namespace}/{job}"):
             while time.monotonic() < deadline:
-                status = self._require(job).get("status") or {}
+                status = self.require(job).get("status") or {}
                 phase = status.get("phase")
                 if _followed(status, suspended):
                     return f"{self.namespace}/{job}: {phase}"
@@ -201,7 +210,7 @@ def _followed(status: dict[str, Any], suspended: bool) -> bool:
     )
 
 
-def _json(response: Any) -> dict[str, Any]:
+def json_body(response: Any) -> dict[str, Any]:
     """Raw JSON of a `_preload_content=False` call."""
     data: dict[str, Any] = json.loads(response.data)
     return data
@@ -220,7 +229,7 @@ def _as_request(state: RequestState) -> OperatorRequest:
     )
 
 
-def _api_error(exc: Exception, what: str) -> OpsError:
+def api_error(exc: Exception, what: str) -> OpsError:
     if is_status(exc, 401, 403):
         return OpsError(f"the Kubernetes API refused to {what}: {getattr(exc, 'reason', exc)} (check your RBAC)")
     return OpsError(f"cannot {what} through the Kubernetes API: {exc}")

@@ -358,7 +358,8 @@ class PeriodicCheckpoints:
     def after_step(self, step: int) -> None:
         if self._pending is not None and self._pending.done():
             self._report(self._pending.wait())
-        if step % self.interval == 0 or step == self.last_step or checkpoint_requested(step):
+        asked = checkpoint_requested(step)  # (asked first: a periodic save at that step answers it too)
+        if step % self.interval == 0 or step == self.last_step or asked:
             if self._pending is not None:
                 self._report(self._pending.wait())  # one save in flight at a time
             saving_checkpoint()

@@ -14,12 +14,13 @@ from rich.text import Text
 
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
-from stalwart.cli.job_actions import ReadNamespaceOption
+from stalwart.cli.job_actions import NamespaceOption, ReadNamespaceOption
 from stalwart.cli.output import TABLE, OutputOption, show
 from stalwart.ops.connection import open_store
-from stalwart.ops.incidents import IncidentRow, incident_row, read_incidents
-from stalwart.ops.lookup import find_incident, in_namespace, qualified_job
+from stalwart.ops.incidents import IncidentRow
+from stalwart.ops.lookup import find_incident, qualified_job
 from stalwart.ops.readable import ago, clock, duration, num
+from stalwart.ops.reading import open_reader
 from stalwart.runbooks import runbook_for_incident
 from stalwart.store.records import Incident
 
@@ -67,10 +68,13 @@ def incidents(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show the newest N.")] = 50,
     etcd: EtcdOption = None,
-    namespace: ReadNamespaceOption = None,
+    namespace: NamespaceOption = None,
     output: OutputOption = TABLE,
 ) -> None:
     """List incidents, oldest first: class, where, detection time, downtime, action and runbook.
+
+    Through the Kubernetes API (kubectl stalwart, or a kubeconfig and no etcd) it lists the newest
+    incidents each TrainingJob's status carries (10 a job); with etcd, every one.
 
     Examples:
 
@@ -84,14 +88,12 @@ def incidents(
 
         stalwart incidents -o jsonpath='{.items[*].id}'
     """
-    with open_store(etcd) as store:
-        name = qualified_job(job, namespace) if job else None
-        found = read_incidents(store, name)
-        if namespace and name is None:
-            found = [i for i in found if in_namespace(store, i.job, namespace)]
-        if failure_class:
-            found = [i for i in found if i.failure_class.value.lower() == failure_class.lower()]
-        rows = [incident_row(i) for i in found[-limit:]]
+    with open_reader(etcd, namespace) as reader:
+        found = reader.incidents(job)
+    name = found[0].job if job and found else job
+    if failure_class:
+        found = [i for i in found if i.failure_class.lower() == failure_class.lower()]
+    rows = found[-limit:]
 
     def human(wide: bool) -> Group | str:
         if not rows:

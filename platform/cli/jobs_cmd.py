@@ -1,4 +1,5 @@
-"""`stalwart jobs`: every job in etcd, the first thing on-call looks at."""
+"""`stalwart jobs`: every job, the first thing on-call looks at (from etcd, or through the Kubernetes API:
+stalwart.ops.reading)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,16 @@ from rich.text import Text
 
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
-from stalwart.cli.job_actions import ReadNamespaceOption
+from stalwart.cli.job_actions import NamespaceOption
 from stalwart.cli.output import TABLE, OutputOption, WatchOption, WatchTimeoutOption, show, watch
-from stalwart.ops.connection import open_store
-from stalwart.ops.jobs import JobRow, read_jobs
+from stalwart.ops.jobs import JobRow
 from stalwart.ops.readable import duration, num, percent
+from stalwart.ops.reading import open_reader
 from stalwart.styles import phase_text
 
 
-def jobs_table(rows: list[JobRow], endpoint: str, wide: bool = False) -> Table:
-    t = Table(
-        title="jobs", title_justify="left", caption=f"etcd {endpoint}", caption_justify="left", box=box.SIMPLE_HEAVY
-    )
+def jobs_table(rows: list[JobRow], where: str, wide: bool = False) -> Table:
+    t = Table(title="jobs", title_justify="left", caption=where, caption_justify="left", box=box.SIMPLE_HEAVY)
     columns = [
         ("job", "left"),
         *([("namespace", "left")] if wide else []),
@@ -55,16 +54,16 @@ def jobs_table(rows: list[JobRow], endpoint: str, wide: bool = False) -> Table:
     return t
 
 
-def jobs_view(rows: list[JobRow], endpoint: str, namespace: str | None, wide: bool) -> Table | str:
+def jobs_view(rows: list[JobRow], where: str, namespace: str | None, wide: bool) -> Table | str:
     if not rows:
-        return f"no jobs{f' in namespace {namespace}' if namespace else ''} in etcd at {endpoint}"
-    return jobs_table(rows, endpoint, wide)
+        return f"no jobs{f' in namespace {namespace}' if namespace else ''} in {where}"
+    return jobs_table(rows, where, wide)
 
 
 @cli_errors
 def jobs(
     etcd: EtcdOption = None,
-    namespace: ReadNamespaceOption = None,
+    namespace: NamespaceOption = None,
     output: OutputOption = TABLE,
     watch_: WatchOption = False,
     watch_timeout: WatchTimeoutOption = None,
@@ -72,6 +71,8 @@ def jobs(
     """List jobs: phase, generation, step, restarts, ETTR, nodes up and age.
 
     Unfinished jobs come first. ETTR is computed from the job's incidents (docs/control-plane.md).
+    With etcd every job is listed (-n keeps one namespace's); through the Kubernetes API (kubectl
+    stalwart, or a kubeconfig and no etcd) the TrainingJobs of the namespace, from their status.
 
     Examples:
 
@@ -85,17 +86,13 @@ def jobs(
 
         stalwart jobs --watch
     """
-    with open_store(etcd) as store:
-
-        def read() -> list[JobRow]:
-            rows = read_jobs(store)
-            return [r for r in rows if r.namespace == namespace] if namespace else rows
+    with open_reader(etcd, namespace) as reader:
 
         def human(rows: list[JobRow], wide: bool) -> Table | str:
-            return jobs_view(rows, store.endpoint, namespace, wide)
+            return jobs_view(rows, reader.where, namespace, wide)
 
         if watch_:
-            watch(output, read, lambda rows: rows, human, timeout=watch_timeout)
+            watch(output, reader.jobs, lambda rows: rows, human, timeout=watch_timeout)
             return
-        rows = read()
+        rows = reader.jobs()
         show(output, rows, lambda wide: human(rows, wide))

@@ -10,13 +10,12 @@ from rich.text import Text
 from stalwart.cli.connection import EtcdOption
 from stalwart.cli.errors import cli_errors
 from stalwart.cli.incidents_cmd import incidents_table
-from stalwart.cli.job_actions import ReadNamespaceOption
+from stalwart.cli.job_actions import NamespaceOption
 from stalwart.cli.job_arg import JobArg
 from stalwart.cli.output import TABLE, OutputOption, WatchOption, WatchTimeoutOption, show, watch
-from stalwart.ops.connection import open_store
-from stalwart.ops.lookup import qualified_job
 from stalwart.ops.readable import ago, duration, num, percent, rank_ranges
-from stalwart.ops.status import DETAIL_NODES, NodeRow, RankRow, StatusReport, read_status
+from stalwart.ops.reading import open_reader
+from stalwart.ops.status import DETAIL_NODES, NodeRow, RankRow, StatusReport
 from stalwart.styles import phase_text
 
 NODE_STYLE = {
@@ -143,6 +142,8 @@ def status_view(r: StatusReport, wide: bool = False) -> Group:
     parts: list = [_header(r), nodes_table(r.nodes, wide)]
     if r.detail:
         parts.append(ranks_table(r.ranks, wide))
+    elif r.partial:
+        parts.append(Text(r.partial, style="dim"))
     else:
         parts.append(
             Text(
@@ -175,12 +176,15 @@ def status_view(r: StatusReport, wide: bool = False) -> Group:
 def status(
     job: JobArg,
     etcd: EtcdOption = None,
-    namespace: ReadNamespaceOption = None,
+    namespace: NamespaceOption = None,
     output: OutputOption = TABLE,
     watch_: WatchOption = False,
     watch_timeout: WatchTimeoutOption = None,
 ) -> None:
     """Show a job: progress, nodes and their ranks, each rank's health, the standby pool, recent incidents.
+
+    Through the Kubernetes API (kubectl stalwart, or a kubeconfig and no etcd) it shows the
+    TrainingJob's status: the summary, the nodes not healthy and the newest incidents, no rank.
 
     A rank is "stalled" after 5 of its step times (10 s at least) without a step: look closer with diagnose.
 
@@ -196,17 +200,16 @@ def status(
 
         stalwart status pretrain-tiny -o jsonpath='{.phase} {.step}'
     """
-    with open_store(etcd) as store:
-        name = qualified_job(job, namespace)
+    with open_reader(etcd, namespace) as reader:
         if watch_:
             watch(
                 output,
-                lambda: read_status(store, name),
+                lambda: reader.status(job),
                 lambda report: report,
                 status_view,
                 finished=lambda report: report.phase.terminal,
                 timeout=watch_timeout,
             )
             return
-        report = read_status(store, name)
+        report = reader.status(job)
     show(output, report, lambda wide: status_view(report, wide))

@@ -24,10 +24,11 @@ TimeoutOption = Annotated[
 
 @cli_errors
 def suspend(
-    job: JobName, namespace: NamespaceOption = None, timeout: TimeoutOption = 120.0, etcd: EtcdOption = None
+    job: JobName, namespace: NamespaceOption = None, timeout: TimeoutOption = 300.0, etcd: EtcdOption = None
 ) -> None:
-    """Suspend a job: its workers and nodes (pods) stop; its state and checkpoints are kept until it
-    is resumed.
+    """Suspend a job: a running job's workers first save a checkpoint (the platform asks them, and
+    waits up to checkpoint.saveBeforeSuspendSeconds), then they and the nodes (pods) stop; the state
+    and checkpoints are kept until it is resumed, from that checkpoint.
 
     Examples:
 

@@ -122,8 +122,9 @@ def _kubeconfig_present() -> bool:
     return any(p and Path(p).exists() for p in paths)
 
 
-def _kubernetes(namespace: str | None, waiting: Waiting) -> JobActions | None:
-    """The Kubernetes plugin's actions, or None when it is not installed or no kubeconfig exists."""
+def kubernetes_plugin(namespace: str | None, waiting: Waiting = quiet) -> JobActions | None:
+    """The Kubernetes plugin's actions (its reader too: stalwart.ops.reading), or None when it is not
+    installed or no kubeconfig exists."""
     if not _kubeconfig_present():
         return None
     found = entry_points(group=ENTRY_POINTS, name="kubernetes")
@@ -138,13 +139,13 @@ def _kubernetes(namespace: str | None, waiting: Waiting) -> JobActions | None:
 def open_actions(etcd: str | None, namespace: str | None, waiting: Waiting = quiet) -> Iterator[JobActions]:
     """The way to act on jobs, by the order in this module's docstring; `waiting` shows the waits."""
     if etcd is None and os.environ.get(PREFER_KUBERNETES_ENV):
-        kube = _kubernetes(namespace, waiting)
+        kube = kubernetes_plugin(namespace, waiting)
         if kube is not None:
             yield kube
             return
     conn = resolve(etcd)
     if etcd is None and conn.etcd is None:
-        kube = _kubernetes(namespace, waiting)
+        kube = kubernetes_plugin(namespace, waiting)
         if kube is not None:
             yield kube
             return

@@ -95,6 +95,9 @@ class StatusReport(BaseModel):
     pending_requests: list[OperatorRequest]
     # False for a job of more than DETAIL_NODES nodes: nodes carry no heartbeat, ranks are not listed.
     detail: bool = True
+    # What this report leaves out, and where it is (a report read through the Kubernetes API, from the
+    # TrainingJob's status: stalwart_operator.cli_reads); None: read from etcd.
+    partial: str | None = None
 
 
 def rank_health(w: WorkerStatus, now: float) -> str:

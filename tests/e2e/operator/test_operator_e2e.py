@@ -6,6 +6,7 @@ pod marked Failed, a Node marked NotReady.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -513,6 +514,12 @@ def test_a_failed_pod_is_replaced_by_the_standby_with_its_ranks(world: World) ->
         assert [e["reason"] for e in events].count("HotSwap") == 1  # once, however many status ticks
         warning = next(e for e in events if e["reason"] == incident["class"])
         assert warning["type"] == "Warning" and warning["source"]["component"] == "stalwart-operator"
+        # The incident, read through the Kubernetes API (the TrainingJob's status), with no etcd.
+        listed = world.cli("incidents", "alpha", "-n", NS, "-o", "json", plugin=True)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        [row] = [r for r in json.loads(listed.stdout) if r["id"] == incident["id"]]
+        assert (row["job"], row["failure_class"], row["node"]) == ("alpha", incident["class"], victim)
+        assert row["recovered"] and row["runbook"] == incident["runbook"]
 
 
 def test_a_node_not_ready_evicts_its_pods(world: World) -> None:
@@ -751,6 +758,16 @@ def test_on_call_requests_through_the_kubernetes_api(world: World) -> None:
     world.submit("delta", replicas=1, standbys=0)
     world.running("delta", standby=False)
     [node] = world.pods("delta")
+    # Reads through the Kubernetes API (the TrainingJobs' status), as `kubectl stalwart` does: no etcd.
+    listed = world.cli("jobs", "-n", NS, "-o", "json", plugin=True)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    [row] = [r for r in json.loads(listed.stdout) if r["job"] == "delta"]
+    assert (row["namespace"], row["phase"], row["nodes_up"], row["nodes_total"]) == (NS, "Running", 1, 1)
+    assert row["generation"] >= 1 and row["step"] >= 1
+    shown = world.cli("status", "delta", "-n", NS, plugin=True)
+    assert shown.returncode == 0 and "delta" in shown.stdout and "Kubernetes API" in shown.stdout, shown.stderr
+    table = world.cli("jobs", "-n", NS)  # `stalwart` with a kubeconfig and no etcd: the same way
+    assert table.returncode == 0 and "delta" in table.stdout and f"namespace {NS}" in table.stdout, table.stderr
     # On-call through the Kubernetes API (a kubeconfig, no etcd): the request is an annotation the
     # operator hands to the controller; the answer comes back in the status, the annotation goes.
     done = world.cli("node", "cordon", node, "--job", "delta", "-n", NS, "--yes", "--reason", "ECC errors rising")

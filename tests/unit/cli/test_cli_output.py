@@ -21,9 +21,9 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from stalwart.cli import jobs_cmd, status_cmd
 from stalwart.cli.main import app
 from stalwart.cli.output import Output, OutputFormat, parse_output, render_jsonpath
+from stalwart.ops.reading import EtcdReader
 from stalwart.spec.model import FailureEvent
 from stalwart.store import Store, keys
 from stalwart.store.etcd_server import EtcdServer
@@ -156,13 +156,13 @@ def test_namespace_qualifies_the_job_and_filters_listings(store: Store) -> None:
     assert stalwart(store, "status", "out-ml", "-n", "ml", "-o", "jsonpath={.job}").stdout.strip() == ML
     listed = stalwart(store, "jobs", "-n", "ml", "-o", "jsonpath={.items[*].job}")
     assert listed.stdout.split() == [ML]
-    assert "reads etcd, not the Kubernetes API" in listed.stderr
+    assert "reads etcd, not the Kubernetes API" not in listed.stderr  # it reads either (ops.reading)
     incidents = yaml.safe_load(stalwart(store, "incidents", "-n", "ml", "-o", "yaml").stdout)
     assert [i["id"] for i in incidents] == ["inc-0001-cccccc"]
     assert yaml.safe_load(stalwart(store, "incidents", "-n", "elsewhere", "-o", "yaml").stdout) == []
     machines = json.loads(stalwart(store, "node", "list", "-n", "ml", "-o", "json").stdout)
     assert {m["job"] for m in machines} == {ML}
-    help_text = runner.invoke(app, ["jobs", "--help"], env={"COLUMNS": "200"}).stdout
+    help_text = runner.invoke(app, ["logs", "--help"], env={"COLUMNS": "200"}).stdout
     assert "reads etcd only" in help_text
 
 
@@ -205,7 +205,7 @@ def driver(
 def test_status_watch_redraws_on_change_and_ends_when_the_job_finishes(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen, changed = reads_seen(monkeypatch, status_cmd, "read_status")
+    seen, changed = reads_seen(monkeypatch, EtcdReader, "status")
     thread = driver(
         seen,
         changed,
@@ -229,7 +229,7 @@ def test_status_watch_redraws_on_change_and_ends_when_the_job_finishes(
 
 
 def test_jobs_watch_prints_each_change_until_ctrl_c(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen, changed = reads_seen(monkeypatch, jobs_cmd, "read_jobs")
+    seen, changed = reads_seen(monkeypatch, EtcdReader, "jobs")
 
     def phase(rows: list[Any]) -> str:
         return next(r.phase.value for r in rows if r.job == ML)
@@ -269,20 +269,22 @@ def test_a_watch_timeout_bounds_the_watch(store: Store) -> None:
 
 
 def test_every_on_call_command_takes_the_same_namespace_option() -> None:
-    """Acting commands share one help (they reach the Kubernetes API); reading ones say they read etcd."""
+    """The commands that reach the Kubernetes API (every acting one, and jobs, status and incidents:
+    stalwart.ops.reading) share one help; the ones that read etcd only say so."""
     from stalwart.cli.job_actions import NAMESPACE_HELP
 
     root = typer.main.get_command(app)
     ctx = root.make_context("stalwart", ["version"])
-    acting = ["suspend", "resume", "check", "node evict", "node cordon", "node uncordon"]
-    reading = ["jobs", "status", "incidents", "incident", "logs", "diagnose", "node list"]
-    for path in acting + reading:
+    kubernetes = ["suspend", "resume", "check", "node evict", "node cordon", "node uncordon"]
+    kubernetes += ["jobs", "status", "incidents"]
+    etcd_only = ["incident", "logs", "diagnose", "node list"]
+    for path in kubernetes + etcd_only:
         command: Any = root
         for part in path.split():
             command = command.get_command(ctx, part)
         option = next(p for p in command.params if "--namespace" in p.opts)
         assert option.opts == ["--namespace", "-n"], path
-        if path in acting:
+        if path in kubernetes:
             assert option.help == NAMESPACE_HELP, path
         else:
             assert "reads etcd only" in option.help, path
