@@ -199,3 +199,20 @@ def test_a_big_job_s_hang_is_found_once_a_node_reports_a_whole_timeout_without_p
     stuck = _big_job_at(12.0, {"node-0": 5.0, "node-1": 11.0, "node-2": 7.0})
     found = hangs.look(stuck).work  # node-1 said at 11 s that its ranks made no progress since 0 s
     assert len(found) == 1 and isinstance(found[0], StackDiagnosis) and found[0].kind == "hang"
+
+
+def test_the_controller_s_view_logs_the_nodes_whose_heartbeat_arrived() -> None:
+    """Through a real controller tick (the in-memory store's watches deliver at once): each
+    observation's log ends with the heartbeats that arrived since the one before."""
+    from support.controller_harness import Harness
+
+    h = Harness(roles=[{"name": "trainer", "replicas": 3, "processesPerNode": 2, "command": ["x"]}])
+    h.running(slots=("node-0", "node-1", "node-2"))
+    h.tick()
+    first = h.controller.observer.observe({}, frozenset()).beat_changes
+    assert first is not None
+    h.beat("node-1", 1, [worker(2, at=h.clock.now)])
+    h.beat("node-2", 1, [worker(4, at=h.clock.now)])
+    h.lapse("node-0")  # its heartbeat key goes: its last heartbeat is kept, nothing new to digest
+    later = h.controller.observer.observe({}, frozenset()).beat_changes
+    assert later is not None and later.since(first.end) == {"node-1", "node-2"}
