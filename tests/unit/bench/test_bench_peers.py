@@ -90,3 +90,44 @@ def test_the_report_gives_medians_and_says_why_a_cell_is_empty(bench: ModuleType
     assert "not recovered (no restarted rank trained within 60s); published: x" in report
     assert "| stalwart | 20.0 ms | 30.0 ms | 2 |" in report
     assert "local checkpoint manager: AssertionError" in report
+
+
+def test_the_acceptance_lines_give_ratios_against_the_best_peer(bench: ModuleType) -> None:
+    cells = [
+        bench.Cell("stalwart", "lost-node", 2.0),
+        bench.Cell("dlrover", "lost-node", 5.0),
+        bench.Cell("torchft", "lost-node", 3.0),
+        bench.Cell("stalwart", "kill-worker", 4.0),
+        bench.Cell("torchrun", "kill-worker", 2.0),
+    ]
+    lines = bench.acceptance(bench.summarize(cells), {"stalwart": [0.001], "dlrover": [0.002]}, list(bench.SYSTEMS))
+    assert "- lost-node: Stalwart 2.00 s, best peer torchft 3.00 s: 1.5x faster (does not hold: bound 2x)" in lines
+    assert "- kill-worker: Stalwart 4.00 s, best peer torchrun 2.00 s: 0.5x faster (does not hold: bound 1x)" in lines
+    assert any(line.startswith("- hang: no ratio") for line in lines)
+    assert "Stalwart 1.0 ms, DLRover 2.0 ms: 2.0x (holds" in lines[-1]
+
+
+def test_merged_passes_keep_every_cell_and_the_newest_blocked_times(bench: ModuleType) -> None:
+    def run(system: str, blocked: list[float], load: float) -> dict[str, object]:
+        context = {
+            "command": f"c-{system}",
+            "measured_at": "t",
+            "repeats": 1,
+            "systems": [system],
+            "load_min": load,
+            "load_max": load,
+            "load_median": load,
+        }
+        cell = {"system": system, "fault": "hang", "first_step": 1.0}
+        return {"context": context, "cells": [cell], "blocked": {"stalwart": blocked}}
+
+    cells, blocked, context = bench.merge_runs([run("stalwart", [0.5], 1.0), run("dlrover", [0.1], 3.0)])
+    assert [(c.system, c.pass_index) for c in cells] == [("stalwart", 0), ("dlrover", 1)]
+    assert blocked == {"stalwart": [0.1]}
+    assert (context["load_min"], context["load_max"]) == (1.0, 3.0)
+
+
+def test_stop_at_takes_hh_mm_and_names_a_bad_value(bench: ModuleType) -> None:
+    assert bench._utc_today("00:00") % 60 == 0
+    with pytest.raises(SystemExit, match="--stop-at '7pm'"):
+        bench._utc_today("7pm")
