@@ -3,8 +3,7 @@
 A development machine has no GPU and no InfiniBand, so a test (or a demo) that must show a node
 refused for a missing GPU or a NIC that is down gives that node's agent what a machine with the
 fault printed: a `nvidia-smi -q` text, a `/sys` tree, a kernel log (tests/data/health/ holds real
-ones). The
-agent's environment names them per node, `"*"` for every node not named:
+ones). The agent's environment names them per node, `"*"` for every node not named:
 
     STALWART_PROBE_RECORDINGS='{"node-1": {"nvidiaSmiQ": "/path/gpu.txt", "sysfsRoot": "/path/sys"}}'
 
