@@ -1,6 +1,6 @@
 """Rung 3: a loss spike in the reported series: the loss of the first rank that reports one (rank 0
-of the role that trains: in an RLHF job the actor, whatever the roles' order) `lossSpikeFactor`
-times its recent mean. (NaN is the worker's own failure: the SDK raises it, and crash
+of the role that trains, whatever the roles' order: a relay, rollout or reward worker reports none)
+`lossSpikeFactor` times its recent mean. (NaN is the worker's own failure: the SDK raises it, and crash
 classification reads it.)"""
 
 from __future__ import annotations
