@@ -94,7 +94,7 @@ class ReconcileCore:
 
     def _decide(self, plan: Plan, obs: Observation, view: View, reports: list[tuple[Detector, Report]]) -> Needs | None:
         standbys.apply_standby_checks(plan, view)
-        if suspension.follow(plan, view, self.job):
+        if suspension.follow(plan, view, self.job, self.new_id):
             return None
         found = next((f for _, r in reports for f in r.findings if isinstance(f, RequestFinding)), None)
         if found is not None and requests.carry_out(plan, found, view, self.job, self.new_id):

@@ -12,7 +12,7 @@ pass; then it suspends as any job does. The checkpoint it resumes from is that o
 from __future__ import annotations
 
 import math
-import uuid
+from collections.abc import Callable
 
 from stalwart.controller.core.decision import Plan
 from stalwart.controller.core.detectors.base import View
@@ -43,7 +43,7 @@ def save_step(workers: list[WorkerStatus], now: float) -> int | None:
     return math.ceil(max(ahead)) if ahead else None
 
 
-def follow(plan: Plan, view: View, job: str) -> bool:
+def follow(plan: Plan, view: View, job: str, new_id: Callable[[], str]) -> bool:
     """Enter or leave the suspension the spec asks for; True if the stage changed."""
     state, wanted = plan.state, view.spec.suspend
     if wanted and state.stage in ACTIVE:
@@ -52,7 +52,7 @@ def follow(plan: Plan, view: View, job: str) -> bool:
         state.suspensions.append(Suspension(started_at=plan.now))
         step = save_step(view.workers, plan.now) if state.stage is JobStage.RUNNING else None
         if step is not None and view.spec.checkpoint.save_before_suspend_seconds > 0:
-            _ask_for_checkpoint(plan, job, step)
+            _ask_for_checkpoint(plan, job, step, new_id())
             return True
         plan.enter(Trigger.SUSPEND)
         plan.log("info", "suspending: stopping the workers and the nodes", generation=state.generation)
@@ -74,13 +74,13 @@ def follow(plan: Plan, view: View, job: str) -> bool:
     return False
 
 
-def _ask_for_checkpoint(plan: Plan, job: str, step: int) -> None:
+def _ask_for_checkpoint(plan: Plan, job: str, step: int, request_id: str) -> None:
     state = plan.state
     state.suspensions[-1].save_step = step
     plan.put(
         keys.checkpoint_request(job),
         CheckpointRequest(
-            id=f"suspend-{uuid.uuid4().hex[:8]}",
+            id=f"suspend-{state.generation:04d}-{request_id}",
             generation=state.generation,
             step=step,
             reason="suspend",
