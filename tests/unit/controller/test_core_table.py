@@ -617,9 +617,7 @@ def suspend_saving() -> tuple[Seen, Decision]:
 
 
 def _saving(seen: Seen, asked: int = 25) -> None:
-    seen.put_state(
-        stage=S.SAVING, generation=1, suspensions=[Suspension(started_at=seen.now - 1, save_step=asked)]
-    )
+    seen.put_state(stage=S.SAVING, generation=1, suspensions=[Suspension(started_at=seen.now - 1, save_step=asked)])
     seen.join("node-0", "node-1", generation=1)
     seen.records[keys.checkpoint_request(JOB)] = "the request"
 
