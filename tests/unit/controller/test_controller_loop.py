@@ -5,12 +5,12 @@ incident. Also: suspend and resume end to end, with ETTR leaving the suspension 
 from __future__ import annotations
 
 import pytest
-from support.controller_harness import JOB, Harness
+from support.controller_harness import JOB, Harness, worker
 
 from stalwart.controller.core.decision import Decision
 from stalwart.controller.core.ettr import compute_ettr
 from stalwart.store import keys
-from stalwart.store.records import JobStage, JobState
+from stalwart.store.records import JobStage, JobState, SavedCheckpoint
 
 S = JobStage
 
@@ -136,8 +136,17 @@ def test_suspend_stops_everything_records_nothing_and_resume_starts_a_new_genera
     h.cluster.nodes.update({n: h.cluster.nodes.get(n) or _alive(n) for n in ("node-0", "node-1", "node-2")})
     h.set_spec(suspend=True, standbys={"count": 1})
     h.tick()
-    assert h.state().stage is S.SUSPENDING and h.state().last_step == 37
-    assert h.command("node-0") == (1, "stop") and sorted(h.cluster.called("stop")) == ["node-0", "node-1", "node-2"]
+    # A running job checkpoints first: the workers run on until a node reports the step asked for.
+    asked = h.state().suspensions[-1].save_step
+    assert h.state().stage is S.SAVING and h.state().last_step == 37 and asked is not None and asked > 37
+    assert h.command("node-0") == (1, "run") and h.cluster.called("stop") == []
+    saved = SavedCheckpoint(step=asked, generation=1, committed_at=h.clock.now)
+    h.beat("node-0", 1, [worker(0, step=asked), worker(1, step=asked)], checkpoints=[saved])
+    h.tick()
+    assert h.state().stage is S.SUSPENDING and h.state().suspensions[-1].saved_step == asked
+    assert h.command("node-0") == (1, "stop")
+    h.tick()  # (Suspending lists the cluster every tick: the nodes stop)
+    assert sorted(h.cluster.called("stop")) == ["node-0", "node-1", "node-2"]
     for node in ("node-0", "node-1", "node-2"):
         h.lapse(node)  # the agents go, and their leases with them: no lost node for it
     h.clock.advance(100)
