@@ -84,6 +84,7 @@ def test_a_restart_trains_exactly_what_a_clean_run_trains(
     resumed.train()
     assert resumed.stalwart.resumed_step == 3  # the newest checkpoint, not the crash's step
     assert resumed.state.global_step == STEPS
+    assert resumed.stalwart.clock.steps == STEPS - 3 and resumed.stalwart.clock.cpu > 0  # its own time, per step
 
     assert trained_samples(tmp_path / "samples" / "faulty") == trained_samples(tmp_path / "samples" / "clean")
     for (name, a), b in zip(clean.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):

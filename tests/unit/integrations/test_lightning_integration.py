@@ -73,6 +73,7 @@ def test_the_checkpointed_position_is_after_the_last_trained_batch_not_the_last_
     first, second, third = next(batches), next(batches), next(batches)  # Lightning draws ahead
     data.mark_trained(first)
     state = data.state_dict()
+    assert data.state_delta() == {"position": state["position"], "fingerprint": state["fingerprint"]}
     data.close()
 
     resumed = StalwartData(config, micro_batch=2)
@@ -189,7 +190,8 @@ def inbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProgressInbox]:
 def test_the_agent_hears_every_step_with_its_phases_and_every_save_with_the_data_position(
     config: DataConfig, tmp_path: Path, inbox: ProgressInbox
 ) -> None:
-    fit(config, tmp_path / "ckpt", steps=4, interval=2)
+    _, callback = fit(config, tmp_path / "ckpt", steps=4, interval=2)
+    assert callback.clock.steps == 4 and callback.clock.cpu > 0 and callback.clock.wall > 0  # its own time
     reports = inbox.drain()
     steps = [r for r in reports if r.kind == "step"]
     assert [r.step for r in steps] == [1, 2, 3, 4]
@@ -199,6 +201,9 @@ def test_the_agent_hears_every_step_with_its_phases_and_every_save_with_the_data
     saves = [r for r in reports if r.kind == "checkpoint" and r.checkpoint and r.checkpoint.operation == "save"]
     assert [r.step for r in saves] == [2, 4] and all(r.checkpoint and r.checkpoint.committed for r in saves)
     assert all(r.data_state for r in saves), saves
+    # The position a save carries is the loader's own at that step (the trained batch's end).
+    positions = [r.data_state["position"] for r in saves if r.data_state]
+    assert positions == [2 * step for step in (2, 4)], positions  # micro-batch 2, one rank
 
     fit(config, tmp_path / "ckpt", steps=6, interval=2)  # a restart: the load is reported
     loads = [r for r in inbox.drain() if r.kind == "checkpoint" and r.checkpoint and r.checkpoint.operation == "load"]

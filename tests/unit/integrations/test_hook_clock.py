@@ -1,0 +1,55 @@
+"""HookClock: the integration's own time, wall and the training thread's CPU, per step."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from stalwart.integrations.common import HookClock
+
+
+def spin(until: threading.Event | None = None, rounds: int = 200_000) -> None:
+    total = 0
+    for i in range(rounds):
+        total += i * i
+    if until is not None:
+        until.wait()
+
+
+def test_it_sums_the_time_spent_inside_and_nothing_outside() -> None:
+    clock = HookClock()
+    assert clock.per_step() == {"wall": 0.0, "cpu": 0.0, "steps": 0.0}
+    with clock:
+        spin()
+    inside = clock.cpu
+    assert inside > 0 and clock.wall > 0
+    spin()  # outside: not counted
+    assert clock.cpu == inside
+    clock.step_done()
+    clock.step_done()
+    assert clock.per_step()["cpu"] == pytest.approx(inside / 2) and clock.per_step()["steps"] == 2
+
+
+def test_its_cpu_time_is_the_calling_thread_s_only() -> None:
+    """Another thread's work (a checkpoint writer, another process's load) is not the hook's CPU."""
+    clock = HookClock()
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (spin(rounds=2_000_000), done.set()))
+    with clock:
+        worker.start()
+        done.wait()  # the hook waits: wall time passes, this thread uses almost no CPU
+    worker.join()
+    alone = HookClock()
+    with alone:
+        spin(rounds=2_000_000)
+    assert clock.cpu < alone.cpu
+    assert clock.wall > clock.cpu
+
+
+def test_an_exception_inside_is_still_timed() -> None:
+    clock = HookClock()
+    with pytest.raises(FloatingPointError), clock:
+        spin()
+        raise FloatingPointError("loss is nan")
+    assert clock.cpu > 0
