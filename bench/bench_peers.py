@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import signal
 import socket
 import statistics
@@ -577,6 +578,9 @@ def stalwart_job(folder: Path, samples: Path, fault: str | None) -> Path:
     import yaml
 
     doc = yaml.safe_load(EXAMPLE.read_text())
+    # A name of its own: node-local resources (the loader's shared memory) are named by job and node,
+    # and the example's own name may be running at the same time on a shared machine.
+    doc["metadata"]["name"] = f"peers-{secrets.token_hex(4)}"
     role = doc["spec"]["roles"][0]
     command = list(role["command"])
     command[command.index("--steps") + 1] = str(STEPS)
