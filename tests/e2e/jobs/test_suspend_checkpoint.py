@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from support import stalwart_run
 from support.paths import REPO
@@ -25,6 +26,7 @@ from stalwart.store.records import CheckpointEntry, CheckpointRequest, Incident,
 WAIT = 300.0
 
 
+@pytest.mark.timeout(900)  # a job, a suspension and a resume: minutes on a starved machine
 def test_suspend_saves_the_step_the_controller_asks_for_and_resume_starts_there(
     tmp_path: Path, etcd: EtcdServer, stalwart_cmd: list[str]
 ) -> None:
