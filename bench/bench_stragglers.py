@@ -295,7 +295,8 @@ def write_report(
     healthy: list[dict[str, Any]],
     anchor: list[dict[str, Any]],
 ) -> None:
-    cmd = " ".join(["python bench/bench_stragglers.py", *sys.argv[1:]])
+    argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--note" and (i == 0 or sys.argv[i] != "--note")]
+    cmd = " ".join(["python bench/bench_stragglers.py", *argv])
     lines = [
         "# Straggler detection: the matrix, healthy runs, and NVRx's scores",
         "",
