@@ -66,7 +66,10 @@ def _header(r: StatusReport) -> Table:
     )
     ckpt = r.last_checkpoint
     where = "+".join(ckpt.tiers) if ckpt and ckpt.tiers else "tier not reported"
-    t.add_row("checkpoint", f"step {ckpt.step} ({where}) {ago(ckpt.committed_at)}" if ckpt else "none yet")
+    if ckpt is None and r.partial:
+        t.add_row("checkpoint", Text("not in what was read (below)", style="dim"))
+    else:
+        t.add_row("checkpoint", f"step {ckpt.step} ({where}) {ago(ckpt.committed_at)}" if ckpt else "none yet")
     if r.open_incident:
         t.add_row("incident", Text(f"{r.open_incident} open: stalwart incident {r.open_incident}", style="bold yellow"))
     return t
