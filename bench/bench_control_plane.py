@@ -793,7 +793,8 @@ def figures(size: dict[str, Any]) -> dict[str, float | None]:
     for part in (p.get("startup", {}).get("nodes", {}).get("exits", {}), size.get("exits_after_startup", {})):
         for reason, count in part.items():
             exits[reason] = exits.get(reason, 0) + count
-    measured = "startup" in p and "exits_after_startup" in size
+    # Only a run whose job started had a generation start for an agent to time out in.
+    measured = bool(p.get("startup", {}).get("completed")) and "exits_after_startup" in size
     return {
         "tick_p99_s": p.get("steady", {}).get("controller", {}).get("tick_p99_s"),
         "expiry_to_decision_s": p.get("kill", {}).get("expiry_to_decision_s"),

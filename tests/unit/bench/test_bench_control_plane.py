@@ -70,6 +70,12 @@ def test_a_phase_that_never_got_there_breaks_its_bound(bench: ModuleType) -> Non
     ]
 
 
+def test_no_generation_start_no_agent_timeout_figure(bench: ModuleType) -> None:
+    s = size(1.0)
+    s["phases"]["startup"]["completed"] = False
+    assert bench.figures(s)["agent_timeouts"] is None
+
+
 def test_load_bands_per_core(bench: ModuleType) -> None:
     assert [bench.load_band(x, 2) for x in (0.5, 2.9, 3.0, 7.9, 8.0, None)] == [
         "quiet",
