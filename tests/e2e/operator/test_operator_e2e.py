@@ -753,6 +753,7 @@ def test_an_elastic_job_shrinks_when_no_machine_is_free_and_grows_back(world: Wo
             world.core.patch_node(machine, {"spec": {"taints": had}}, _preload_content=False)
 
 
+@pytest.mark.timeout(900)  # eight CLI processes (reads, then requests): minutes on a starved machine
 def test_on_call_requests_through_the_kubernetes_api(world: World) -> None:
     """(The job stays for the next test, which deletes it.)"""
     world.submit("delta", replicas=1, standbys=0)
