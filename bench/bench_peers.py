@@ -223,7 +223,8 @@ def build_report(
         "",
         f"Job: the pretraining example's model (TinyGPT, 2 layers, dim 64), batch 8 x 64 tokens per rank, "
         f"{RANKS} ranks in 2 nodes, gloo on CPU, {STEPS} steps, a checkpoint every {INTERVAL} steps, the fault "
-        f"at step {FAULT_STEP}; medians of {context['repeats']} runs per cell, systems interleaved.",
+        f"at step {FAULT_STEP}; medians of the runs each cell got (n below; repeats asked: {context['repeats']}), "
+        "systems interleaved.",
         "",
         *[f"Note: {n}" for n in context.get("notes", [])],
         *([""] if context.get("notes") else []),
@@ -919,8 +920,8 @@ def save(cells: list[Cell], blocked: dict[str, list[float]], context: dict[str, 
 
 
 def merge_runs(runs: Sequence[dict[str, Any]]) -> tuple[list[Cell], dict[str, list[float]], dict[str, Any]]:
-    """Several passes' .json as one: every cell, the last pass's blocked times per system, the load
-    over all of them, every command."""
+    """Several passes' .json as one: every cell, the last listed pass's blocked times per system, the
+    load over all of them, every command."""
     cells = [Cell(**{**c, "pass_index": i}) for i, run in enumerate(runs) for c in run["cells"]]
     blocked: dict[str, list[float]] = {}
     for run in runs:  # the newest pass that measured a system's saves wins (e.g. a blocked-time pass)
