@@ -12,6 +12,7 @@ import tempfile
 import time
 import traceback
 import typing
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -63,22 +64,23 @@ def _rank_main(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # ty
         queue.put((rank, "in-process Wrapper: " + _where(exc)))
 
 
-def probe_inprocess() -> list[str]:
+def _run_ranks(target: Callable[..., None], timeout: float, silent: str) -> list[str]:
+    """Run `target(rank, 2, port, queue)` in 2 spawned ranks; what each said, or `silent`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, 2, port, queue)) for r in range(2)]
     for p in procs:
         p.start()
     out = []
     for _ in procs:
         try:
-            rank, said = queue.get(timeout=120)
+            rank, said = queue.get(timeout=timeout)
             out.append(f"rank {rank}: {said}")
         except Exception:
-            out.append("a rank said nothing within 120 s")
+            out.append(silent)
             break
     for p in procs:
         p.join(timeout=10)
@@ -86,6 +88,10 @@ def probe_inprocess() -> list[str]:
             p.kill()
             p.join()
     return out
+
+
+def probe_inprocess() -> list[str]:
+    return _run_ranks(_rank_main, 120, "a rank said nothing within 120 s")
 
 
 def _hang_rank(rank: int, world: int, port: int, queue: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -175,28 +181,7 @@ HANG_STEP = 3
 
 
 def probe_hang() -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_hang_rank, args=(r, 2, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    out = []
-    for _ in procs:
-        try:
-            rank, said = queue.get(timeout=180)
-            out.append(f"rank {rank}: {said}")
-        except Exception:
-            out.append("hang: a rank said nothing within 180 s")
-            break
-    for p in procs:
-        p.join(timeout=10)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return out
+    return _run_ranks(_hang_rank, 180, "hang: a rank said nothing within 180 s")
 
 
 def probe_local_checkpoint() -> str:

@@ -161,13 +161,7 @@ class StalwartCallback(TrainerCallback):
             self._periodic.finish()
         if self._ckpt is not None:
             self._ckpt.close()
-        cost = self.clock.per_step()
-        log.info(
-            "stalwart's hooks: %.1f us wall, %.1f us CPU per step over %d steps",
-            cost["wall"] * 1e6,
-            cost["cpu"] * 1e6,
-            self.clock.steps,
-        )
+        self.clock.log_cost(log)
         if self.loader is not None:
             self.loader.close()
             self.loader = None

@@ -325,13 +325,7 @@ class StalwartCallback(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._periodic is not None:
             self._periodic.finish()
-        cost = self.clock.per_step()
-        log.info(
-            "stalwart's hooks: %.1f us wall, %.1f us CPU per step over %d steps",
-            cost["wall"] * 1e6,
-            cost["cpu"] * 1e6,
-            self.clock.steps,
-        )
+        self.clock.log_cost(log)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.checkpointer is not None:
