@@ -50,6 +50,7 @@ from stalwart.store.records import (
     Cordon,
     Incident,
     JobPhase,
+    JobStage,
     JobState,
     OperatorRequest,
     RequestStatus,
@@ -469,7 +470,10 @@ def test_suspend_then_resume_and_the_job_trains_on_from_its_checkpoint(world: Wo
     assert checkpoint is not None
     suspended = confirm(page, page.locator("a:text-is('Suspend')"), "Suspend", "make room for an urgent eval")
     mark(page)
-    page.locator(".summary .phase-suspended").wait_for()  # once every node of the job has stopped
+    page.locator(".summary .phase-suspended").wait_for()
+    # The phase reads Suspended from the request on, while the workers still save the step asked for
+    # (SuspendSaving) and stop: a Resume then would only withdraw the suspension. Wait for the nodes.
+    assert wait_for(lambda: (st := state(world.store)) is not None and st.stage is JobStage.SUSPENDED, 600, 0.5)
     s = state(world.store)
     assert s is not None and s.phase is JobPhase.SUSPENDED and s.suspensions[-1].ended_at is None, s
     assert page.locator("rect.seg-suspended").count() == 1 and unchanged(page)

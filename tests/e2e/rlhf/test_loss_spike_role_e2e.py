@@ -36,7 +36,9 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def two_role_job(tmp_path: Path) -> Path:
-    path = job_variant(JOB, tmp_path, args=["--steps", str(STEPS)])
+    # Each step outlasts a heartbeat (0.5 s): the controller reads the loss a heartbeat carries, the
+    # newest step's, so a one-step spike in a faster job could fall between two beats.
+    path = job_variant(JOB, tmp_path, args=["--steps", str(STEPS), "--step-delay", "0.6"])
     doc = yaml.safe_load(path.read_text())
     doc["metadata"]["name"] = "e2e-loss-spike-role"  # its own shared-memory names beside other runs
     spec = doc["spec"]
