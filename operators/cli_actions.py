@@ -150,7 +150,7 @@ class KubernetesActions:
                         None,
                     )
                     if answer is not None and answer.get("phase") != RequestStatus.PENDING.value:
-                        return _as_request(RequestState.model_validate(answer))
+                        return as_request(RequestState.model_validate(answer))
                     time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
             self._patch(job, kube_requests.removal_patch([annotation]))
@@ -216,7 +216,8 @@ def json_body(response: Any) -> dict[str, Any]:
     return data
 
 
-def _as_request(state: RequestState) -> OperatorRequest:
+def as_request(state: RequestState) -> OperatorRequest:
+    """A request as the operator's status carries it, in the store's shape (for the CLI's rows)."""
     return OperatorRequest(
         id=state.id,
         kind=RequestKind(state.kind),

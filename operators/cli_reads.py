@@ -22,9 +22,9 @@ from stalwart.ops.errors import OpsError
 from stalwart.ops.incidents import IncidentRow
 from stalwart.ops.jobs import JobRow
 from stalwart.ops.status import RECENT_INCIDENTS, NodeRow, StatusReport
-from stalwart.store.records import JobPhase, OperatorRequest, RequestKind, RequestStatus
+from stalwart.store.records import JobPhase, RequestStatus
 from stalwart_operator import names
-from stalwart_operator.cli_actions import KubernetesActions, api_error, json_body
+from stalwart_operator.cli_actions import KubernetesActions, api_error, as_request, json_body
 from stalwart_operator.status import (
     ConditionType,
     IncidentSummary,
@@ -168,18 +168,7 @@ def status_report(body: dict[str, Any], now: float) -> StatusReport:
         incidents=incidents[-RECENT_INCIDENTS:],
         incident_count=status.incident_count,
         last_checkpoint=None,
-        pending_requests=[
-            OperatorRequest(
-                id=r.id,
-                kind=RequestKind(r.kind),
-                node=r.node,
-                requested_by=r.requested_by,
-                requested_at=0.0,
-                status=RequestStatus(r.phase),
-            )
-            for r in status.requests
-            if r.phase == RequestStatus.PENDING.value
-        ],
+        pending_requests=[as_request(r) for r in status.requests if r.phase == RequestStatus.PENDING.value],
         detail=False,
         partial=PARTIAL,
     )
