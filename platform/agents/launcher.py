@@ -213,4 +213,5 @@ class WorkerLauncher:
             self.working_dir(role),
             log_dir,
             launcher=self.warm.launch,
+            heartbeat_interval=self.job.spec.fault_tolerance.heartbeat_interval_seconds,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import deque
@@ -27,6 +28,7 @@ Launcher = Callable[[list[str], dict[str, str], Path, Path], "ChildProcess | Non
 LOG_TAIL_LINES = 40
 MAX_MATCHES_KEPT = 20  # per worker, the most recent: a heartbeat stays small
 SCAN_BYTES_PER_TICK = 1 << 20  # a worker printing faster than this is scanned over several ticks
+PEAK_LOSS_BEATS = 3  # the peak loss covers the steps of this many heartbeat intervals
 
 
 def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
@@ -52,6 +54,16 @@ class Worker:
     status: WorkerStatus = field(init=False)
     scanner: LogScanner = field(init=False)
     scanned: int = 0  # bytes of the log already scanned
+    losses: deque[tuple[float, int, float]] = field(default_factory=deque)  # (reported at, step, loss), recent
+
+    def note_loss(self, now: float, step: int, loss: float | None, window: float) -> None:
+        """Keep the peak of the recent losses in the status (a finite loss; NaN is the SDK's own failure)."""
+        if loss is not None and math.isfinite(loss):
+            self.losses.append((now, step, loss))
+        while self.losses and self.losses[0][0] < now - window:
+            self.losses.popleft()
+        if self.losses:
+            _, self.status.peak_loss_step, self.status.peak_loss = max(self.losses, key=lambda entry: entry[2])
 
     def __post_init__(self) -> None:
         self.status = WorkerStatus(
@@ -103,13 +115,16 @@ class WorkerGroup:
         working_dir: Path,
         log_dir: Path,
         launcher: Launcher | None = None,
+        heartbeat_interval: float = 1.0,
     ) -> None:
         """One worker per environment in `envs` (local rank order; stalwart.agents.launcher.worker_env
         makes them). `launcher` may start a worker faster than a cold spawn (a warm worker); when it
-        returns None the worker is spawned cold."""
+        returns None the worker is spawned cold. Each status's peak loss covers the steps of the last
+        PEAK_LOSS_BEATS heartbeat intervals."""
         if len(envs) != node.local_world_size:
             raise ValueError(f"{len(envs)} worker environments for {node.local_world_size} local ranks")
         self.generation = assignment.generation
+        self.peak_loss_window = PEAK_LOSS_BEATS * heartbeat_interval
         self.workers: list[Worker] = []
         self.warm_starts = 0
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -170,6 +185,7 @@ class WorkerGroup:
             s.first_step, s.first_step_at, s.first_loss = report.step, now, report.loss
         s.step, s.loss, s.step_time, s.last_progress_at = report.step, report.loss, report.step_time, now
         s.phases = report.phases
+        self.workers[report.local_rank].note_loss(now, report.step, report.loss, self.peak_loss_window)
         if report.tokens is not None and report.step_time:
             s.tokens_per_second = report.tokens / report.step_time
         if report.flops is not None and report.step_time:

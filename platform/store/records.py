@@ -365,6 +365,10 @@ class WorkerStatus(Record):
     # this rank's place pre-warms its shadow loader from it.
     last_checkpoint_data: dict[str, Any] | None = None
     phases: PhaseTimes | None = None  # the last step's, as the SDK reported them
+    # The highest loss of the steps reported in the last few heartbeat intervals, and its step: a
+    # one-step spike in a job that steps faster than it beats is still in the beat after it.
+    peak_loss: float | None = None
+    peak_loss_step: int | None = None
     log_tail: list[str] = []
     # What the agent's streaming scan of this worker's output found (the most recent, bounded).
     matches: list[LogMatch] = []

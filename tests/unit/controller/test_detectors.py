@@ -240,6 +240,31 @@ def test_a_loss_spike_is_judged_on_the_ranks_that_report_a_loss() -> None:
     assert incident.failure_class.value == "LossSpike" and "loss 12 at step 36" in incident.evidence[0]
 
 
+def test_a_one_step_spike_between_two_heartbeats_is_judged_from_the_peak_the_beat_carries() -> None:
+    """The job steps faster than it beats: the beat after the spike carries a normal newest loss and
+    the spike as its peak."""
+    h = Harness()
+    h.running()
+    for step, loss in enumerate([2.0, 2.1, 1.9, 2.2, 2.0], start=31):
+        h.run_generation(1, ["node-0", "node-1"], step=step, loss=loss, peak_loss=loss + 0.1, peak_loss_step=step - 1)
+        h.tick()
+    h.run_generation(1, ["node-0", "node-1"], step=40, loss=2.1, peak_loss=30.0, peak_loss_step=38)
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failure_class.value == "LossSpike" and "loss 30 at step 38" in incident.evidence[0]
+
+
+def test_a_peak_already_judged_as_a_newest_loss_is_not_judged_again() -> None:
+    """A peak at or before the newest step judged was seen (as that beat's newest or its own peak):
+    a baseline that fell since does not make it a spike later."""
+    h = Harness()
+    h.running()
+    for step, loss in enumerate([19.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5], start=31):
+        h.run_generation(1, ["node-0", "node-1"], step=step, loss=loss, peak_loss=20.0, peak_loss_step=30)
+        h.tick()
+    assert h.incidents() == []
+
+
 # -- hangs ---------------------------------------------------------------------------------------
 def test_a_hung_rank_is_diagnosed_off_the_loop_and_its_node_evicted() -> None:
     """A Running tick never waits for diagnosis: the capture is launched, the tick returns."""
