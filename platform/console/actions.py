@@ -24,7 +24,7 @@ from stalwart.ops.lookup import job_for_node, require_state
 from stalwart.ops.spec_edit import SpecEditError, set_suspend
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import AuditEntry, JobPhase, JobState, OperatorRequest, RequestKind
+from stalwart.store.records import AuditEntry, JobPhase, JobStage, JobState, OperatorRequest, RequestKind
 
 log = get_logger("stalwart.console.actions")
 
@@ -89,6 +89,10 @@ def check_target(store: Store, job: str, action: Action, node: str | None) -> Jo
     state = require_state(store, job)
     if state.phase.terminal:
         raise Conflict(f"job {job!r} already finished ({state.phase.value}): there is nothing to {action.value}")
+    if state.stage is JobStage.SAVING and action in (Action.EVICT, Action.CHECK):
+        raise Conflict(
+            f"job {job!r} is suspending: it saves a checkpoint, then its nodes stop; there is nothing to {action.value}"
+        )
     if state.phase is JobPhase.SUSPENDED and action in (Action.EVICT, Action.CHECK):
         raise Conflict(f"job {job!r} is suspended: its nodes are stopped, there is nothing to {action.value}")
     if action.needs_node and not node:

@@ -22,6 +22,7 @@ from stalwart.store.records import (
     CheckpointEntry,
     Incident,
     JobPhase,
+    JobStage,
     JobState,
     OperatorRequest,
     RequestKind,
@@ -133,6 +134,9 @@ class JobView(BaseModel):
     reported_checkpoint: tuple[int, int] | None
     audit: list[AuditRow]
     now: float
+    # Suspending, checkpoint first (stage SuspendSaving): the phase is Suspended but the workers still step.
+    saving_before_suspend: bool = False
+    nodes_stopped: bool = False  # suspending or suspended: whatever the last heartbeats say, no node runs
 
 
 def page_topology(world: int, tp: int, pp: int) -> Topology | None:
@@ -340,7 +344,8 @@ def job_view(store: Store, job: str, tp: int | None = None, pp: int | None = Non
         if topology is not None and topology.world_size != world:
             topology = None  # a replay generation: a smaller copy of the job
     layout = layout_of(topology, source) if topology is not None else None
-    suspended = report.phase is JobPhase.SUSPENDED
+    # SuspendSaving is phase Suspended too, but its workers step until the checkpoint commits.
+    suspended = report.phase is JobPhase.SUSPENDED and state.stage is not JobStage.SAVING
     segments, marks = timeline(state, generations, incidents, now)
     checkpoints = sorted(store.get_prefix(keys.checkpoints_prefix(job), CheckpointEntry), key=lambda c: -c.step)
     return JobView(
@@ -362,4 +367,6 @@ def job_view(store: Store, job: str, tp: int | None = None, pp: int | None = Non
         reported_checkpoint=reported_checkpoint(report.ranks),
         audit=audit_rows(store, job),
         now=now,
+        saving_before_suspend=state.stage is JobStage.SAVING,
+        nodes_stopped=suspended,
     )

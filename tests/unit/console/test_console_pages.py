@@ -329,6 +329,18 @@ def test_a_check_shows_each_nodes_verdict_and_a_suspension_its_stretch(app, reco
         assert "1/2 nodes passed" in row and "node-a: passed" in row and "node-b: failed: all_reduce: 2 GB/s" in row
         assert 'class="seg seg-suspended"' in html and "· suspended" in html and "· resumed" in html
 
+        # Suspending, checkpoint first: the workers still step, so the nodes are shown, and nothing is evicted.
+        state.stage = JobStage.SAVING
+        records.put(keys.job_state(LIVE), state)
+        html = unescape(c.get(f"/jobs/{LIVE}", headers=OPERATOR).text)
+        assert "saving a checkpoint before suspending" in html and 'class="rank' in html, html[-2000:]
+        assert "its nodes are stopped" not in html and "<dt>tokens/s</dt><dd>-</dd>" not in html
+        csrf = csrf_of(c.get(f"/jobs/{LIVE}/actions/suspend", headers=OPERATOR).text)
+        refused = c.post(
+            f"/jobs/{LIVE}/actions/evict", data={"node": "node-a", "reason": "x", "csrf": csrf}, headers=OPERATOR
+        )
+        assert refused.status_code == 409 and "saves a checkpoint, then its nodes stop" in unescape(refused.text)
+
         # Suspended again, now: the nodes' last heartbeats are still there, but the nodes are stopped.
         state.stage = JobStage.SUSPENDED
         state.suspensions.append(Suspension(started_at=NOW - 5))
