@@ -18,8 +18,10 @@ dips is no straggler: the share of slow evaluations tells the two apart.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.node_digests import NodeDigests
 from stalwart.controller.core.detectors.straggler_scores import (
     RankScore,
     Sample,
@@ -32,6 +34,7 @@ from stalwart.controller.core.detectors.straggler_scores import (
 from stalwart.controller.core.policy import Classified
 from stalwart.controller.core.ranks import role_states
 from stalwart.spec.model import FailureEvent
+from stalwart.store.records import WorkerStatus
 
 HISTORY = 120  # samples kept per rank (the individual score's history)
 RECENT = 12  # samples a score's medians are taken over (a few seconds of a loaded host's dips are noise)
@@ -53,6 +56,7 @@ class Stragglers(Detector):
         self._found: Report = Report()
         self._handled: set[str] = set()
         self.scores: dict[int, RankScore] = {}  # the newest, for /metrics and status
+        self._workers: NodeDigests[Sequence[WorkerStatus]] = NodeDigests(lambda workers, _sent_at: workers)
 
     def observe(self, view: View) -> Report:
         self._sample(view)
@@ -63,8 +67,11 @@ class Stragglers(Detector):
         return self._found
 
     def _sample(self, view: View) -> None:
+        """Sample the workers of the nodes whose heartbeat changed (a worker on another node has no
+        new step: a walk over every worker would skip it)."""
         warmup = view.spec.fault_tolerance.straggler_warmup_steps
-        for w in view.workers:
+        by_node = self._workers.update(view)
+        for w in (w for node in self._workers.changed for w in by_node[node]):
             if w.exit_code is not None or w.step is None or w.step == self._seen.get(w.rank):
                 continue
             self._seen[w.rank] = w.step
