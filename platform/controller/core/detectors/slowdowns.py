@@ -26,14 +26,17 @@ checkpoint save started (its staging) is no pace sample.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from itertools import chain
 from statistics import median
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.node_digests import NodeDigests
 from stalwart.controller.core.detectors.straggler_scores import own_work
 from stalwart.controller.core.policy import PACE_WARMUP_SAMPLES, Classified, slowdown_onset
 from stalwart.controller.core.work import StackDiagnosis, WorkResult
 from stalwart.spec.model import FailureEvent
+from stalwart.store.records import WorkerStatus
 
 PACE_HISTORY = 200
 PACE_QUIET_SECONDS = 10.0  # after rounds that blame no one; doubles each time
@@ -61,20 +64,32 @@ class Slowdowns(Detector):
         self._asked: tuple[float, float, float] | None = None  # (onset, recent step time, asked at)
         self._baseline = 0.0  # the pace's median before the onset
         self._found: WorkResult | None = None  # the rounds' result, once back
+        self._paces: NodeDigests[_NodePace] = NodeDigests(_node_pace)
+        self._whole: tuple[int | None, bool, bool] | None = None  # (newest step, any step time, saving)
 
     def observe(self, view: View) -> Report:
-        running = [w for w in view.workers if w.exit_code is None]
-        steps = [w.step for w in running if w.step is not None]
-        times = sorted(w.step_time for w in running if w.step_time)
+        paces = self._paces.update(view)  # each node's running workers, redone for those that changed
+        if self._whole is None or self._paces.changed:
+            steps = [d.newest_step for d in paces.values() if d.newest_step is not None]
+            self._whole = (
+                max(steps) if steps else None,
+                any(d.step_times for d in paces.values()),
+                any(d.saving for d in paces.values()),
+            )
+        newest_step, timed, saving = self._whole
         # The pace is sampled while the rounds run too: a slowdown that ends by itself meanwhile
         # was transient (a load spike, a checkpoint's background work), not a node to evict.
-        sampled = bool(steps and times and max(steps) != self._paced_step and view.now >= self._quiet_until)
+        sampled = newest_step is not None and timed and newest_step != self._paced_step
+        sampled = sampled and view.now >= self._quiet_until
         # A step in which a checkpoint save started carries its staging: a save's pace, not the job's.
-        sampled = sampled and not any(w.phases is not None and w.phases.saving for w in running)
+        sampled = sampled and not saving
         if sampled:  # (nothing sampled while quiet, so a pause cannot turn into the baseline)
-            self._paced_step = max(steps)
+            times = sorted(chain.from_iterable(d.step_times for d in paces.values()))
+            self._paced_step = newest_step
             self._pace = [*self._pace[-PACE_HISTORY + 1 :], (view.now, times[len(times) // 2])]
-            own = {w.rank: sum(o.values()) for w in running if (o := own_work(w.phases, None)) is not None}
+            own: dict[int, float] = {}
+            for d in paces.values():
+                own.update(d.own)
             self._own = [*self._own[-PACE_HISTORY + 1 :], (view.now, own)]
         if self._asked is not None:
             return self._follow(view)
@@ -148,6 +163,28 @@ class Slowdowns(Detector):
         """Handled, or tolerated by an Ignore rule: the pace starts a new baseline."""
         self._pace, self._own, self._paced_step = [], [], None
         self._rounds, self._asked, self._found = self._rounds + 1, None, None
+
+
+@dataclass(frozen=True)
+class _NodePace:
+    """What one node's running workers add to the pace: their newest step, step times (the truthy
+    ones), whether one started a save, and each rank's own work (where the ranks time phases)."""
+
+    newest_step: int | None
+    step_times: tuple[float, ...]
+    saving: bool
+    own: Mapping[int, float]
+
+
+def _node_pace(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> _NodePace:
+    running = [w for w in workers if w.exit_code is None]
+    steps = [w.step for w in running if w.step is not None]
+    return _NodePace(
+        newest_step=max(steps) if steps else None,
+        step_times=tuple(w.step_time for w in running if w.step_time),
+        saving=any(w.phases is not None and w.phases.saving for w in running),
+        own={w.rank: sum(o.values()) for w in running if (o := own_work(w.phases, None)) is not None},
+    )
 
 
 def machine_wide(samples: Sequence[OwnWork], onset: float, suspects: set[int], rise: float) -> bool:
