@@ -231,6 +231,8 @@ class JobState(Record):
     # Elastic data parallelism: every change of a role's size, oldest first (ETTR counts the time
     # below full size at the capacity it had).
     resizes: list[Resize] = []
+    # The generation whose workers were asked to checkpoint early so that a shrunk role can grow.
+    grow_checkpoint_generation: int | None = None
 
     def role_slots(self, role: str) -> list[str]:
         r = self.roles[role]

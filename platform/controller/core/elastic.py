@@ -17,7 +17,10 @@ loader continuing at the next sample.
 Grow (Running): the role runs below replicas, enough of its standbys registered (and passed their
 check, with pre-flight on) for a larger valid size, and a checkpoint was just committed (this tick
 added it to the catalog): they take slots at the role's end, an ElasticGrow incident records the
-resize, and the next generation starts at the larger size from that checkpoint.
+resize, and the next generation starts at the larger size from that checkpoint. The controller does
+not wait for the next periodic save: once a larger size fits, it asks the workers to checkpoint at
+a step just ahead (a CheckpointRequest, as a suspension does; once per generation). A script that
+does not read requests (worker_sdk.checkpoint_requested) grows at its next periodic save.
 
 A role restarting alone (restartScope: Role) does not shrink: its peers' ranks would move under
 their running workers.
@@ -30,12 +33,13 @@ from stalwart.controller.core.detectors.base import View
 from stalwart.controller.core.ladder import NewId
 from stalwart.controller.core.observation import Observation
 from stalwart.controller.core.progress import note_progress
+from stalwart.controller.core.suspension import save_step
 from stalwart.controller.core.transitions import Trigger
 from stalwart.spec import TrainingJob, TrainingJobSpec
 from stalwart.spec.elastic import elastic, grown_size, resized, shrunk_size
 from stalwart.spec.model import FailureAction, FailureEvent
 from stalwart.store import keys
-from stalwart.store.records import CheckpointEntry, Incident, JobState, Resize
+from stalwart.store.records import CheckpointEntry, CheckpointRequest, Incident, JobState, Resize
 
 
 def sized(job: TrainingJob, state: JobState) -> TrainingJob:
@@ -170,18 +174,28 @@ def grow(plan: Plan, obs: Observation, view: View, checkpointed: bool, job: str,
     if one grew (the decision then starts the restart and nothing else)."""
     state, declared = plan.state, obs.declared_spec.spec
     short = shortfall(state, declared)
-    if not short or not checkpointed or state.open_incident is not None:
+    if not short or state.open_incident is not None:
         return False
+    sizes: dict[str, tuple[int, int, list[str]]] = {}  # role -> (now, grown, its ready standbys)
+    for role in declared.roles:
+        if role.name in short:
+            current = state.roles[role.name].nodes
+            ready = ready_standbys(state, view, role.name)
+            size = grown_size(declared, role, current, current + len(ready))
+            if size is not None:
+                sizes[role.name] = (current, size, ready)
+    if not sizes:
+        return False
+    if not checkpointed:
+        _ask_for_checkpoint(plan, view, job, new_id)
+        return False
+    plan.deletes.append(keys.checkpoint_request(job))
     resizes: list[Resize] = []
     joining: dict[str, list[str]] = {}
     for role in declared.roles:
-        if role.name not in short:
+        if role.name not in sizes:
             continue
-        current = state.roles[role.name].nodes
-        ready = ready_standbys(state, view, role.name)
-        size = grown_size(declared, role, current, current + len(ready))
-        if size is None:
-            continue
+        current, size, ready = sizes[role.name]
         joining[role.name] = ready[: size - current]
         for node in joining[role.name]:
             state.standbys.remove(node)
@@ -225,3 +239,22 @@ def grow(plan: Plan, obs: Observation, view: View, checkpointed: bool, job: str,
     plan.enter(Trigger.GROW)
     plan.log("info", "capacity is back: data parallelism grows at a checkpoint", incident=incident.id, grown=grown)
     return True
+
+
+def _ask_for_checkpoint(plan: Plan, view: View, job: str, new_id: NewId) -> None:
+    """A larger size fits: ask every rank to checkpoint at a step just ahead, once per generation,
+    so the role grows at that save rather than at the next periodic one."""
+    state = plan.state
+    step = save_step(view.workers, plan.now)
+    if step is None or state.grow_checkpoint_generation == state.generation:
+        return
+    state.grow_checkpoint_generation = state.generation
+    request = CheckpointRequest(
+        id=f"grow-{state.generation:04d}-{new_id()}",
+        generation=state.generation,
+        step=step,
+        reason="grow",
+        requested_at=plan.now,
+    )
+    plan.put(keys.checkpoint_request(job), request)
+    plan.log("info", "capacity is back: the workers checkpoint early so that the job can grow", step=step)

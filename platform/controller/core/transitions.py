@@ -164,7 +164,7 @@ TABLE: tuple[Row, ...] = (
         Trigger.GROW,
         S.RESTARTING,
         "a role runs below replicas, standbys for more of its nodes registered and a checkpoint was just "
-        "committed: they take slots, generation + 1 at the larger size",
+        "committed (asked for early once they registered): they take slots, generation + 1 at the larger size",
     ),
     Row(S.CHECKING, Trigger.CHECKS_DONE, S.RESTARTING, "the checks came back; nodes that failed were evicted"),
     Row(

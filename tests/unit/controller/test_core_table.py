@@ -476,10 +476,16 @@ def elastic_running() -> Seen:
 
 def grown() -> tuple[Seen, Decision]:
     seen = elastic_running()
-    quiet = seen.decide()  # capacity is back, but no checkpoint since: it waits for one
+    # Capacity is back, but no checkpoint since: it asks the workers for one just ahead, and waits.
+    quiet = seen.decide()
     assert quiet.transitions == [] and seen.the_state().slots == ["node-0", "node-2"]
+    request = quiet.puts[keys.checkpoint_request(JOB)]
+    assert isinstance(request, CheckpointRequest) and request.generation == 2 and request.step > 21
+    assert request.reason == "grow" and seen.the_state().grow_checkpoint_generation == 2
+    assert keys.checkpoint_request(JOB) not in seen.decide().puts  # asked once per generation
     seen.beat("node-0", 2, seen.beats["node-0"].workers, checkpoints=[SavedCheckpoint(step=20, committed_at=seen.now)])
     decision = seen.decide()
+    assert keys.checkpoint_request(JOB) in decision.deletes
     state = seen.the_state()
     assert state.slots == ["node-0", "node-2", "node-3"] and state.standbys == []
     assert (state.roles["trainer"].nodes, state.roles["trainer"].world_size) == (3, 6)
