@@ -166,6 +166,8 @@ class Cell:
     load_after: list[float] = field(default_factory=list)
     note: str = ""
     pass_index: int = 0  # which pass of a merged report it came from
+    # Stalwart only: seconds from the fault to each stage of its incident (stalwart_phases)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def summarize(cells: Sequence[Cell]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -260,6 +262,7 @@ def build_report(
             "The healthy ranks' longest pause between two steps after the failure (torchft's replicas that "
             "were not restarted keep training; elsewhere every rank restarts): " + "; ".join(pauses) + ".",
         ]
+    lines += stalwart_phase_table(cells)
     lines += ["", "## Training loop blocked per checkpoint (clean run, every rank's saves)", ""]
     lines += ["| system | median | max | saves |", "|---|---|---|---|"]
     for s in systems:
@@ -290,6 +293,38 @@ def build_report(
             f"| {same} | {load} | {c.note} |"
         )
     return "\n".join(lines) + "\n"
+
+
+PHASES = {
+    "detected": "detected",
+    "restarted": "new generation started",
+    "first_step": "first step",
+    "checks": "of which stop-time checks",
+}
+
+
+def stalwart_phase_table(cells: Sequence[Cell]) -> list[str]:
+    """Where Stalwart's failure -> first step went, per fault (medians of the runs that recorded it)."""
+    lines: list[str] = []
+    for fault in FAULTS:
+        runs = [c.phases for c in cells if c.system == "stalwart" and c.fault == fault and c.phases]
+        if runs:
+            values = [_s(median(run.get(key) for run in runs)) for key in PHASES]
+            lines.append(f"| {fault} | " + " | ".join(values) + f" | {len(runs)} |")
+    if not lines:
+        return []
+    return [
+        "",
+        "## Where Stalwart's recovery time went (median seconds after the fault)",
+        "",
+        "The controller's incident record (detected, the new generation's start, its first step) and the "
+        "agents' stop-time checks (the slowest node's share; they run between detection and the restart "
+        "after a crash or a hang with no clear suspect, not after a lost node, whose ranks move to the standby).",
+        "",
+        "| fault | " + " | ".join(PHASES.values()) + " | runs |",
+        "|---|" + "---|" * (len(PHASES) + 1),
+        *lines,
+    ]
 
 
 def acceptance(
@@ -646,15 +681,60 @@ def run_stalwart(fault: str | None, folder: Path) -> tuple[Cell, dict[int, list[
     incidents = result["snapshot"]["incidents"]
     if fault is None:
         return cell, ids
-    failed = result["faults"][0]["fired_at"] if result.get("faults") else None
-    inc = next((i for i in incidents if failed is None or i["detected_at"] >= failed), None)
+    failed, inc = stalwart_incident(result)
     if result["phase"] != "Succeeded" or inc is None or inc.get("first_step_at") is None or failed is None:
         cell.note = f"phase {result['phase']}, {len(incidents)} incidents"
         return cell, ids
     cell.first_step = inc["first_step_at"] - failed
+    cell.phases = stalwart_phases(inc, failed, folder / "run")
     cell.steps_redone = redone
     cell.note = f"{inc['failure_class']} -> {inc['action']}"
     return cell, ids
+
+
+def stalwart_incident(result: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    """The injected fault's time and the first incident detected after it, from `--summary-json`."""
+    failed = result["faults"][0]["fired_at"] if result.get("faults") else None
+    incidents = result["snapshot"]["incidents"]
+    return failed, next((i for i in incidents if failed is None or i["detected_at"] >= failed), None)
+
+
+def backfill_phases(cells: Sequence[Cell], pass_index: int, runs: Path) -> int:
+    """Give a pass's Stalwart cells the phases of the runs it kept (`--keep` folders `NNN-stalwart-FAULT`,
+    in the order the pass ran them and listed its cells); the number of cells filled."""
+    folders = sorted(f for f in runs.glob("*-stalwart-*") if not f.name.endswith("-clean"))
+    ours = [c for c in cells if c.system == "stalwart" and c.pass_index == pass_index]
+    if [f.name.split("-", 2)[2] for f in folders] != [c.fault for c in ours]:
+        raise SystemExit(f"--phases-from {pass_index}:{runs}: its Stalwart runs do not match the pass's cells")
+    filled = 0
+    for cell, folder in zip(ours, folders, strict=True):
+        summary = folder / "summary.json"
+        if cell.first_step is None or cell.phases or not summary.exists():
+            continue
+        failed, inc = stalwart_incident(json.loads(summary.read_text()))
+        if failed is not None and inc is not None:
+            cell.phases = stalwart_phases(inc, failed, folder / "run")
+            filled += 1
+    return filled
+
+
+def stalwart_phases(incident: dict[str, Any], failed: float, workdir: Path) -> dict[str, float]:
+    """Seconds from the fault to each stage of the incident, and the stop-time checks' own seconds:
+    per check request the slowest node's (the agents run their shares at once), 0 when none ran."""
+    keys = {"detected": "detected_at", "restarted": "restarted_at", "first_step": "first_step_at"}
+    phases = {name: incident[key] - failed for name, key in keys.items() if incident.get(key) is not None}
+    checks: dict[str, float] = {}
+    for log in workdir.glob("nodes/*/agent.log"):
+        for line in log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("msg") == "node checks done" and rec.get("ts", 0.0) >= failed and "seconds" in rec:
+                request = str(rec.get("request"))
+                checks[request] = max(checks.get(request, 0.0), float(rec["seconds"]))
+    phases["checks"] = sum(checks.values())
+    return phases
 
 
 def stalwart_blocked(folder: Path) -> list[float]:
@@ -804,6 +884,12 @@ def main() -> None:
         default=[],
         help="with --report-from: leave out PASS:SYSTEM:FAULT (cells that measured nothing; say why in --note)",
     )
+    parser.add_argument(
+        "--phases-from",
+        action="append",
+        default=[],
+        help="with --report-from: PASS:DIR, the --keep folder of pass PASS, for Stalwart's recovery phases",
+    )
     parser.add_argument("--probe-nvrx", action="store_true", help="with --report-from: probe NVRx again")
     parser.add_argument(
         "--note", action="append", default=[], help="a line for the report's head (what went wrong in a pass)"
@@ -814,6 +900,9 @@ def main() -> None:
         return
     if args.report_from:
         cells, blocked, context = merge_runs([json.loads(p.read_text()) for p in args.report_from])
+        for spec in args.phases_from:  # PASS:DIR, PASS the index of the .json in --report-from
+            index, _, runs = spec.partition(":")
+            print(f"phases of {backfill_phases(cells, int(index), Path(runs))} Stalwart runs from {runs}")
         for spec in args.drop:  # PASS:SYSTEM:FAULT, PASS the index of the .json in --report-from
             index, system, fault = spec.split(":")
             cells = [c for c in cells if not (c.pass_index == int(index) and (c.system, c.fault) == (system, fault))]

@@ -131,3 +131,26 @@ def test_stop_at_takes_hh_mm_and_names_a_bad_value(bench: ModuleType) -> None:
     assert bench._utc_today("00:00") % 60 == 0
     with pytest.raises(SystemExit, match="--stop-at '7pm'"):
         bench._utc_today("7pm")
+
+
+def test_stalwart_phases_split_the_recovery_and_count_each_check_request_once(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    # Two nodes run their shares of one check request at once (the slower one counts); a check before
+    # the fault (a pre-flight) does not.
+    for node, seconds in (("node-0", 1.5), ("node-1", 2.0)):
+        log = tmp_path / "nodes" / node / "agent.log"
+        log.parent.mkdir(parents=True)
+        rows = [
+            {"ts": 5.0, "msg": "node checks done", "request": "chk-pre", "seconds": 9.0},
+            {"ts": 101.0, "msg": "agent state"},
+            {"ts": 103.0, "msg": "node checks done", "request": "chk-a", "seconds": seconds},
+        ]
+        log.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    incident = {"detected_at": 100.5, "restarted_at": 103.5, "first_step_at": 104.0}
+    phases = bench.stalwart_phases(incident, 100.0, tmp_path)
+    assert phases == {"detected": 0.5, "restarted": 3.5, "first_step": 4.0, "checks": 2.0}
+    cells = [bench.Cell("stalwart", "kill-worker", 4.0, phases=phases), bench.Cell("stalwart", "hang", None)]
+    table = bench.stalwart_phase_table(cells)
+    assert "| kill-worker | 0.50 s | 3.50 s | 4.00 s | 2.00 s | 1 |" in table
+    assert not any(line.startswith("| hang") for line in table)  # a run that recorded no incident
