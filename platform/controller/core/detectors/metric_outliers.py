@@ -17,13 +17,17 @@ case (hangs.py), with its stack rounds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
+from stalwart.controller.core.detectors.node_digests import NodeDigests
 from stalwart.controller.core.metric_windows import MAX_SAMPLES, series_of
 from stalwart.controller.core.policy import Classified
 from stalwart.controller.core.ranks import slot_roles
 from stalwart.spec.model import FailureEvent
+from stalwart.store.records import WorkerStatus
 
 PACE_METRICS = ("step_time_s", "tokens_per_second")
 WARMUP_SAMPLES = 2
@@ -41,6 +45,7 @@ class MetricOutliers(Detector):
         self._evaluated_at = float("-inf")
         self._found: Report = Report()
         self._handled: set[str] = set()
+        self._progress: NodeDigests[_NodeProgress] = NodeDigests(_node_progress)
 
     def observe(self, view: View) -> Report:
         """Evaluated once per progress interval (the samples come no faster)."""
@@ -51,7 +56,7 @@ class MetricOutliers(Detector):
         return self._found
 
     def _evaluate(self, view: View) -> Report:
-        if stalled_ranks(view):
+        if self._stalled(view):
             return Report()  # the hang detector's case: a frozen step says nothing about pace
         state = view.state
         since = state.generation_started_at or 0.0
@@ -69,6 +74,16 @@ class MetricOutliers(Detector):
             findings += _outliers(role, windows, view.now)
         return Report(findings)
 
+    def _stalled(self, view: View) -> bool:
+        """Whether stalled_ranks(view) names any, from each node's digest (redone for the nodes
+        whose heartbeat changed): only a node whose oldest progress is stale is looked into."""
+        by_node = self._progress.update(view)
+        times = sorted(chain.from_iterable(d.step_times for d in by_node.values()))
+        if not times:
+            return False
+        limit = max(STALL_STEPS * times[len(times) // 2], STALL_BEATS * view.progress_interval)
+        return any(d.oldest is not None and view.now - d.oldest > limit for d in by_node.values())
+
     def handled(self, finding: Finding, now: float) -> None:
         if isinstance(finding, Failure):
             self._handled.update(finding.what.suspects)
@@ -83,6 +98,20 @@ def stalled_ranks(view: View) -> list[int]:
         return []
     limit = max(STALL_STEPS * times[len(times) // 2], STALL_BEATS * view.progress_interval)
     return sorted(w.rank for w in running if w.last_progress_at is not None and view.now - w.last_progress_at > limit)
+
+
+@dataclass(frozen=True)
+class _NodeProgress:
+    """One node's running ranks: their step times (the truthy ones) and the oldest progress one showed."""
+
+    step_times: tuple[float, ...]
+    oldest: float | None
+
+
+def _node_progress(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> _NodeProgress:
+    running = [w for w in workers if w.exit_code is None]
+    seen = [at for w in running if (at := w.last_progress_at) is not None]
+    return _NodeProgress(tuple(t for w in running if (t := w.step_time)), min(seen) if seen else None)
 
 
 def _generation_window(vectors: Sequence[Mapping[str, Any]], since: float) -> list[Mapping[str, Any]]:

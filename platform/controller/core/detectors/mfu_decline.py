@@ -13,12 +13,17 @@ before it ends. A lasting change the checks do not explain becomes the next gene
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
 from statistics import median
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
-from stalwart.controller.core.detectors.throughput import job_throughput
+from stalwart.controller.core.detectors.node_digests import NodeDigests
+from stalwart.controller.core.detectors.throughput import Throughput, job_throughput
 from stalwart.controller.core.policy import Classified
 from stalwart.spec.model import FailureEvent
+from stalwart.store.records import WorkerStatus
 
 SUSTAINED = 0.8  # this share of the last window's samples must be down (its 80th percentile is)
 
@@ -30,6 +35,7 @@ class MfuDecline(Detector):
         self._samples: list[tuple[float, float]] = []  # (time, pace)
         self._sampled_at = float("-inf")
         self._fired = False
+        self._runs: NodeDigests[_NodeRun] = NodeDigests(_node_run)
 
     def observe(self, view: View) -> Report:
         if self._fired:
@@ -37,10 +43,7 @@ class MfuDecline(Detector):
         ft = view.spec.fault_tolerance
         if view.now - self._sampled_at >= view.progress_interval:
             self._sampled_at = view.now
-            running = [w for w in view.workers if w.exit_code is None and w.step is not None]
-            steps = [(w.step or 0) - (w.first_step if w.first_step is not None else (w.step or 0)) for w in running]
-            warm = bool(steps) and min(steps) >= ft.straggler_warmup_steps
-            pace = job_throughput(running, view.spec).pace if warm else None
+            pace = self._pace(view, ft.straggler_warmup_steps)
             if pace:
                 self._samples.append((view.now, pace))
         window = ft.throughput_decline_window_seconds
@@ -64,6 +67,42 @@ class MfuDecline(Detector):
         what = Classified(FailureEvent.MFU_DECLINE, [], evidence, runbook="mfu_decline")
         return Report([Failure(what, failed_at=now - window, detected_at=view.now)])
 
+    def _pace(self, view: View, warmup: int) -> float | None:
+        """job_throughput(running ranks).pace once every running rank is past the warm-up, from
+        each node's digest (redone for the nodes whose heartbeat changed), in the walk's order."""
+        by_node = self._runs.update(view)
+        least = [d.least_progress for d in by_node.values() if d.least_progress is not None]
+        if not least or min(least) < warmup:
+            return None
+        tokens = list(chain.from_iterable(by_node[n].tokens for n in view.state.slots if n in by_node))
+        times = [] if tokens else sorted(chain.from_iterable(d.step_times for d in by_node.values()))
+        return Throughput(
+            tokens_per_second=sum(tokens) if tokens else None,
+            steps_per_second=1.0 / times[len(times) // 2] if times else None,
+            flops_per_second=None,
+            mfu=None,
+        ).pace
+
     def handled(self, finding: Finding, now: float) -> None:
         if isinstance(finding, Failure) and finding.what.event is FailureEvent.MFU_DECLINE:
             self._fired = True  # once a generation: the next one starts a baseline of its own
+
+
+@dataclass(frozen=True)
+class _NodeRun:
+    """One node's running ranks that stepped: the fewest steps one made in this generation, their
+    tokens/s (the truthy ones, in order) and step times (the truthy ones)."""
+
+    least_progress: int | None
+    tokens: tuple[float, ...]
+    step_times: tuple[float, ...]
+
+
+def _node_run(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> _NodeRun:
+    running = [w for w in workers if w.exit_code is None and w.step is not None]
+    steps = [(w.step or 0) - (w.first_step if w.first_step is not None else (w.step or 0)) for w in running]
+    return _NodeRun(
+        least_progress=min(steps) if steps else None,
+        tokens=tuple(t for w in running if (t := w.tokens_per_second)),
+        step_times=tuple(t for w in running if (t := w.step_time)),
+    )
