@@ -35,6 +35,7 @@ The stages and the transitions between them: core/transitions.py (the table, wit
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
@@ -67,12 +68,35 @@ MAX_DECIDE_ROUNDS = 3  # a decision may ask for more observation (the cluster, t
 RESULT_TTL_SECONDS = 600.0  # a result no decision read by then is for a stage long gone
 SHUTDOWN_WAIT_SECONDS = 30.0
 ETCD_RETRY_SECONDS = 0.5
+FULL_COLLECTION_SECONDS = 300.0  # the controller's objects are collected in full this often (CollectorPacing)
 AfterCommit = Callable[[Decision], None]
 
 
 def tick_interval(stage: JobStage | None, alert: bool) -> float:
     """How long the loop waits for a notice before it ticks anyway (module docstring)."""
     return IDLE_TICK_SECONDS if stage in QUIET_STAGES and not alert else TICK_SECONDS
+
+
+class CollectorPacing:
+    """Python's cyclic garbage collector, paced by the loop. At 10,000 nodes the controller holds
+    millions of objects (each node's last heartbeat and metric window); a full collection, which the
+    interpreter starts by itself whenever enough objects survived, walks all of them (0.3-1 s) in the
+    middle of whatever tick runs. So after each tick what survived it is frozen (`gc.freeze`: the
+    collector no longer walks it; reference counts still free it), and the automatic collections look
+    only at what the ticks since allocated; every FULL_COLLECTION_SECONDS, between two ticks, the
+    frozen objects are collected in full, so that cyclic garbage among them is not kept."""
+
+    def __init__(self, every: float = FULL_COLLECTION_SECONDS) -> None:
+        self.every = every
+        self._full_at = time.monotonic() + every
+
+    def after_tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._full_at:
+            gc.unfreeze()
+            gc.collect()
+            self._full_at = now + self.every
+        gc.freeze()
 
 
 class NotLeader(RuntimeError):
@@ -128,6 +152,7 @@ class JobController:
         self._results: dict[WorkKey, WorkResult] = {}
         self.committed = False  # whether the last tick's decision wrote, and its commit held
         self.last: Decision | None = None  # the last tick's decision
+        self._collector = CollectorPacing()
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, leader_timeout: float = 60.0) -> JobPhase:
@@ -153,6 +178,7 @@ class JobController:
                 if state is not None and state.stage.terminal:
                     self._finish(state)
                     return state.phase
+                self._collector.after_tick()
                 # A tick that moved the state (a failure handled, a generation started) is followed
                 # at once by the next step of the recovery, a few times in a row at most.
                 hurried = hurried + 1 if self.committed and hurried < MAX_HURRIED_TICKS else 0

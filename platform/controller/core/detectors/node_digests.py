@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from stalwart.controller.core.detectors.base import PEER_TROUBLE_SECONDS, View
+from stalwart.controller.core.progress import Progress
 from stalwart.diagnosis.log_classify import SYMPTOMS
 from stalwart.store.records import WorkerStatus
 
@@ -31,7 +32,8 @@ class NodeDigests(Generic[T]):
     def __init__(self, digest: Callable[[Sequence[WorkerStatus], float | None], T]) -> None:
         self._digest = digest
         self._cursor = -1
-        self._layout: tuple[int, tuple[str, ...]] | None = None  # (generation, slots) last digested
+        # (generation, slots, the nodes' own generations) last digested: which workers count
+        self._layout: tuple[int, tuple[str, ...], tuple[tuple[str, int], ...]] | None = None
         self._slot_index: dict[str, int] = {}
         self.by_node: dict[str, T] = {}
         self.changed: set[str] = set()  # the nodes redone at the last update (a cache of the whole may stand)
@@ -41,7 +43,7 @@ class NodeDigests(Generic[T]):
         state = view.state
         changes = view.obs.beat_changes
         nodes = changes.since(self._cursor) if changes is not None else None
-        layout = (state.generation, tuple(state.slots))
+        layout = (state.generation, tuple(state.slots), tuple(sorted(state.node_generations.items())))
         if nodes is None or layout != self._layout:
             nodes = set(state.slots)  # not known what changed, or a new layout: every slot again
             self.by_node = {n: d for n, d in self.by_node.items() if n in nodes}
@@ -123,3 +125,84 @@ class FailureWatch:
         """View.peer_trouble()."""
         self.update(view)
         return self._last_symptom_at is not None and view.now - self._last_symptom_at < PEER_TROUBLE_SECONDS
+
+
+@dataclass(frozen=True)
+class NodeProgress:
+    """One node's share of the job's `Progress` (stalwart.controller.core.progress), and of the
+    count of workers that exited 0 (the job is done when every rank did)."""
+
+    newest_step: int | None
+    rank0_loss: float | None
+    first_step_at: float | None
+    newest_checkpoint: int
+    rates: tuple[float, ...]
+    workers: int
+    exited_zero: int
+
+
+def node_progress(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> NodeProgress:
+    steps = [w.step for w in workers if w.step is not None]
+    rank0 = next((w for w in workers if w.rank == 0 and w.loss is not None), None)
+    firsts = [w.first_step_at for w in workers if w.first_step_at is not None]
+    return NodeProgress(
+        newest_step=max(steps) if steps else None,
+        rank0_loss=rank0.loss if rank0 is not None else None,
+        first_step_at=min(firsts) if firsts else None,
+        newest_checkpoint=max((w.last_checkpoint_step or 0 for w in workers), default=0),
+        rates=tuple(r for w in workers if (r := w.tokens_per_second) and w.exit_code is None),
+        workers=len(workers),
+        exited_zero=sum(1 for w in workers if w.exit_code == 0),
+    )
+
+
+class ProgressWatch:
+    """The job's `Progress` and its count of workers (and of those that exited 0) from digests: what
+    a walk over every worker gives (progress_of), the first rank 0 and the rates' order included."""
+
+    def __init__(self) -> None:
+        self.digests: NodeDigests[NodeProgress] = NodeDigests(node_progress)
+        self._rank0: set[str] = set()  # slot nodes with a rank 0 that reports a loss
+        self._whole: tuple[Progress, int, int] | None = None
+        self._slots: list[str] = []
+
+    def update(self, view: View) -> tuple[Progress, int, int]:
+        """(the workers' Progress, how many workers, how many exited 0)."""
+        by_node = self.digests.update(view)
+        changed = self.digests.changed
+        if self._whole is not None and not changed:
+            return self._whole
+        if len(changed) == len(by_node):
+            self._rank0 = {n for n, d in by_node.items() if d.rank0_loss is not None}
+        else:
+            for node in changed:
+                if by_node[node].rank0_loss is not None:
+                    self._rank0.add(node)
+                else:
+                    self._rank0.discard(node)
+        steps: list[int] = []
+        firsts: list[float] = []
+        checkpoint = workers = exited = 0
+        for d in by_node.values():
+            if d.newest_step is not None:
+                steps.append(d.newest_step)
+            if d.first_step_at is not None:
+                firsts.append(d.first_step_at)
+            checkpoint = max(checkpoint, d.newest_checkpoint)
+            workers += d.workers
+            exited += d.exited_zero
+        first_rank0 = self.digests.in_slot_order(self._rank0)[:1]
+        slots = list(view.state.slots)
+
+        def rates() -> list[float]:  # the slots' order, each node's workers in order: the walk's sum
+            return [r for n in slots if (d := by_node.get(n)) is not None for r in d.rates]
+
+        progress = Progress(
+            newest_step=max(steps) if steps else None,
+            rank0_loss=by_node[first_rank0[0]].rank0_loss if first_rank0 else None,
+            first_step_at=min(firsts) if firsts else None,
+            newest_checkpoint=checkpoint,
+            rates=rates,
+        )
+        self._whole = (progress, workers, exited)
+        return self._whole
