@@ -1,6 +1,6 @@
 """What the tick keeps per node instead of walking every worker (issue 42): the job's progress and
 completion, the checkpoint catalog's merge, the straggler samples, the slowdown pace, the MFU
-decline's pace and the metric outliers' stalled check. On random sequences of heartbeats, each
+decline's pace, the metric outliers' stalled check and the hang timeout. On random sequences of heartbeats, each
 incremental path finds what the walk over every worker (or every heartbeat) finds."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from support.controller_harness import JOB, spec_document, worker
 from stalwart.controller.core import catalog
 from stalwart.controller.core.decision import Plan
 from stalwart.controller.core.detectors.base import View
+from stalwart.controller.core.detectors.hangs import Hangs
 from stalwart.controller.core.detectors.metric_outliers import MetricOutliers, stalled_ranks
 from stalwart.controller.core.detectors.mfu_decline import MfuDecline
 from stalwart.controller.core.detectors.node_digests import ProgressWatch
@@ -22,6 +23,7 @@ from stalwart.controller.core.detectors.slowdowns import Slowdowns
 from stalwart.controller.core.detectors.stragglers import Stragglers
 from stalwart.controller.core.detectors.throughput import job_throughput
 from stalwart.controller.core.observation import BeatChanges, Observation
+from stalwart.controller.core.policy import hang_timeout
 from stalwart.controller.core.progress import progress_of
 from stalwart.spec import parse_job
 from stalwart.store.records import (
@@ -94,7 +96,7 @@ def node_workers(draw: st.DrawFn, node: int, now: float) -> list[WorkerStatus]:
                 first_step=draw(st.sampled_from([None, 1, 4])),
                 first_step_at=draw(st.sampled_from([None, 1.0, 2.5])),
                 loss=draw(st.sampled_from([None, 1.0, 2.5, float("nan")])),
-                step_time=draw(st.sampled_from([None, 0.0, 0.5, 1.5, 4.0])),
+                step_time=draw(st.sampled_from([None, 0.0, 0.5, 1.5, 4.0, float("inf")])),
                 tokens_per_second=draw(st.sampled_from([None, 0.0, 100.5, 300.25])),
                 last_checkpoint_step=draw(st.sampled_from([None, 2, 6])),
                 phases=draw(
@@ -159,8 +161,8 @@ def test_each_incremental_path_finds_what_the_walk_finds(plan: list[Round], boun
     watch, feed = ProgressWatch(), catalog.CatalogFeed()
     stragglers, stragglers_walk = Stragglers(), Stragglers()
     slowdowns, slowdowns_walk = Slowdowns(), Slowdowns()
-    mfu, outliers = MfuDecline(), MetricOutliers()
-    for detector in (stragglers, stragglers_walk, slowdowns, slowdowns_walk, mfu, outliers):
+    mfu, outliers, hangs = MfuDecline(), MetricOutliers(), Hangs()
+    for detector in (stragglers, stragglers_walk, slowdowns, slowdowns_walk, mfu, outliers, hangs):
         detector.reset()
     for r, (changed, workers, saved, generation, committed) in enumerate(plan):
         now = 10.0 * (r + 1)
@@ -217,6 +219,11 @@ def test_each_incremental_path_finds_what_the_walk_finds(plan: list[Round], boun
             job_throughput(running, SPEC.spec).pace if warm else None
         )
         assert outliers._stalled(view) == bool(stalled_ranks(view))
+
+        # The hang timeout: from the median kept with the digests, as from every running rank's step time.
+        hangs._pace(view)
+        walked_times = [w.step_time for w in every if w.exit_code is None and w.step_time]
+        assert hang_timeout(hangs._median, 3.0, 1.0) == hang_timeout(walked_times, 3.0, 1.0)
 
 
 def test_the_catalog_feed_merges_only_the_nodes_that_changed_once_its_writes_are_in(

@@ -6,8 +6,10 @@ looked at again one timeout later before anything restarts; progress in the mean
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.detectors.node_digests import NodeDigests
@@ -35,13 +37,15 @@ class _Pace:
     last_progress: float | None
     step_times: tuple[float, ...]
     reported_at: float | None  # when the heartbeat that says so was sent (None: nothing running)
+    finite_times: tuple[float, ...]  # the step times the timeout is a multiple of (hang_timeout's)
 
 
 def _pace(workers: Sequence[WorkerStatus], sent_at: float | None = None) -> _Pace:
     running = [w for w in workers if w.exit_code is None]
     progress = [w.last_progress_at for w in running if w.last_progress_at is not None]
     steps = tuple(w.step_time for w in running if w.step_time)
-    return _Pace(len(running), max(progress, default=None), steps, sent_at if running else None)
+    finite = tuple(t for t in steps if math.isfinite(t))
+    return _Pace(len(running), max(progress, default=None), steps, sent_at if running else None, finite)
 
 
 class Hangs(Detector):
@@ -53,12 +57,14 @@ class Hangs(Detector):
         self._quiet_until = 0.0  # after a hang was handled without a restart (an Ignore rule)
         self._digests: NodeDigests[_Pace] = NodeDigests(_pace)
         self._whole: tuple[bool, float | None, list[float], float | None] | None = None
+        self._median: list[float] = []
 
     def observe(self, view: View) -> Report:
-        running, last_progress, steps, newest_report = self._pace(view)
+        running, last_progress, _, newest_report = self._pace(view)
         ft = view.spec.fault_tolerance
         if last_progress is not None:
-            timeout = hang_timeout(steps, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds)
+            # (hang_timeout of every step time, from the median kept with the digests)
+            timeout = hang_timeout(self._median, ft.hang_timeout_multiplier, ft.hang_timeout_floor_seconds)
             # A big job's progress is seen up to a progress interval late (not a heartbeat interval):
             # the timeout waits that much longer, so the margin is what it is for a small job; unless
             # a node already reported, a whole timeout after the newest progress any rank showed,
@@ -92,9 +98,12 @@ class Hangs(Detector):
             self._whole = (
                 any(pace.running for pace in paces),
                 max(progress) if progress else None,
-                [t for pace in paces for t in pace.step_times],
+                list(chain.from_iterable(pace.step_times for pace in paces)),
                 max(reports) if reports else None,
             )
+            # hang_timeout's median, of the times it keeps: [] or the one element it would pick
+            finite = sorted(chain.from_iterable(pace.finite_times for pace in paces))
+            self._median = finite[len(finite) // 2 : len(finite) // 2 + 1]
         return self._whole
 
     def _follow(self, view: View, stall: _Stall) -> Report:

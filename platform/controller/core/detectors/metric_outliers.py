@@ -49,6 +49,7 @@ class MetricOutliers(Detector):
 
     def observe(self, view: View) -> Report:
         """Evaluated once per progress interval (the samples come no faster)."""
+        self._progress.update(view)  # every tick: a tick's few changed nodes, not every node once an interval
         if view.now - self._evaluated_at < view.progress_interval:
             return self._found
         self._evaluated_at = view.now

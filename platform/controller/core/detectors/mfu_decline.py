@@ -41,6 +41,7 @@ class MfuDecline(Detector):
         if self._fired:
             return Report()
         ft = view.spec.fault_tolerance
+        self._runs.update(view)  # every tick: a tick's few changed nodes, not every node once an interval
         if view.now - self._sampled_at >= view.progress_interval:
             self._sampled_at = view.now
             pace = self._pace(view, ft.straggler_warmup_steps)

@@ -12,6 +12,7 @@ what a full walk would give.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -158,13 +159,20 @@ def node_progress(workers: Sequence[WorkerStatus], _sent_at: float | None = None
 
 class ProgressWatch:
     """The job's `Progress` and its count of workers (and of those that exited 0) from digests: what
-    a walk over every worker gives (progress_of), the first rank 0 and the rates' order included."""
+    a walk over every worker gives (progress_of), the first rank 0 and the rates' order included.
+    The aggregates follow the nodes that changed: counts by difference, the newest step, first step
+    and newest checkpoint as counters of the nodes' values (a job's nodes hold a few distinct ones)."""
 
     def __init__(self) -> None:
         self.digests: NodeDigests[NodeProgress] = NodeDigests(node_progress)
+        self._counted: dict[str, NodeProgress] = {}  # what the aggregates below hold of each node
+        self._by_node: dict[str, NodeProgress] | None = None  # the digests' dict they were built from
         self._rank0: set[str] = set()  # slot nodes with a rank 0 that reports a loss
+        self._steps: Counter[int] = Counter()
+        self._firsts: Counter[float] = Counter()
+        self._checkpoints: Counter[int] = Counter()
+        self._workers = self._exited = 0
         self._whole: tuple[Progress, int, int] | None = None
-        self._slots: list[str] = []
 
     def update(self, view: View) -> tuple[Progress, int, int]:
         """(the workers' Progress, how many workers, how many exited 0)."""
@@ -172,25 +180,22 @@ class ProgressWatch:
         changed = self.digests.changed
         if self._whole is not None and not changed:
             return self._whole
-        if len(changed) == len(by_node):
-            self._rank0 = {n for n, d in by_node.items() if d.rank0_loss is not None}
-        else:
-            for node in changed:
-                if by_node[node].rank0_loss is not None:
-                    self._rank0.add(node)
-                else:
-                    self._rank0.discard(node)
-        steps: list[int] = []
-        firsts: list[float] = []
-        checkpoint = workers = exited = 0
-        for d in by_node.values():
-            if d.newest_step is not None:
-                steps.append(d.newest_step)
-            if d.first_step_at is not None:
-                firsts.append(d.first_step_at)
-            checkpoint = max(checkpoint, d.newest_checkpoint)
-            workers += d.workers
-            exited += d.exited_zero
+        if by_node is not self._by_node:  # a new layout: every slot again
+            self._by_node, self._counted = by_node, {}
+            self._rank0 = set()
+            self._steps, self._firsts, self._checkpoints = Counter(), Counter(), Counter()
+            self._workers = self._exited = 0
+            changed = set(by_node)
+        for node in changed:
+            old = self._counted.get(node)
+            if old is not None:
+                self._count(old, -1)
+            new = self._counted[node] = by_node[node]
+            self._count(new, 1)
+            if new.rank0_loss is not None:
+                self._rank0.add(node)
+            else:
+                self._rank0.discard(node)
         first_rank0 = self.digests.in_slot_order(self._rank0)[:1]
         slots = list(view.state.slots)
 
@@ -198,11 +203,23 @@ class ProgressWatch:
             return [r for n in slots if (d := by_node.get(n)) is not None for r in d.rates]
 
         progress = Progress(
-            newest_step=max(steps) if steps else None,
+            newest_step=max(self._steps) if self._steps else None,
             rank0_loss=by_node[first_rank0[0]].rank0_loss if first_rank0 else None,
-            first_step_at=min(firsts) if firsts else None,
-            newest_checkpoint=checkpoint,
+            first_step_at=min(self._firsts) if self._firsts else None,
+            newest_checkpoint=max(self._checkpoints, default=0),
             rates=rates,
         )
-        self._whole = (progress, workers, exited)
+        self._whole = (progress, self._workers, self._exited)
         return self._whole
+
+    def _count(self, d: NodeProgress, sign: int) -> None:
+        for counter, value in ((self._steps, d.newest_step), (self._firsts, d.first_step_at)):
+            if value is not None:
+                counter[value] += sign
+                if counter[value] <= 0:
+                    del counter[value]
+        self._checkpoints[d.newest_checkpoint] += sign
+        if self._checkpoints[d.newest_checkpoint] <= 0:
+            del self._checkpoints[d.newest_checkpoint]
+        self._workers += sign * d.workers
+        self._exited += sign * d.exited_zero
