@@ -1,7 +1,7 @@
 """What the tick keeps per node instead of walking every worker (issue 42): the job's progress and
 completion, the checkpoint catalog's merge, the straggler samples, the slowdown pace, the MFU
-decline's pace, the metric outliers' stalled check and the hang timeout. On random sequences of heartbeats, each
-incremental path finds what the walk over every worker (or every heartbeat) finds."""
+decline's pace, the metric outliers' stalled check and the hang timeout. On random sequences of
+heartbeats, each incremental path finds what the walk over every worker (or every heartbeat) finds."""
 
 from __future__ import annotations
 

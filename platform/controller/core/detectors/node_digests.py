@@ -213,13 +213,19 @@ class ProgressWatch:
         return self._whole
 
     def _count(self, d: NodeProgress, sign: int) -> None:
-        for counter, value in ((self._steps, d.newest_step), (self._firsts, d.first_step_at)):
-            if value is not None:
-                counter[value] += sign
-                if counter[value] <= 0:
-                    del counter[value]
-        self._checkpoints[d.newest_checkpoint] += sign
-        if self._checkpoints[d.newest_checkpoint] <= 0:
-            del self._checkpoints[d.newest_checkpoint]
+        _tally(self._steps, d.newest_step, sign)
+        _tally(self._firsts, d.first_step_at, sign)
+        _tally(self._checkpoints, d.newest_checkpoint, sign)
         self._workers += sign * d.workers
         self._exited += sign * d.exited_zero
+
+
+K = TypeVar("K", int, float)
+
+
+def _tally(counter: Counter[K], value: K | None, sign: int) -> None:
+    if value is None:
+        return
+    counter[value] += sign
+    if counter[value] <= 0:
+        del counter[value]
