@@ -203,6 +203,8 @@ def test_each_incremental_path_finds_what_the_walk_finds(plan: list[Round], boun
         stragglers._sample(view)
         stragglers_walk._sample(walk)
         assert _samples(stragglers) == _samples(stragglers_walk) and stragglers._seen == stragglers_walk._seen
+        kept = sorted(t for times in stragglers._step_times.update(view).values() for t in times)
+        assert kept == sorted(w.step_time for w in every if w.exit_code is None and w.step_time)
         slowdowns.observe(view)
         slowdowns_walk.observe(walk)
         assert (slowdowns._pace, slowdowns._own, slowdowns._paced_step) == (

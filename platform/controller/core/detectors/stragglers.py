@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import chain
 
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.detectors.node_digests import NodeDigests
@@ -57,9 +58,11 @@ class Stragglers(Detector):
         self._handled: set[str] = set()
         self.scores: dict[int, RankScore] = {}  # the newest, for /metrics and status
         self._workers: NodeDigests[Sequence[WorkerStatus]] = NodeDigests(lambda workers, _sent_at: workers)
+        self._step_times: NodeDigests[tuple[float, ...]] = NodeDigests(_running_step_times)
 
     def observe(self, view: View) -> Report:
         self._sample(view)
+        self._step_times.update(view)  # every tick: a tick's few changed nodes, not every node once an interval
         if view.now - self._evaluated_at < view.progress_interval:
             return self._found
         self._evaluated_at = view.now
@@ -84,8 +87,7 @@ class Stragglers(Detector):
 
     def _evaluate(self, view: View) -> Report:
         ft = view.spec.fault_tolerance
-        running = [w for w in view.workers if w.exit_code is None]
-        times = sorted(w.step_time for w in running if w.step_time)
+        times = sorted(chain.from_iterable(self._step_times.update(view).values()))  # the running ranks'
         if not times:
             return Report()
         step_time = times[len(times) // 2]
@@ -139,6 +141,10 @@ class Stragglers(Detector):
         if isinstance(finding, Failure):
             self._handled.update(finding.what.suspects)
             self._found = Report()
+
+
+def _running_step_times(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> tuple[float, ...]:
+    return tuple(t for w in workers if w.exit_code is None and (t := w.step_time))
 
 
 def _finding(
