@@ -68,6 +68,7 @@ from stalwart.store.records import Incident, JobPhase, JobState  # noqa: E402
 
 JOB = "scale"
 OUT = REPO / "docs" / "control-plane-scale.json"
+REPORT = REPO / "bench" / "results" / "bench_control_plane.md"
 
 
 def say(message: str) -> None:
@@ -261,15 +262,24 @@ class SizeRun:
         return self.store.get_prefix(keys.incidents_prefix(JOB), Incident)
 
     def summary(self) -> dict[str, Any]:
-        total: dict[str, Any] = {"nodes": 0, "alive": 0, "registered": 0, "running": 0, "stepping": 0, "exits": {}}
+        total: dict[str, Any] = {
+            "nodes": 0,
+            "alive": 0,
+            "registered": 0,
+            "running": 0,
+            "stepping": 0,
+            "exits": {},
+            "read_timeouts": {},
+        }
         total["lag_s"] = 0.0
         for link in self.links:
             s = link.call("summary")
             total["lag_s"] = max(total["lag_s"], s["loop_lag_recent_max_s"])
             for k in ("nodes", "alive", "registered", "running", "stepping"):
                 total[k] += s[k]
-            for k, v in s["exits"].items():
-                total["exits"][k] = total["exits"].get(k, 0) + v
+            for part in ("exits", "read_timeouts"):
+                for k, v in s.get(part, {}).items():
+                    total[part][k] = total[part].get(k, 0) + v
         return total
 
     def controller_stats(self) -> dict[str, Any]:
@@ -288,6 +298,7 @@ class SizeRun:
             f"phase {st.phase.value if st else '-'} gen {st.generation if st else '-'}; "
             f"nodes registered {s['registered']}/{s['nodes']}, running {s['running']}, stepping {s['stepping']}"
             + (f", exited {s['exits']}" if s["exits"] else "")
+            + (f", reads retried {s['read_timeouts']}" if s["read_timeouts"] else "")
             + (
                 f"; tick p50 {pct(recent, 0.5) or 0:.2f}s max {max(recent, default=0):.2f}s"
                 if recent
@@ -679,7 +690,9 @@ class SizeRun:
         finally:
             if self.links:
                 try:  # exits since the steady window's reset (the startup phase holds the ones before)
-                    self.result["exits_after_startup"] = self.summary()["exits"]
+                    after = self.summary()
+                    self.result["exits_after_startup"] = after["exits"]
+                    self.result["read_timeouts_after_startup"] = after["read_timeouts"]
                 except Exception as exc:
                     self.result["exits_after_startup_error"] = f"{type(exc).__name__}: {exc}"
             cs = self.controller_stats()
@@ -764,7 +777,7 @@ BOUNDS: tuple[tuple[str, str, float], ...] = (
     ("hang_beyond_timeout_s", "hang found beyond its timeout (s)", 2.0),
     ("agent_timeouts", "agents that timed out reading their assignment", 0.0),
 )
-AGENT_TIMEOUT = "crashed applying RUN"  # simnodes' exit reason when the RUN command's reads fail
+AGENT_TIMEOUT = "crashed applying RUN"  # simnodes' exit reason when the RUN command's reads failed (older runs)
 # The machine's load per core (1-minute average, the highest sampled during the size's phases):
 # figures measured in different bands are not compared (a shared 2-core machine swings from 1 to 40).
 LOAD_BANDS: tuple[tuple[str, float], ...] = (("quiet", 1.5), ("busy", 4.0), ("overloaded", float("inf")))
@@ -790,16 +803,21 @@ def figures(size: dict[str, Any]) -> dict[str, float | None]:
     """The bounded figures of one size (None: not measured: the phase did not get there)."""
     p = size["phases"]
     exits: dict[str, int] = {}
-    for part in (p.get("startup", {}).get("nodes", {}).get("exits", {}), size.get("exits_after_startup", {})):
+    startup = p.get("startup", {}).get("nodes", {})
+    for part in (startup.get("exits", {}), size.get("exits_after_startup", {})):
         for reason, count in part.items():
             exits[reason] = exits.get(reason, 0) + count
+    # An agent whose assignment read timed out keeps the command and reads again: it timed out all the same.
+    retried = sum(startup.get("read_timeouts", {}).values()) + sum(size.get("read_timeouts_after_startup", {}).values())
     # Only a run whose job started had a generation start for an agent to time out in.
     measured = bool(p.get("startup", {}).get("completed")) and "exits_after_startup" in size
     return {
         "tick_p99_s": p.get("steady", {}).get("controller", {}).get("tick_p99_s"),
         "expiry_to_decision_s": p.get("kill", {}).get("expiry_to_decision_s"),
         "hang_beyond_timeout_s": p.get("hang", {}).get("beyond_timeout_s"),
-        "agent_timeouts": float(sum(c for r, c in exits.items() if r.startswith(AGENT_TIMEOUT))) if measured else None,
+        "agent_timeouts": float(sum(c for r, c in exits.items() if r.startswith(AGENT_TIMEOUT)) + retried)
+        if measured
+        else None,
     }
 
 
@@ -1002,6 +1020,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 raise SystemExit(f"--labels: {missing} not in {args.out} (it has {sorted(doc['runs'])})")
             doc = {"runs": {label: doc["runs"][label] for label in wanted}}
         print(render(doc), end="")
+        if args.out == OUT and not args.labels:
+            write_report(doc)
         return doc
     baseline = read_baseline(args.baseline) if args.baseline else None  # a bad reference fails before the run
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -1039,6 +1059,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     doc["runs"][args.label] = run
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.out == OUT:
+        write_report(doc)
     say(f"results under {args.label!r} in {args.out}")
     print(render({"runs": {args.label: run}}), end="")
     failed = 0
@@ -1057,6 +1079,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if failed:
         raise SystemExit(failed)
     return run
+
+
+def write_report(doc: dict[str, Any], path: Path = REPORT) -> None:
+    """bench/results' dated report: each recorded run's command, date, load and checkout, then the
+    tables (docs/control-plane-scale.md explains the harness and what the figures mean)."""
+    lines = [
+        "# bench_control_plane: the control plane at scale",
+        "",
+        f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} from {OUT.relative_to(REPO)}; the harness and the figures are"
+        " explained in docs/control-plane-scale.md. Load: the 1-minute load average, the highest seen during a"
+        " size's phases (its band per core: quiet under 1.5, busy under 4, overloaded above).",
+        "",
+    ]
+    for label, run in doc["runs"].items():
+        cpus = run.get("machine", {}).get("cpus") or 1
+        loads = ", ".join(
+            f"{size['nodes']} nodes at {_f(load_of(size))} ({load_band(load_of(size), cpus)})"
+            for size in run.get("sizes", [])
+        )
+        head = run.get("commit", {}).get("head", "")[:12] if isinstance(run.get("commit"), dict) else ""
+        lines.append(
+            f"- **{label}**: {run.get('when', 'date not recorded')}, `{run.get('command', '-')}`"
+            + (f", checkout {head}" if head else "")
+            + (f"; load {loads}" if loads else "")
+        )
+    lines += ["", render(doc)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
 
 
 def read_baseline(reference: str) -> dict[str, Any]:

@@ -19,7 +19,9 @@ does, and so what `SimNode` does:
                   generation, a checkpoint), otherwise at most once per progress interval
                   (max(heartbeat interval, nodes / 500))
     RUN command   Range(the generation's assignment), which also names every node's memory store;
-                  an error there kills the agent
+                  a read that fails (a 5 s deadline under a generation start's burst of reads) is
+                  tried again at the agent's next idle pass (the agent keeps the command until etcd
+                  answers: NodeAgent._apply_commands), and counted
     STOP command  the workers stop; the heartbeats then carry none
     SHUTDOWN      LeaseRevoke; the agent exits
     stack request Put(stack report: one py-spy dump per worker)
@@ -67,6 +69,7 @@ from pyetcd.etcdrpc import kv_pb2
 from pyetcd.etcdrpc import rpc_pb2 as pb
 from pyetcd.etcdrpc import rpc_pb2_grpc as rpc
 
+from stalwart.agents.agent import IDLE_LOOP_INTERVAL
 from stalwart.agents.stacks import StackDump, StackMethod
 from stalwart.diagnosis.corpus import PID_MARK
 from stalwart.health.node_vector import node_metric_vector
@@ -220,6 +223,7 @@ class Stats:
         self.sent_bytes: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.exits: Counter[str] = Counter()
+        self.read_timeouts: Counter[str] = Counter()  # reads an agent retries (its command waits)
         self.lease_lost: list[str] = []
 
     def snapshot(self, interval: float) -> dict[str, Any]:
@@ -248,6 +252,7 @@ class Stats:
             "sent_bytes": dict(self.sent_bytes),
             "errors": dict(self.errors),
             "exits": dict(self.exits),
+            "read_timeouts": dict(self.read_timeouts),
             "lease_lost": self.lease_lost[:50],
             "lease_lost_count": len(self.lease_lost),
         }
@@ -504,16 +509,20 @@ class SimNode:
             if cmd.generation == self.generation and self.running:
                 return
             job = self.host.job
-            try:
-                reply = await self._range("range assignment", keys.generation(job, cmd.generation))
-                mine = self.host.assignment_for(reply.kvs[0], self.name) if reply.kvs else None
-                if mine is None:
-                    return  # the agent logs "command for a generation without my assignment"
-                # _memory_uri: the memory stores come with the assignment (no other read).
-            except grpc.aio.AioRpcError as exc:
-                # StoreUnavailable escapes the agent's loop: the agent dies (its shutdown revokes the lease).
-                await self.exit(f"crashed applying RUN: {exc.code().name}", revoke=True)
-                return
+            while True:
+                try:
+                    reply = await self._range("range assignment", keys.generation(job, cmd.generation))
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    # StoreUnavailable: the agent keeps the command and applies it again at its next pass.
+                    self.host.stats.read_timeouts[f"range assignment: {exc.code().name}"] += 1
+                    await asyncio.sleep(IDLE_LOOP_INTERVAL)
+                    if not self.alive or self.silent:
+                        return
+            mine = self.host.assignment_for(reply.kvs[0], self.name) if reply.kvs else None
+            if mine is None:
+                return  # the agent logs "command for a generation without my assignment"
+            # _memory_uri: the memory stores come with the assignment (no other read).
             now = time.time()
             self.generation, self.mine, self.running = cmd.generation, mine, True
             self.gen_started_at, self.frozen_at = now, None
@@ -815,6 +824,7 @@ class NodeHost:
             "channels": len(self.conns),
             "loop_lag_recent_max_s": max(list(self.recent_lag), default=0.0),
             "exits": dict(self.stats.exits),
+            "read_timeouts": dict(self.stats.read_timeouts),
         }
 
     async def op_stats(self, reset: bool = False) -> dict[str, Any]:

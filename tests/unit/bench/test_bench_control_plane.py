@@ -76,6 +76,16 @@ def test_no_generation_start_no_agent_timeout_figure(bench: ModuleType) -> None:
     assert bench.figures(s)["agent_timeouts"] is None
 
 
+def test_an_assignment_read_that_timed_out_counts_though_the_agent_read_again(bench: ModuleType) -> None:
+    """The agent keeps a command whose assignment read timed out and reads again (it does not die):
+    the read timed out all the same, and the bound says so."""
+    s = size(1.0)
+    s["phases"]["startup"]["nodes"]["read_timeouts"] = {"range assignment: DEADLINE_EXCEEDED": 2}
+    s["read_timeouts_after_startup"] = {"range assignment: DEADLINE_EXCEEDED": 3}
+    assert bench.figures(s)["agent_timeouts"] == 5.0
+    assert any("assignment" in line for line in bench.verdict(run(bench, "now", s)))
+
+
 def test_load_bands_per_core(bench: ModuleType) -> None:
     assert [bench.load_band(x, 2) for x in (0.5, 2.9, 3.0, 7.9, 8.0, None)] == [
         "quiet",
