@@ -42,6 +42,7 @@ from typing import IO, Any, Literal, NamedTuple, Protocol
 
 from stalwart import worker_contract as contract
 from stalwart.agents import fault_hooks
+from stalwart.agents.cpu_wait import cpu_wait as _thread_cpu_wait
 from stalwart.store.records import CheckpointRequest, CheckpointTiming, PhaseTimes, ProgressReport
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
@@ -173,6 +174,7 @@ def report_step(
     compute_time: float | None = None,
     optimizer_time: float | None = None,
     comm_time: float | None = None,
+    cpu_wait: Mapping[str, float] | None = None,
 ) -> None:
     """Report a completed training step (call once per step, after the optimizer step).
 
@@ -180,7 +182,8 @@ def report_step(
     optimizer step, blocked in communication (seconds; leave out what you do not measure). The
     rest of the wall time since the previous report is reported as `other`. `flops`: the model
     FLOPs this rank did in the step (e.g. 6 x parameters x tokens for a dense transformer's training
-    step): with the role's peakFlopsPerWorker, the job's MFU.
+    step): with the role's peakFlopsPerWorker, the job's MFU. `cpu_wait`: of data, optimizer and
+    other, the seconds the rank waited for a CPU held by other processes (StepTimer measures it).
     """
     global _steps_reported, _last_report_at, _saving
     install()
@@ -194,7 +197,13 @@ def report_step(
     if measured:
         other = None if _last_report_at is None else max(0.0, now - _last_report_at - sum(measured))
         phases = PhaseTimes(
-            data=data_time, compute=compute_time, optimizer=optimizer_time, comm=comm_time, other=other, saving=_saving
+            data=data_time,
+            compute=compute_time,
+            optimizer=optimizer_time,
+            comm=comm_time,
+            other=other,
+            saving=_saving,
+            cpu_wait=dict(cpu_wait) if cpu_wait else None,
         )
     _last_report_at, _saving = now, False
     rank, local_rank = _ranks()
@@ -423,22 +432,29 @@ def trained_samples(folder: str | os.PathLike[str]) -> dict[int, list[int]]:
 
 class StepTimer:
     """Times the phases of a step for report_step: `with timer.phase("data"): ...`, then
-    `timer.report(step, loss=...)`. A phase entered several times in a step adds up."""
+    `timer.report(step, loss=...)`. A phase entered several times in a step adds up. Where the
+    kernel says (Linux), it also measures how long each phase waited for a CPU held by other
+    processes: the straggler scores leave that out of a rank's own work."""
 
     def __init__(self) -> None:
         self.times: dict[Phase, float] = {}
+        self.cpu_waits: dict[Phase, float] = {}
         self._started = time.perf_counter()
+        self._waited = _thread_cpu_wait()  # this thread's CPU wait at the step's start (None: not known)
 
     @contextmanager
     def phase(self, name: Phase) -> Iterator[None]:
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r} (one of {', '.join(PHASES)})")
         started = time.perf_counter()
+        waited = _thread_cpu_wait() if self._waited is not None else None
         try:
             fault_hooks.at_phase(name)  # inside the phase: an injected slow loader is slow data loading
             yield
         finally:
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - started
+            if waited is not None and (now := _thread_cpu_wait()) is not None:
+                self.cpu_waits[name] = self.cpu_waits.get(name, 0.0) + now - waited
 
     def step_time(self) -> float:
         """Seconds since the step started (the previous report, or the timer's creation)."""
@@ -460,10 +476,22 @@ class StepTimer:
             compute_time=t.get("compute"),
             optimizer_time=t.get("optimizer"),
             comm_time=t.get("comm"),
+            cpu_wait=self._own_cpu_waits(),
         )
-        self.times = {}
+        self.times, self.cpu_waits = {}, {}
         self._started = time.perf_counter()
+        self._waited = _thread_cpu_wait()
         return elapsed
+
+    def _own_cpu_waits(self) -> dict[str, float] | None:
+        """The step's CPU waits in the rank's own work: data, optimizer and the rest of the step
+        outside the timed phases (None where the kernel does not say)."""
+        now = _thread_cpu_wait()
+        if self._waited is None or now is None:
+            return None
+        other = max(0.0, now - self._waited - sum(self.cpu_waits.values()))
+        waits = {"data": self.cpu_waits.get("data", 0.0), "optimizer": self.cpu_waits.get("optimizer", 0.0)}
+        return {k: round(v, 4) for k, v in {**waits, "other": other}.items() if v >= 0.0001}
 
 
 if os.environ.get(contract.PROGRESS_SOCKET) and threading.current_thread() is threading.main_thread():

@@ -634,6 +634,9 @@ class PhaseTimes(BaseModel):
     comm: float | None = None  # blocked in communication outside forward and backward
     other: float | None = None  # the step's wall time that no phase accounts for
     saving: bool = False  # a checkpoint save started since the step before (its staging is in `other`)
+    # Of data, optimizer and other: the seconds the rank was ready to run but waited for a CPU that
+    # another process held (Linux scheduler statistics; None where the kernel does not say).
+    cpu_wait: dict[str, float] | None = None
 
 
 class ProgressReport(Record):

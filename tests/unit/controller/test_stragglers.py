@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from support.controller_harness import Harness, worker
@@ -76,30 +78,40 @@ def test_peer_groups_follow_the_megatron_layout() -> None:
 
 
 # -- the detector --------------------------------------------------------------------------------
-Phases = Callable[[int, int], dict[str, float | bool]]
+Phases = Callable[[int, int], dict[str, Any]]
 
 
-def _steps(h: Harness, steps: range, phases: Phases, per_beat: int = 4) -> None:
-    """Heartbeats once a second, each carrying every rank's latest step (per_beat steps apart)."""
+def _steps(
+    h: Harness,
+    steps: range,
+    phases: Phases,
+    per_beat: int = 4,
+    *,
+    nodes: tuple[str, str] = ("node-0", "node-1"),
+    generation: int = 1,
+    first_step: int = 1,
+) -> None:
+    """Heartbeats once a second, each carrying every rank's latest step (per_beat steps apart, from
+    `first_step`; the phases' `cpu_wait` is part of the step's wall time)."""
     for k in steps:
         h.clock.advance(1.0)
-        step = k * per_beat
-        for i, node in enumerate(("node-0", "node-1")):
+        step = first_step - 1 + k * per_beat
+        for i, node in enumerate(nodes):
             ranks = []
             for r in (2 * i, 2 * i + 1):
                 p = phases(r, step)
-                wall = sum(float(v) for key, v in p.items() if key != "saving")
+                wall = sum(float(v) for key, v in p.items() if key not in ("saving", "cpu_wait"))
                 ranks.append(
                     worker(
                         r,
                         step=step,
-                        first_step=1,
+                        first_step=first_step,
                         step_time=wall,
-                        phases=PhaseTimes(**p),
+                        phases=PhaseTimes(**p),  # type: ignore[arg-type]
                         last_progress_at=h.clock.now,
                     )
                 )
-            h.beat(node, 1, ranks)
+            h.beat(node, generation, ranks)
         h.tick()
 
 
@@ -215,3 +227,95 @@ def test_a_data_mixture_change_evicts_nobody() -> None:
     h = _harness()
     _steps(h, range(1, 90), phases)
     assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
+
+
+# -- after a hot swap ----------------------------------------------------------------------------
+# The example job on a loaded 2-core machine, as traced after a hot swap (load 25-40): each step's
+# compute holds DDP's all-reduce, `other` a 30 ms pause; node-1 was swapped for the standby node-2,
+# whose ranks (2 and 3) resumed with node-0's from the checkpoint of step 160.
+LOADED = {"data": 0.0006, "compute": 0.15, "optimizer": 0.0014, "comm": 0.03, "other": 0.032}
+SWAPPED = {"nodes": ("node-0", "node-2"), "generation": 2, "first_step": 161}
+
+
+def _swapped(**ft: object) -> Harness:
+    h = Harness(faultTolerance={"stragglerWindowSeconds": 20, "stragglerWarmupSteps": 20, **ft}, standbys={"count": 1})
+    h.running(generation=2, slots=("node-0", "node-2"), standbys=["node-3"], next_node_index=4)
+    h.join("node-3")
+    return h
+
+
+def _waits_for_a_cpu(rank: int, step: int) -> bool:
+    """Rank 0 gets a core last after the all-reduce on two steps in three, its peers on one in four."""
+    draw = random.Random(step * 8 + rank).random()  # the same draws every run
+    return draw < 2 / 3 if rank == 0 else draw < 1 / 4
+
+
+def _after_the_swap(measured: bool, straggler: int | None = None) -> Phases:
+    def phases(r: int, step: int) -> dict[str, Any]:
+        p: dict[str, Any] = dict(LOADED)
+        if step < 181 and r in (2, 3):
+            p["data"] = 0.3  # the standby's warm-up: its loader's first batches
+        if step == 172:  # the generation's first save: its ranks agree on a plan, the optimizer waits for the copy
+            p["optimizer"], p["saving"] = 0.1, True
+        elif step % 10 == 2:
+            p["other"], p["saving"] = 0.06, True  # a save's staging
+        if _waits_for_a_cpu(r, step):
+            waits = {"data": 0.01, "optimizer": 0.022, "other": 0.015}
+            for phase, seconds in waits.items():
+                p[phase] += seconds
+            if measured:
+                p["cpu_wait"] = waits
+        if r == straggler and step >= 200:
+            p["data"] += 0.11  # a slow loader (1.5x the step): its own work, no CPU wait in it
+        return p
+
+    return phases
+
+
+def test_after_a_hot_swap_a_rank_that_waits_for_a_cpu_is_not_evicted() -> None:
+    """The false eviction of a healthy rank after a swap: the new generation's warm-up, its first
+    save (the optimizer waits at the step guard) and a rank that, for minutes, gets a core last after
+    each all-reduce. Its optimizer step takes 17x its peers' on two steps in three: waiting, not
+    working. Reported as CPU wait, it is left out of its own work: nobody is evicted."""
+    h = _swapped()
+    _steps(h, range(1, 150), _after_the_swap(measured=True), per_beat=3, **SWAPPED)  # type: ignore[arg-type]
+    assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
+
+
+def test_where_the_cpu_wait_is_not_measured_the_waiting_rank_scores_as_a_straggler() -> None:
+    """The same steps from a script that times its phases without StepTimer (report_step's own times,
+    no CPU wait): the waits count as rank 0's own work, and its node is evicted as a slow optimizer."""
+    h = _swapped()
+    _steps(h, range(1, 150), _after_the_swap(measured=False), per_beat=3, **SWAPPED)  # type: ignore[arg-type]
+    [incident] = h.incidents()
+    assert incident.rank == 0 and incident.suspects == ["node-0"]
+    assert incident.verdict is not None and incident.verdict["straggler"]["phase"] == "optimizer"
+
+
+def test_after_a_hot_swap_a_real_straggler_among_cpu_waits_is_evicted() -> None:
+    h = _swapped()
+    _steps(h, range(1, 150), _after_the_swap(measured=True, straggler=3), per_beat=3, **SWAPPED)  # type: ignore[arg-type]
+    [incident] = h.incidents()
+    assert incident.rank == 3 and incident.suspects == ["node-2"], incident.evidence
+    assert incident.evidence[0].startswith("rank 3 on node-2 is a straggler: slow data loading")
+
+
+def test_the_standbys_ranks_warm_up_unscored_after_a_swap() -> None:
+    """The standby's ranks load their first 20 batches slowly (a cold loader, a cold page cache): a
+    window's worth of heartbeats, one step each, and no eviction: every rank's first steps of the
+    generation are its warm-up, whatever node it runs on."""
+
+    def phases(r: int, step: int) -> dict[str, Any]:
+        return {**LOADED, "data": 0.3 if r in (2, 3) and step < 181 else LOADED["data"]}
+
+    h = _swapped(stragglerWindowSeconds=10)
+    _steps(h, range(1, 21), phases, per_beat=1, **SWAPPED)  # type: ignore[arg-type]
+    _steps(h, range(7, 40), phases, per_beat=3, **SWAPPED)  # type: ignore[arg-type]
+    assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
+
+
+def test_own_work_leaves_out_the_cpu_wait() -> None:
+    phases = PhaseTimes(
+        data=0.02, compute=0.5, optimizer=0.03, comm=0.3, other=0.04, cpu_wait={"optimizer": 0.025, "other": 0.05}
+    )
+    assert own_work(phases, 0.89) == pytest.approx({"data": 0.02, "optimizer": 0.005, "other": 0.0})

@@ -4,8 +4,13 @@ A rank's own work in a step is the time it spends on what no other rank can make
 data loading, its optimizer step and the rest of its step outside the timed phases (the SDK's
 `other`). Compute and comm are left out: in data-parallel training the compute phase holds DDP's
 gradient all-reduce and comm is a collective, so there a fast rank waits for the slow one and both
-show the same time. A script that reports no phases has only its step time (which synchronous
-training makes equal on every rank: then the pace and its stack rounds, slowdowns.py, decide).
+show the same time. Nor is the time a rank waited for a CPU that other processes held (StepTimer
+measures it per phase, stalwart.agents.cpu_wait): on a host with more runnable processes than cores,
+the ranks a collective releases together get a core one after the other: the one served last waits
+a scheduler slice or two in its next phase (its optimizer step, its data, the rest of its step), on
+one step in two, the same rank for tens of seconds at a time. A script that reports no phases has
+only its step time (which synchronous training makes equal on every rank: then the pace and its
+stack rounds, slowdowns.py, decide).
 
 The relative score of a rank is its peers' median own work over its own (1.0: as fast as its
 peers, 0.5: twice as slow), each side the median of its last samples; the individual score is its
@@ -44,9 +49,11 @@ class Sample:
 
 
 def own_work(phases: PhaseTimes | None, step_time: float | None) -> dict[str, float] | None:
-    """The own-work phases of one step, or the step time where the script times no phase."""
+    """The own-work phases of one step, less the time each waited for a CPU (where the SDK says), or
+    the step time where the script times no phase."""
     if phases is not None and any(getattr(phases, p) is not None for p in ("data", "compute", "optimizer")):
-        return {p: float(getattr(phases, p) or 0.0) for p in OWN_WORK_PHASES}
+        waits = phases.cpu_wait or {}
+        return {p: max(0.0, float(getattr(phases, p) or 0.0) - waits.get(p, 0.0)) for p in OWN_WORK_PHASES}
     if step_time:
         return {"step": float(step_time)}
     return None
