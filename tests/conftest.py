@@ -35,6 +35,10 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # the CLI tests give their terminal width per invocation, as a serial run lets them.
     for _name in ("COLUMNS", "LINES"):
         os.environ.pop(_name, None)
+    # The workers are the parallelism: torch's intra-op threads on top of them oversubscribe the cores,
+    # and its spinning OpenMP threads then make in-process training many times slower on a busy machine.
+    # Set before anything imports torch (it reads the variable then); a job's workers get 1 anyway.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups

@@ -1,4 +1,6 @@
-"""StalwartLoop (the accelerate helper) in one process: a crash and a resume end where a clean run ends."""
+"""StalwartLoop (the accelerate helper) in one process: a crash and a resume end where a clean run ends.
+
+accelerate is imported where it is used, so the workers that only collect this module do not pay for it."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate import Accelerator
 from support.paths import REPO
 
 from stalwart import worker_contract as contract
@@ -14,10 +15,14 @@ from stalwart.agents.worker_sdk import trained_samples
 from stalwart.dataloader import DataConfig, SourceSpec, open_loader
 from stalwart.integrations.accelerate import StalwartLoop
 
+pytestmark = pytest.mark.xdist_group("in-process-frameworks")
+
 STEPS = 7
 
 
 def train(tmp_path: Path, run: str, crash_at: int | None = None) -> torch.nn.Module:
+    from accelerate import Accelerator
+
     torch.manual_seed(0)
     shards = str(REPO / "examples" / "data" / "shards" / "stories-*.stok")
     config = DataConfig(sources=[SourceSpec(name="stories", shards=[shards])], seq_len=8, seed=0)
