@@ -5,6 +5,7 @@ its own work is still evicted."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from support.controller_harness import Harness, worker
 
@@ -14,7 +15,7 @@ from stalwart.store.records import JobStage, PhaseTimes
 
 # The example's step (seconds): compute with DDP's all-reduce inside, a pause, data, optimizer.
 BASE = {"data": 0.002, "compute": 0.06, "optimizer": 0.008, "comm": 0.003, "other": 0.052}
-Phases = Callable[[int, int], dict[str, float | bool]]
+Phases = Callable[[int, int], dict[str, Any]]
 
 
 # -- machine_wide (pure) -------------------------------------------------------------------------
@@ -60,7 +61,7 @@ def _steps(h: Harness, steps: range, phases: Phases, generation: int = 1) -> Non
     """One step a tick, every rank reporting it with its phases; the step time is their sum."""
     for step in steps:
         per_rank = {r: phases(r, step) for r in range(4)}
-        wall = max(sum(float(v) for k, v in p.items() if k != "saving") for p in per_rank.values())
+        wall = max(sum(float(v) for k, v in p.items() if k not in ("saving", "cpu_wait")) for p in per_rank.values())
         h.clock.advance(wall)
         for i, node in enumerate(("node-0", "node-1")):
             ranks = [
@@ -69,7 +70,7 @@ def _steps(h: Harness, steps: range, phases: Phases, generation: int = 1) -> Non
                     step=step,
                     first_step=steps.start,
                     step_time=wall,
-                    phases=PhaseTimes(**per_rank[r]),
+                    phases=PhaseTimes(**per_rank[r]),  # type: ignore[arg-type]
                     last_progress_at=h.clock.now,
                 )
                 for r in (2 * i, 2 * i + 1)
@@ -97,6 +98,25 @@ def test_a_loaded_machine_evicts_nobody_whatever_the_rounds_lean_to() -> None:
     h = _harness()
     _steps(h, range(1, 9), _loaded(9))
     _steps(h, range(9, 15), _loaded(9))
+    [key] = _rounds(h)
+    h.runner.finish(key, diagnosis=Finding(suspects=["node-0"], evidence=["node-0 held the others up"]))
+    h.tick()
+    assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
+
+
+def test_a_loaded_machine_whose_ranks_wait_for_a_cpu_evicts_nobody() -> None:
+    """The same load, as StepTimer reports it: the own work's rise is time spent waiting for a CPU
+    (PhaseTimes.cpu_wait). The straggler scores leave that out; the pace's machine-load check counts
+    it, since it is the load it looks for: no eviction."""
+
+    def phases(r: int, step: int) -> dict[str, Any]:
+        p: dict[str, Any] = _loaded(9)(r, step)
+        if step >= 9:
+            p["cpu_wait"] = {k: float(p[k]) - BASE[k] for k in ("data", "optimizer", "other")}
+        return p
+
+    h = _harness()
+    _steps(h, range(1, 15), phases)
     [key] = _rounds(h)
     h.runner.finish(key, diagnosis=Finding(suspects=["node-0"], evidence=["node-0 held the others up"]))
     h.tick()

@@ -183,7 +183,10 @@ def _node_pace(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -
         newest_step=max(steps) if steps else None,
         step_times=tuple(w.step_time for w in running if w.step_time),
         saving=any(w.phases is not None and w.phases.saving for w in running),
-        own={w.rank: sum(o.values()) for w in running if (o := own_work(w.phases, None)) is not None},
+        # (CPU wait included: the machine's load is what machine_wide looks for)
+        own={
+            w.rank: sum(o.values()) for w in running if (o := own_work(w.phases, None, less_cpu_wait=False)) is not None
+        },
     )
 
 

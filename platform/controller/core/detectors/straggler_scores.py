@@ -48,11 +48,14 @@ class Sample:
         return sum(self.own.values())
 
 
-def own_work(phases: PhaseTimes | None, step_time: float | None) -> dict[str, float] | None:
-    """The own-work phases of one step, less the time each waited for a CPU (where the SDK says), or
-    the step time where the script times no phase."""
+def own_work(
+    phases: PhaseTimes | None, step_time: float | None, *, less_cpu_wait: bool = True
+) -> dict[str, float] | None:
+    """The own-work phases of one step, less the time each waited for a CPU (where the SDK says; not
+    with `less_cpu_wait=False`, for which that wait is the machine's load to see), or the step time
+    where the script times no phase."""
     if phases is not None and any(getattr(phases, p) is not None for p in ("data", "compute", "optimizer")):
-        waits = phases.cpu_wait or {}
+        waits = (phases.cpu_wait or {}) if less_cpu_wait else {}
         return {p: max(0.0, float(getattr(phases, p) or 0.0) - waits.get(p, 0.0)) for p in OWN_WORK_PHASES}
     if step_time:
         return {"step": float(step_time)}
