@@ -19,6 +19,10 @@ A loss that is NaN or infinite raises FloatingPointError("loss is nan ..."): the
 the line the signature database classifies as a NaN loss, and the controller rolls the job back
 (Checkpointer.load honours the rollback bound by itself), with no help from the script.
 
+A step report costs the training thread a few microseconds: it checks the loss, runs the fault hooks
+and queues a tuple; a daemon thread builds the report, serialises it and sends it, in order with the
+checkpoint reports (`flush` sends what waits at once, as the worker's exit does).
+
 A training process imports this module, so it must stay light: no grpc, no etcd client, no torch
 (tests/unit/agents/test_worker_sdk.py checks it, and .importlinter forbids the imports).
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import json
+import logging
 import math
 import os
 import signal
@@ -35,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,11 +55,23 @@ STACK_DUMP_SIGNAL = signal.SIGUSR1
 Phase = Literal["data", "compute", "optimizer", "comm"]
 PHASES: tuple[Phase, ...] = ("data", "compute", "optimizer", "comm")
 
+log = logging.getLogger(__name__)
+
 _sock: socket.socket | None = None
 _installed = False
 _steps_reported = 0
 _unsent: dict[str, ProgressReport] = {}  # report kind -> the newest report the agent's queue refused
 FLUSH_SECONDS = 5.0
+SEND_INTERVAL = 0.05  # the sender's round: a report reaches the agent this late at most (its sent_at says when)
+OUTBOX_LIMIT = 4096  # reports queued and not yet built; beyond that (a sender that cannot run) the oldest go
+# What the training thread queued for the sender: a step as a plain tuple (building the report is the
+# sender's work), (step, loss, tokens, flops, step_time, sent_at, phase times or None), or a whole report.
+StepEntry = tuple[int, float | None, int | None, float | None, float | None, float, dict[str, Any] | None]
+_outbox: deque[StepEntry | ProgressReport] = deque(maxlen=OUTBOX_LIMIT)
+_wake = threading.Event()
+_drain_lock = threading.Lock()
+_sender: threading.Thread | None = None
+_replay_steps: int | None = -1  # REPLAY_STEPS, read at the first step report (-1: not read yet)
 _last_report_at: float | None = None
 _saving = False  # a checkpoint save started since the last step report (its staging is in the next step's time)
 _request_read: tuple[tuple[int, int], CheckpointRequest | None] | None = None  # (the file's mtime, size), its request
@@ -93,31 +111,94 @@ def _socket() -> socket.socket | None:
     if _sock is None and os.environ.get(contract.PROGRESS_SOCKET):
         _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         _sock.setblocking(False)
-        atexit.register(_flush_at_exit)
     return _sock
 
 
+def _queue(entry: StepEntry | ProgressReport) -> bool:
+    """Hand a report to the sender thread (started at the first report under Stalwart); False outside
+    Stalwart, where nothing is sent."""
+    if _sender is None and not _start_sender():
+        return False
+    _outbox.append(entry)
+    return True
+
+
+def _start_sender() -> bool:
+    global _sender
+    if not os.environ.get(contract.PROGRESS_SOCKET):
+        return False
+    with _drain_lock:
+        if _sender is None:
+            atexit.register(_flush_at_exit)
+            _sender = threading.Thread(target=_send_forever, name="stalwart-progress", daemon=True)
+            _sender.start()
+    return True
+
+
+def _send_forever() -> None:
+    while True:
+        _wake.wait(SEND_INTERVAL)
+        _wake.clear()
+        flush()
+
+
 def _send(report: ProgressReport) -> None:
-    """Best effort, never blocking: training must not stall on its agent. A Unix datagram queue
-    holds only a few reports (net.unix.max_dgram_qlen, often 10), so when a busy agent lets it fill,
-    the newest report of each kind waits here for the next call, or for the worker's exit: the last
-    step and checkpoint must not be lost, or a job that finished would look stopped short."""
-    if _socket() is None:
-        return
-    _unsent[report.kind] = report
-    _try_unsent()
+    """Queue a whole report (a checkpoint's) behind the steps before it, and wake the sender for it."""
+    if _queue(report):
+        _wake.set()
+
+
+def flush() -> bool:
+    """Build and send what waits, now, on the calling thread; True when nothing is left waiting.
+
+    Best effort, never blocking: training must not stall on its agent. A Unix datagram queue holds
+    only a few reports (net.unix.max_dgram_qlen, often 10), so when a busy agent lets it fill, the
+    newest report of each kind waits for the next round, or for the worker's exit: the last step and
+    checkpoint must not be lost, or a job that finished would look stopped short. A report that cannot
+    be built or sent is dropped, never raised into training."""
+    with _drain_lock:
+        while _outbox:
+            entry = _outbox.popleft()
+            try:
+                report = entry if isinstance(entry, ProgressReport) else _step_report(entry)
+            except Exception:  # a report the records refuse: progress is best-effort, training goes on
+                log.warning("dropped a progress report that could not be built: %r", entry, exc_info=True)
+                continue
+            _unsent.pop(report.kind, None)  # (re-inserted: what waits goes in the order it was reported)
+            _unsent[report.kind] = report
+            _try_unsent()
+        return _try_unsent()
+
+
+def _step_report(entry: StepEntry) -> ProgressReport:
+    step, loss, tokens, flops, step_time, sent_at, phases = entry
+    rank, local_rank = _ranks()
+    return ProgressReport(
+        kind="step",
+        rank=rank,
+        local_rank=local_rank,
+        generation=contract.int_var(contract.GENERATION),
+        step=step,
+        loss=loss,
+        tokens=tokens,
+        flops=flops,
+        step_time=step_time,
+        sent_at=sent_at,
+        phases=PhaseTimes(**phases) if phases is not None else None,
+    )
 
 
 def _try_unsent() -> bool:
     """Send what waits; True when nothing is left waiting."""
-    sock = _socket()
+    sock, path = _socket(), os.environ.get(contract.PROGRESS_SOCKET)
+    if sock is None or path is None:
+        _unsent.clear()  # no agent to send to any more
+        return True
     for kind, report in list(_unsent.items()):
-        if sock is None:
-            break
         try:
-            sock.sendto(report.dumps().encode(), os.environ[contract.PROGRESS_SOCKET])
+            sock.sendto(report.dumps().encode(), path)
         except BlockingIOError:
-            return False  # the agent's queue is full: again at the next report
+            return False  # the agent's queue is full: again at the next round
         except OSError:
             pass  # the agent is restarting or gone: progress is best-effort
         del _unsent[kind]
@@ -127,8 +208,18 @@ def _try_unsent() -> bool:
 def _flush_at_exit() -> None:
     """The reports that waited, before the worker exits (bounded: an agent that is gone drops them)."""
     deadline = time.monotonic() + FLUSH_SECONDS
-    while not _try_unsent() and time.monotonic() < deadline:
+    while not flush() and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def _forget_sender() -> None:
+    """In a forked child: the parent's sender thread and queue are not this process's."""
+    global _sender, _wake, _drain_lock
+    _sender, _wake, _drain_lock = None, threading.Event(), threading.Lock()
+    _outbox.clear()
+
+
+os.register_at_fork(after_in_child=_forget_sender)
 
 
 def _ranks() -> tuple[int, int]:
@@ -158,7 +249,7 @@ def install() -> None:
 
 def check_loss(step: int, loss: float | None) -> None:
     """Raise the NaN failure for a loss that is NaN or infinite (the log line is the signature)."""
-    if loss is not None and not math.isfinite(loss):
+    if loss is not None and not math.isfinite(loss):  # (a 0-d tensor converts itself)
         what = "nan" if math.isnan(loss) else "inf"
         raise FloatingPointError(f"loss is {what} at step {step} (reported {loss!r}): rolling back")
 
@@ -187,41 +278,27 @@ def report_step(
     """
     global _steps_reported, _last_report_at, _saving
     install()
-    check_loss(step, loss)
+    if loss is not None:
+        loss = float(loss)  # (a tensor's value, read once: the check and the report share it)
+    check_loss(step, loss)  # on this thread: the NaN failure stops training at this step
     fault_hooks.at_step(step)
     loss = fault_hooks.reported_loss(step, loss)
     _steps_reported += 1
     now = time.monotonic()
-    measured = [t for t in (data_time, compute_time, optimizer_time, comm_time) if t is not None]
     phases = None
-    if measured:
-        other = None if _last_report_at is None else max(0.0, now - _last_report_at - sum(measured))
-        phases = PhaseTimes(
-            data=data_time,
-            compute=compute_time,
-            optimizer=optimizer_time,
-            comm=comm_time,
-            other=other,
-            saving=_saving,
-            cpu_wait=dict(cpu_wait) if cpu_wait else None,
-        )
+    if data_time is not None or compute_time is not None or optimizer_time is not None or comm_time is not None:
+        measured = sum(t for t in (data_time, compute_time, optimizer_time, comm_time) if t is not None)
+        phases = {
+            "data": data_time,
+            "compute": compute_time,
+            "optimizer": optimizer_time,
+            "comm": comm_time,
+            "other": None if _last_report_at is None else max(0.0, now - _last_report_at - measured),
+            "saving": _saving,
+            "cpu_wait": dict(cpu_wait) if cpu_wait else None,
+        }
     _last_report_at, _saving = now, False
-    rank, local_rank = _ranks()
-    _send(
-        ProgressReport(
-            kind="step",
-            rank=rank,
-            local_rank=local_rank,
-            generation=contract.int_var(contract.GENERATION),
-            step=step,
-            loss=loss,
-            tokens=tokens,
-            flops=flops,
-            step_time=step_time,
-            sent_at=time.time(),
-            phases=phases,
-        )
-    )
+    _queue((step, loss, tokens, flops, step_time, time.time(), phases))  # the sender builds and sends it
     _end_replay_if_done()
 
 
@@ -236,8 +313,10 @@ def report_work(done: int) -> None:
 
 def _end_replay_if_done() -> None:
     """A replay generation's workers stop, successfully, after the steps the controller asked for."""
-    steps = contract.int_var(contract.REPLAY_STEPS)
-    if steps and _steps_reported >= steps:
+    global _replay_steps
+    if _replay_steps == -1:
+        _replay_steps = contract.int_var(contract.REPLAY_STEPS)  # the worker's environment: read once
+    if _replay_steps and _steps_reported >= _replay_steps:
         _flush_at_exit()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -399,6 +478,11 @@ class SampleLog:
             rank = _ranks()[0]
             self._file = open(os.path.join(folder, f"rank-{rank}.jsonl"), "a", encoding="utf-8")
         self.generation = contract.int_var(contract.GENERATION) or 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether steps are recorded (a folder was given): a caller may skip gathering the ids otherwise."""
+        return self._file is not None
 
     def write(self, step: int, sample_ids: Iterable[int]) -> None:
         if self._file is not None:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from stalwart import worker_contract as contract
-from stalwart.agents.worker_sdk import PeriodicCheckpoints, Phase, SampleLog, StepTimer, report_load
+from stalwart.agents.worker_sdk import PeriodicCheckpoints, Phase, SampleLog, StepTimer, flush, report_load
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader.batch import Batch, BatchLoader
 from stalwart.integrations.common import HookClock, SchedulerState, checkpoint_tiers
@@ -96,7 +96,7 @@ class StalwartLoop:
             if batch is not None:
                 tokens = int(batch.tokens.shape[0] * (batch.tokens.shape[1] - 1))
             elapsed = self.timer.report(step, loss=loss, tokens=tokens)
-            if batch is not None:
+            if batch is not None and self.samples.enabled:
                 self.samples.write(step, batch.sample_ids.tolist())
             self.clock.step_done()
         if self._periodic is not None:
@@ -107,6 +107,7 @@ class StalwartLoop:
         """Wait for the last save, report it, and close the checkpointer and the audit."""
         if self._periodic is not None:
             self._periodic.finish()
+        flush()  # the last reports go out now, not at the sender's next round
         if self.checkpointer is not None:
             self.checkpointer.close()
         self.samples.close()

@@ -33,7 +33,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from stalwart import worker_contract as contract
-from stalwart.agents.worker_sdk import PeriodicCheckpoints, SampleLog, StepTimer, report_load
+from stalwart.agents.worker_sdk import PeriodicCheckpoints, SampleLog, StepTimer, flush, report_load
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader import DataConfig, open_loader
 from stalwart.dataloader.batch import BatchLoader
@@ -86,6 +86,7 @@ class StalwartCallback(TrainerCallback):
     def record_batch(self, sample_ids: list[int], tokens: int) -> None:
         self._ids.extend(sample_ids)
         self._tokens += tokens
+        self._mark = time.perf_counter()  # the step's compute starts after its last batch
 
     def record_loss(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach())
@@ -125,9 +126,13 @@ class StalwartCallback(TrainerCallback):
         self._periodic = PeriodicCheckpoints(self._ckpt, ckpt_state, loader, interval, last_step=state.max_steps)
         self.timer = StepTimer()  # the first step's time starts now, not at construction
 
+    # Three clocked hooks a step (and one per micro-batch, in StalwartBatches): the phases are marked
+    # where a hook runs anyway, since the clock's own reads cost as much as a mark. The step's compute
+    # starts when its last batch is fetched (the Trainer fetches a step's batches before on_step_begin).
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        with self.clock:
-            self._mark = time.perf_counter()  # the step's batches are fetched (and timed) just before this
+        if self.loader is None:  # not fed by StalwartBatches, which marks the step's start itself
+            with self.clock:
+                self._mark = time.perf_counter()
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -137,15 +142,10 @@ class StalwartCallback(TrainerCallback):
             self.timer.times["compute"] = now - self._mark  # forward, backward (DDP's all-reduce) and clipping
             self._mark = now
 
-    def on_optimizer_step(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        with self.clock:
-            self.timer.times["optimizer"] = time.perf_counter() - self._mark
-
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         step = state.global_step
         with self.clock:
+            self.timer.times["optimizer"] = time.perf_counter() - self._mark  # its step, the LR's, zero_grad
             # The Trainer already waited for this loss (its NaN filter reads it), so reading it syncs nothing.
             loss = _mean_loss(self._losses)
             # A NaN or infinite loss raises FloatingPointError here (the worker SDK's check): the job rolls back.
@@ -159,6 +159,7 @@ class StalwartCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._periodic is not None:
             self._periodic.finish()
+        flush()  # the last reports go out now, not at the sender's next round
         if self._ckpt is not None:
             self._ckpt.close()
         self.clock.log_cost(log)
@@ -191,7 +192,8 @@ class StalwartBatches:
                 batch = self.loader.next_batch()
             with self.callback.clock:
                 tokens = batch.tokens
-                self.callback.record_batch(batch.sample_ids.tolist(), int(tokens.shape[0] * (tokens.shape[1] - 1)))
+                ids = batch.sample_ids.tolist() if self.callback.samples.enabled else []  # (for the audit only)
+                self.callback.record_batch(ids, int(tokens.shape[0] * (tokens.shape[1] - 1)))
             yield {"input_ids": tokens, "labels": tokens}
 
 

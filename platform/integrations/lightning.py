@@ -40,11 +40,12 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, IterableDataset
 
 from stalwart import worker_contract as contract
-from stalwart.agents.worker_sdk import PeriodicCheckpoints, report_load, report_step
+from stalwart.agents.worker_sdk import PeriodicCheckpoints, flush, report_load, report_step
 from stalwart.checkpoint import Checkpointer, NoCheckpoint, RetentionPolicy, RNGState, TrainState
 from stalwart.dataloader import DataConfig, open_loader
 from stalwart.dataloader.batch import BatchLoader
-from stalwart.dataloader.state import LoaderStateDelta
+from stalwart.dataloader.dataset import TokenDataset
+from stalwart.dataloader.state import LoaderState, delta_at, state_at
 from stalwart.integrations.common import HookClock, checkpoint_tiers, data_config_from_env
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ class StalwartData(IterableDataset[dict[str, Any]]):
     Lightning draws a batch ahead of the one it trains, so the loader's own position is one batch
     past the trained data; the position a checkpoint holds is the one after the last batch trained
     (`mark_trained`), which is what `state_dict` returns. It has no `state_dict` Lightning would see:
-    the position rides in Stalwart's checkpoint, not Lightning's.
+    the position rides in Stalwart's checkpoint, not Lightning's. A step only notes that position (an
+    int); the state at it is built when a checkpoint asks (a loader's state is its position's).
     """
 
     def __init__(self, config: DataConfig, micro_batch: int) -> None:
@@ -99,8 +101,7 @@ class StalwartData(IterableDataset[dict[str, Any]]):
         self.micro_batch = contract.int_var(contract.DATA_MICRO_BATCH) or micro_batch
         self.loader: BatchLoader | None = None
         self.clock = HookClock()  # the integration's own time on the training thread (the callback's too)
-        self._drawn: dict[int, dict[str, Any]] = {}  # next position -> the loader's state there
-        self._trained: dict[str, Any] | None = None
+        self._trained: int | None = None  # the position after the last batch trained
 
     @property
     def tokens_per_batch(self) -> int:
@@ -116,7 +117,7 @@ class StalwartData(IterableDataset[dict[str, Any]]):
                 dp_size=world if dp_size is None else dp_size,
                 micro_batch=self.micro_batch,
             )
-            self._trained = self.loader.state_dict()
+            self._trained = self.loader.state_dict()["position"]
         return self.loader
 
     def dataloader(self) -> DataLoader[dict[str, Any]]:
@@ -128,39 +129,47 @@ class StalwartData(IterableDataset[dict[str, Any]]):
         loader = self.open()
         while True:
             batch = loader.next_batch()
-            with self.clock:  # one state per batch; its delta is read from it when a checkpoint asks
-                self._drawn[batch.next_position] = loader.state_dict()
             yield {"tokens": batch.tokens, "sample_ids": batch.sample_ids, "next_position": batch.next_position}
 
     def mark_trained(self, batch: Mapping[str, Any]) -> None:
-        """The step trained this batch: a checkpoint from now on resumes after it."""
-        with self.clock:
-            position = int(batch["next_position"])
-            self._trained = self._drawn.pop(position, self._trained)
-            for drawn in [p for p in self._drawn if p < position]:
-                del self._drawn[drawn]
+        """The step trained this batch: a checkpoint from now on resumes after it (the callback calls
+        it inside its own clocked hook)."""
+        self._trained = int(batch["next_position"])
 
     def state_dict(self) -> dict[str, Any]:
-        if self._trained is None:
+        """The loader's state after the last batch trained (the loader itself is a batch ahead)."""
+        if self._trained is None or self.loader is None:
             raise RuntimeError("StalwartData.state_dict before the loader was opened")
-        return self._trained
+        return _state_at(self.loader, self._trained).model_dump()
 
     def state_delta(self) -> dict[str, Any]:
-        if self._trained is None:
+        if self._trained is None or self.loader is None:
             raise RuntimeError("StalwartData.state_delta before the loader was opened")
-        return {name: self._trained[name] for name in LoaderStateDelta.model_fields}  # a part of the state
+        self.loader.state_delta()  # (a shadow loader's client tells its loader where a restart would resume)
+        return delta_at(_dataset(self.loader), self._trained).model_dump()  # a part of the state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at a checkpoint's position; batches drawn ahead before this are dropped."""
         loader = self.open()
         loader.load_state_dict(state)
-        self._drawn.clear()
-        self._trained = loader.state_dict()
+        self._trained = loader.state_dict()["position"]
 
     def close(self) -> None:
         if self.loader is not None:
             self.loader.close()
             self.loader = None
+
+
+def _dataset(loader: BatchLoader) -> TokenDataset:
+    """The dataset a loader reads (both of Stalwart's loaders have one: its state at a position comes from it)."""
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(dataset, TokenDataset):
+        raise TypeError(f"StalwartData needs one of Stalwart's loaders (with a dataset), not {type(loader).__name__}")
+    return dataset
+
+
+def _state_at(loader: BatchLoader, position: int) -> LoaderState:
+    return state_at(_dataset(loader), position)
 
 
 class _Schedulers:
@@ -294,16 +303,16 @@ class StalwartCallback(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        with self.clock:
+        with self.clock:  # one clocked section for the whole hook: the clock's own reads cost too
             now = time.perf_counter()
             if self._before_optimizer > self._started:
                 self._optimizer_time += now - self._before_optimizer
             else:  # accumulating gradients: no optimizer step in this batch
                 self._compute_time += now - self._started
-        self.data.mark_trained(batch)  # timed by the same clock
-        step = trainer.global_step
-        if step > self._reported:  # an optimizer step finished (every batch, unless accumulating)
-            with self.clock:
+            self.data.mark_trained(batch)
+            step = trainer.global_step
+            stepped = step > self._reported  # an optimizer step finished (every batch, unless accumulating)
+            if stepped:
                 loss = _rank_loss(outputs)
                 # A NaN or infinite loss raises FloatingPointError here, and the job rolls back.
                 report_step(
@@ -318,13 +327,14 @@ class StalwartCallback(Callback):
                 self._reported = step
                 self._data_time = self._compute_time = self._optimizer_time = 0.0
                 self.clock.step_done()
-            if self._periodic is not None:
-                self._periodic.after_step(step)  # every `interval` steps; written while training goes on
+        if stepped and self._periodic is not None:
+            self._periodic.after_step(step)  # every `interval` steps; written while training goes on
         self._last_end = time.perf_counter()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._periodic is not None:
             self._periodic.finish()
+        flush()  # the last reports go out now, not at the sender's next round
         self.clock.log_cost(log)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -341,4 +351,4 @@ def _rank_loss(outputs: Any) -> float | None:
     loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
     if not isinstance(loss, torch.Tensor):
         return None
-    return float(loss.detach().float().reshape(()).item())
+    return float(loss)  # one read of a one-element tensor, no copy

@@ -113,17 +113,24 @@ def test_a_nan_loss_raises_the_rollback_error(hf: ModuleType, tmp_path: Path) ->
         callback.on_step_end(None, state, None)  # type: ignore[arg-type]
 
 
-def test_batches_are_causal_lm_inputs_and_their_ids_are_recorded(hf: ModuleType, example_shards: None) -> None:
+def test_batches_are_causal_lm_inputs_and_their_ids_are_recorded(
+    hf: ModuleType, example_shards: None, tmp_path: Path
+) -> None:
     from stalwart.dataloader import open_loader
 
     loader = open_loader(config(), dp_rank=0, dp_size=1, micro_batch=2)
-    callback = hf.StalwartCallback()
+    callback = hf.StalwartCallback(sample_log=str(tmp_path / "samples"))
     batches = iter(hf.StalwartBatches(loader, callback))
     first = next(batches)
     assert first["input_ids"].shape == (2, 17) and first["labels"] is first["input_ids"]
     assert loader.position == 2  # nothing prefetched: the position is what the Trainer consumed
     assert len(callback._ids) == 2 and callback._tokens == 2 * 16
     assert "data" in callback.timer.times
+    callback.samples.close()
+
+    unaudited = hf.StalwartCallback()  # no sample log: the ids are not even gathered, the tokens still count
+    next(iter(hf.StalwartBatches(loader, unaudited)))
+    assert unaudited._ids == [] and unaudited._tokens == 2 * 16
     loader.close()
 
 
