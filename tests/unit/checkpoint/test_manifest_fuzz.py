@@ -23,7 +23,7 @@ from stalwart.checkpoint.manifest import (
     read_manifest,
 )
 
-FUZZ = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def wrap(body: bytes) -> bytes:

@@ -53,7 +53,7 @@ own_work = st.fixed_dictionaries(
 ) | st.fixed_dictionaries({"step": durations})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.integers(0, 40), st.lists(own_work, min_size=0, max_size=14), max_size=12))
 def test_score_group_matches_its_definition(works: dict[int, list[dict[str, float]]]) -> None:
     history = {rank: [Sample(step, own) for step, own in enumerate(ws)] for rank, ws in works.items()}

@@ -28,6 +28,10 @@ from stalwart.dataloader import (
     global_ids,
 )
 
+# One worker runs the whole module: it imports datasets, tokenizers and megatron-core once, not every
+# worker that gets one of its tests.
+pytestmark = pytest.mark.xdist_group("users-data-formats")
+
 
 @pytest.fixture(scope="module", params=["hf", "megatron", "mixed"])
 def config(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> DataConfig:

@@ -40,7 +40,7 @@ def check_structure(plan: ReplayPlan, pp: int, dp: int) -> None:
             assert len(shared) <= 1, f"{h.id} and {v.id} share {sorted(shared)}"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pp=st.integers(1, 12), dp=st.integers(1, 24), data=st.data())
 def test_the_failing_groups_intersect_in_exactly_the_bad_machine(pp: int, dp: int, data: st.DataObject) -> None:
     plan = plan_replay(pp, dp, machines(pp, dp), spares(pp, dp))

@@ -42,7 +42,7 @@ def eventually(predicate: Callable[[], bool], what: str, timeout: float = 30.0) 
 
 
 # ------------------------------------------------------------------------------------ the framing
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(header=headers, payload=st.binary(max_size=4096))
 def test_any_header_and_payload_come_back_as_sent(header: dict[str, object], payload: bytes) -> None:
     a, b = socket.socketpair()
@@ -51,7 +51,7 @@ def test_any_header_and_payload_come_back_as_sent(header: dict[str, object], pay
         assert wire.recv(b, wire.Limits(payload=len(payload))) == (header, payload)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=2048), limits=st.sampled_from([wire.HELLO, wire.REQUEST, wire.Limits()]))
 def test_arbitrary_bytes_give_a_message_within_the_limits_or_a_protocol_error(data: bytes, limits: wire.Limits) -> None:
     a, b = socket.socketpair()
