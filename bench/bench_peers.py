@@ -10,7 +10,7 @@
     .venv/bin/python bench/bench_peers.py --report-from bench/results/peers-a.json bench/results/peers-b.json
 
 Every pass rewrites its .json after each run, so a pass cut short keeps what it measured; `--report-from`
-merges passes into one report (every run's cells, the newest pass's checkpoint blocked times);
+merges passes into one report and its .json (every run's cells, the newest pass's checkpoint blocked times);
 `--repeats 0` runs only the clean runs and the blocked-time measurement.
 
 Stalwart runs from .venv (`stalwart run` of examples/pretrain-tiny.yaml, 2 nodes x 2 gloo workers, its
@@ -909,7 +909,7 @@ def main() -> None:
         context["notes"] = [*context.get("notes", []), *args.note]
         if args.probe_nvrx:
             context["nvrx_probe"] = probe_nvrx()
-        write_report(cells, blocked, context, args.output)
+        save(cells, blocked, context, args.output)  # the merged cells too: a later --report-from reads them
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every run's processes are killed
     if not (PEERS_VENV / "bin" / "python").exists():
