@@ -899,17 +899,7 @@ def main() -> None:
         setup()
         return
     if args.report_from:
-        cells, blocked, context = merge_runs([json.loads(p.read_text()) for p in args.report_from])
-        for spec in args.phases_from:  # PASS:DIR, PASS the index of the .json in --report-from
-            index, _, runs = spec.partition(":")
-            print(f"phases of {backfill_phases(cells, int(index), Path(runs))} Stalwart runs from {runs}")
-        for spec in args.drop:  # PASS:SYSTEM:FAULT, PASS the index of the .json in --report-from
-            index, system, fault = spec.split(":")
-            cells = [c for c in cells if not (c.pass_index == int(index) and (c.system, c.fault) == (system, fault))]
-        context["notes"] = [*context.get("notes", []), *args.note]
-        if args.probe_nvrx:
-            context["nvrx_probe"] = probe_nvrx()
-        save(cells, blocked, context, args.output)  # the merged cells too: a later --report-from reads them
+        rebuild_report(args)
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every run's processes are killed
     if not (PEERS_VENV / "bin" / "python").exists():
@@ -989,6 +979,21 @@ def main() -> None:
     save(cells, blocked, context(probe_nvrx()), args.output)
 
 
+def rebuild_report(args: argparse.Namespace) -> None:
+    """--report-from: merge passes' .json, fill Stalwart's phases, drop cells, add notes; write both."""
+    cells, blocked, context = merge_runs([json.loads(p.read_text()) for p in args.report_from])
+    for spec in args.phases_from:  # PASS:DIR, PASS the index of the .json in --report-from
+        index, _, runs = spec.partition(":")
+        print(f"phases of {backfill_phases(cells, int(index), Path(runs))} Stalwart runs from {runs}")
+    for spec in args.drop:  # PASS:SYSTEM:FAULT, PASS the index of the .json in --report-from
+        index, system, fault = spec.split(":")
+        cells = [c for c in cells if not (c.pass_index == int(index) and (c.system, c.fault) == (system, fault))]
+    context["notes"] = [*context.get("notes", []), *args.note]
+    if args.probe_nvrx:
+        context["nvrx_probe"] = probe_nvrx()
+    save(cells, blocked, context, args.output)  # the merged cells too: a later --report-from reads them
+
+
 def _utc_today(hhmm: str) -> float:
     """The epoch time of HH:MM UTC today (tomorrow when that is already past by more than 12 hours)."""
     try:
@@ -1037,4 +1042,4 @@ def write_report(cells: Sequence[Cell], blocked: dict[str, list[float]], context
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
