@@ -551,6 +551,20 @@ def _steps_done(audit: Path, rank: int) -> int:
     return json.loads(lines[-1])["step"] if lines else 0
 
 
+SHM = Path("/dev/shm")
+
+
+def flash_checkpoints(shm: Path = SHM) -> set[Path]:
+    """DLRover's Flash Checkpoint segments (`<job>_ckpt_shm_<rank>`): they outlive its runs here (the
+    bench ends each with SIGKILL, so nothing unlinks them); each run removes the ones it left."""
+    return set(shm.glob("*_ckpt_shm_*")) if shm.is_dir() else set()
+
+
+def remove_new_flash_checkpoints(before: set[Path], shm: Path = SHM) -> None:
+    for path in flash_checkpoints(shm) - before:
+        path.unlink(missing_ok=True)
+
+
 def run_peer(system: str, fault: str | None, folder: Path) -> tuple[Cell, list[StepLine], list[float]]:
     """One run of a peer: start its services and nodes, strike at FAULT_STEP, wait for the end."""
     folder.mkdir(parents=True)
@@ -559,6 +573,7 @@ def run_peer(system: str, fault: str | None, folder: Path) -> tuple[Cell, list[S
     peer = PEER_CLASSES[system](system, group, folder)
     cell = Cell(system, fault or "clean", load_before=list(os.getloadavg()))
     failed_at, old_pids = 0.0, set()
+    shm_before = flash_checkpoints()
     try:
         peer.launch_services()
         for node in (0, 1):
@@ -594,6 +609,7 @@ def run_peer(system: str, fault: str | None, folder: Path) -> tuple[Cell, list[S
         cell.note = str(exc)
     finally:
         group.close()
+        remove_new_flash_checkpoints(shm_before)
         cell.load_after = list(os.getloadavg())
     lines = read_audit(audit) if audit.exists() else []
     if fault is not None and failed_at:

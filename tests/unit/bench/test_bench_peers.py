@@ -154,3 +154,12 @@ def test_stalwart_phases_split_the_recovery_and_count_each_check_request_once(
     table = bench.stalwart_phase_table(cells)
     assert "| kill-worker | 0.50 s | 3.50 s | 4.00 s | 2.00 s | 1 |" in table
     assert not any(line.startswith("| hang") for line in table)  # a run that recorded no incident
+
+
+def test_a_run_removes_only_the_flash_checkpoints_it_left(bench: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "standalone_1_ckpt_shm_0").write_bytes(b"older run")
+    (tmp_path / "stalwart-dl.job.node-0").write_bytes(b"someone else's")
+    before = bench.flash_checkpoints(tmp_path)
+    (tmp_path / "standalone_2_ckpt_shm_0").write_bytes(b"this run")
+    bench.remove_new_flash_checkpoints(before, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stalwart-dl.job.node-0", "standalone_1_ckpt_shm_0"]
