@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from support.orphans import cmdline, tagged_processes
 from support.paths import REPO
 from support.ranks import close_shared_host
@@ -24,6 +25,11 @@ from stalwart.store import Store
 from stalwart.store.etcd_server import EtcdServer
 
 pytest_plugins = ["support.dataloader", "support.cli_invoke"]
+
+# Tests assert behaviour, never timing: hypothesis's per-example deadline (200 ms) and its too-slow
+# health check are timings, and fail a property test whenever the machine is busy.
+settings.register_profile("stalwart", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("stalwart")
 
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # Under `pytest -n`, workers run jobs with the same names at once: each gets its own folder of
