@@ -13,7 +13,7 @@ workers, real etcd, agents and controller):
   machine's load falls on both sides), the first steps (imports, warm-up) left out. Three figures,
   because a shared machine moves wall-clock step times by more than the 1% goal:
   - the integration's own time per step inside its hooks (HookClock: wall and the training thread's
-    CPU time), against the plain run's step: it carries the verdict (see `verdict`);
+    CPU time), against the plain run's step: the CPU time carries the verdict (see `verdict`);
   - the process CPU time per step of both runs (every thread; other processes' load barely moves it),
     as a per-pair ratio;
   - the wall-clock median step of both runs, as a per-pair ratio (what a user sees; the noisiest).
@@ -300,21 +300,27 @@ def verdict(
     cpu_ratios: list[float],
     wall_ratios: list[float],
 ) -> str:
-    """The overhead's verdict, carried by the time measured inside the integration's hooks."""
+    """The overhead's verdict, carried by the training thread's CPU time inside the integration's hooks.
+
+    The hooks' wall time is shown beside it but does not carry it: on a loaded machine a thread is
+    preempted inside a hook as anywhere else, so a hook's wall time is its CPU time stretched by
+    whatever else runs, by a factor that differs between a few microseconds of hook and a whole step."""
     wall_share = statistics.median(hooks_wall) / plain_wall
     cpu_share = statistics.median(hooks_cpu) / plain_cpu
-    held = "holds" if max(wall_share, cpu_share) < GOAL else "does not hold"
+    held = "holds" if cpu_share < GOAL else "does not hold"
+    stretch = statistics.median(hooks_wall) / statistics.median(hooks_cpu) if statistics.median(hooks_cpu) else 0.0
     return (
         f"Verdict for {name}: the 1% goal {held}. The integration's own code takes "
         f"{statistics.median(hooks_cpu) * 1e6:.0f} us of the training thread's CPU per step "
-        f"({cpu_share * 100:.2f}% of the plain run's process CPU per step) and "
-        f"{statistics.median(hooks_wall) * 1e6:.0f} us of its wall time ({wall_share * 100:.2f}% of the plain "
-        "run's median step). This figure carries the verdict because it times exactly the code the "
-        "integration adds to the step, in the same process and over the same steps, so load from other "
-        "processes stretches what it is compared with as much as it stretches it. The whole-step ratios of "
-        f"two separate runs are the check on what the hooks do not see (background threads, the data path): "
-        f"process CPU {spread(cpu_ratios)}; wall {spread(wall_ratios)}. Where their spread is wider than 1%, "
-        "they bound the overhead only to within that spread."
+        f"({cpu_share * 100:.2f}% of the plain run's process CPU per step). This figure carries the verdict "
+        "because it times exactly the code the integration adds to the step, in the same process and over "
+        "the same steps, and other processes' load barely moves a thread's CPU time. Its wall time in the "
+        f"hooks, {statistics.median(hooks_wall) * 1e6:.0f} us ({wall_share * 100:.2f}% of the plain run's "
+        f"median step), is that CPU time stretched {stretch:.0f}x by preemption at this load, and says how "
+        "busy the machine was more than what the hooks cost. The whole-step ratios of two separate runs "
+        "are the check on what the hooks do not see (the worker SDK's sender thread, other background "
+        f"threads, the data path): process CPU {spread(cpu_ratios)}; wall {spread(wall_ratios)}. Where "
+        "their spread is wider than 1%, they bound the overhead only to within that spread."
     )
 
 

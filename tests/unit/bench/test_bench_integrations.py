@@ -63,6 +63,10 @@ def test_the_verdict_rests_on_the_hooks_and_names_the_whole_step_ratios() -> Non
     assert "wall median +0.50%, spread -4.00% .. +5.00%" in held
     missed = bench.verdict("x", [500e-6], [400e-6], 0.030, 0.020, [0.0], [0.0])
     assert "does not hold" in missed
+    # A hook's wall time stretched by a loaded machine is shown, but the CPU share decides.
+    stretched = bench.verdict("x", [1100e-6], [57e-6], 0.100, 0.011, [0.0], [0.0])
+    assert "the 1% goal holds" in stretched and "1.10% of the plain run's median step" in stretched
+    assert "stretched 19x" in stretched
 
 
 def test_a_section_shows_each_unit_and_the_notes_under_the_table(tmp_path: Path) -> None:
