@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,8 @@ EXAMPLE = REPO / "examples" / "pretrain-tiny.yaml"
 PEER = REPO / "bench" / "peers" / "nvrx_stragglers.py"
 RESULTS = REPO / "bench" / "results"
 FAULT_STEP = 60
+SLOWED_NODE = "node-1"  # where ranks 2 and 3 start
+KEEP_FALSE_EVICTIONS: Path | None = None  # --keep-false-evictions: where a run that evicted wrongly is copied
 KINDS = {
     "host": ["slow-worker:rank=3,step={step},factor={f}"],
     "data": ["slow-data:rank=3,step={step},factor={f}"],
@@ -99,6 +102,8 @@ def system_run(name: str, steps: int, inject: list[str], busy: bool, slowed: set
         if not summary.exists():
             return {"run": name, "error": f"no summary: {proc.stderr[-500:]}"}
         result = json.loads(summary.read_text())
+        if KEEP_FALSE_EVICTIONS is not None and _false_evictions(result["snapshot"]["incidents"], slowed or set()):
+            _keep(folder, name)
     snap = result["snapshot"]
     fired = [f["fired_at"] for f in result.get("faults", [])]
     evicted = sorted({n for i in snap["incidents"] for n in i["evicted"]})
@@ -135,6 +140,15 @@ def system_run(name: str, steps: int, inject: list[str], busy: bool, slowed: set
     return out
 
 
+def _keep(folder: Path, name: str) -> None:
+    """A run that evicted a node it should not have: its logs and summary, for whoever looks into it
+    (the etcd data and checkpoints are left behind)."""
+    assert KEEP_FALSE_EVICTIONS is not None
+    where = KEEP_FALSE_EVICTIONS / f"{name.replace(' ', '-')}-{datetime.datetime.now(datetime.UTC):%H%M%S}"
+    shutil.copytree(folder, where, ignore=shutil.ignore_patterns("etcd", "checkpoints", "*.stok"))
+    print(f"kept {where}", file=sys.stderr, flush=True)
+
+
 def _ranks(incident: dict[str, Any]) -> set[int]:
     """The ranks an incident blames: its rank, and its verdict's suspects' ranks."""
     verdict = incident.get("verdict") or {}
@@ -144,8 +158,17 @@ def _ranks(incident: dict[str, Any]) -> set[int]:
 
 def _false_evictions(incidents: list[dict[str, Any]], slowed: set[int]) -> list[str]:
     """Nodes evicted by an incident that blames none of the slowed ranks (a slot's node may be a
-    replacement for one that did not join: the ranks, not the node names, tell)."""
-    return sorted({n for i in incidents if not (_ranks(i) & slowed) for n in i["evicted"]})
+    replacement for one that did not join: the ranks, not the node names, tell). An incident that
+    blames no rank (the pace's rounds may name a node alone) is judged by its node: the slowed
+    ranks start on SLOWED_NODE."""
+    false: set[str] = set()
+    for i in incidents:
+        ranks = _ranks(i)
+        if not slowed or (ranks and not ranks & slowed):
+            false.update(i["evicted"])
+        elif not ranks:
+            false.update(n for n in i["evicted"] if n != SLOWED_NODE)
+    return sorted(false)
 
 
 def anchor_run(python: str, fault: str, factor: float, steps: int, port: int) -> dict[str, Any]:
@@ -209,6 +232,11 @@ def main() -> None:
     p.add_argument("--no-anchor", action="store_true")
     p.add_argument("--anchor-kinds", default=",".join(KINDS), help="the anchor's slowdowns (each at 1.2x and 1.5x)")
     p.add_argument("--output", type=Path, default=RESULTS / "bench_stragglers.md")
+    p.add_argument(
+        "--keep-false-evictions",
+        type=Path,
+        help="copy the folder of each run that evicted a node it should not have here",
+    )
     p.add_argument("--note", default="", help="a paragraph for the report's head (how the runs were split, the load)")
     p.add_argument(
         "--report-from",
@@ -218,6 +246,8 @@ def main() -> None:
         "instead of running",
     )
     args = p.parse_args()
+    global KEEP_FALSE_EVICTIONS
+    KEEP_FALSE_EVICTIONS = args.keep_false_evictions
     if args.report_from is not None:
         report_from(args)
         return
@@ -267,9 +297,12 @@ def report_from(args: argparse.Namespace) -> None:
         if not line.startswith("{"):
             continue
         row = json.loads(line)
+        if "kind" in row and len(row.get("blamed") or []) == 1:  # judged again, by the rule of today's bench
+            incident = {"evicted": row["evicted"], "verdict": {"suspects": [{"ranks": row["blamed"][0]["ranks"]}]}}
+            row["false_evictions"] = _false_evictions([incident], {2, 3} if row["kind"] == "node" else {3})
         (rows if "kind" in row else healthy if str(row.get("run", "")).startswith("healthy") else anchor).append(row)
     started = datetime.datetime.fromtimestamp(min(p.stat().st_mtime for p in args.report_from), datetime.UTC)
-    loads = [f"{load()} when the report was written (the run's own readings were not kept)"]
+    loads = [f"{load()} when the report was written (each run's own readings are in its row)"]
     write_report(args, started, loads, rows, healthy, anchor)
 
 
