@@ -139,7 +139,10 @@ def _send_forever() -> None:
     while True:
         _wake.wait(SEND_INTERVAL)
         _wake.clear()
-        flush()
+        try:
+            flush()
+        except Exception:  # the sender must outlive anything one round meets
+            log.warning("a progress round failed; the next one tries again", exc_info=True)
 
 
 def _send(report: ProgressReport) -> None:
