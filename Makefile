@@ -33,6 +33,8 @@ HTMX    := $(CONSOLE)/static/vendor/htmx.min.js
 # `stalwart` (DESIGN.md), so they read it through links under build/packages.
 PACKAGES := build/packages
 
+# 3 workers: fewer leave the cores idle while tests wait on processes, more pay each worker's
+# collection again (docs/testing.md compares 2, 3 and 4).
 WORKERS      ?= 3
 # The end-to-end tests mostly wait on processes (leases, restarts, step delays), so make test runs
 # more workers than the machine has cores.
