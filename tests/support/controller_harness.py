@@ -13,11 +13,13 @@ from typing import Any
 
 from stalwart.controller import JobController
 from stalwart.controller.core.decision import Decision
-from stalwart.spec import parse_job
+from stalwart.controller.core.observation import BeatChanges, Observation
+from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
 from stalwart.store.jobs import read_spec
 from stalwart.store.records import (
     Assignment,
+    CheckpointEntry,
     Heartbeat,
     Incident,
     JobState,
@@ -203,3 +205,29 @@ def _alive(node: str) -> Any:
     from stalwart.cluster.base import NodeInfo
 
     return NodeInfo(name=node, alive=True)
+
+
+def heartbeats_only(
+    now: float,
+    state: JobState,
+    spec: TrainingJob,
+    beats: dict[str, Heartbeat],
+    changes: BeatChanges | None,
+    catalog: dict[int, CheckpointEntry] | None = None,
+) -> Observation:
+    """An observation of heartbeats (and a catalog) alone, for the detectors' digests: `changes` None
+    says the changed nodes are not known (every node is read)."""
+    return Observation(
+        now=now,
+        state=state,
+        revision=1,
+        spec=spec,
+        registrations={},
+        beats=dict(beats),
+        commands={},
+        vectors={},
+        request=None,
+        incident=None,
+        beat_changes=changes,
+        catalog=dict(catalog or {}),
+    )

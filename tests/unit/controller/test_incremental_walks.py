@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.controller_harness import JOB, spec_document, worker
+from support.controller_harness import JOB, heartbeats_only, spec_document, worker
 
 from stalwart.controller.core import catalog
 from stalwart.controller.core.decision import Plan
@@ -66,20 +66,7 @@ def observe(
     changes: BeatChanges | None,
     entries: dict[int, CheckpointEntry] | None = None,
 ) -> Observation:
-    return Observation(
-        now=now,
-        state=st_,
-        revision=1,
-        spec=SPEC,
-        registrations={},
-        beats=dict(beats),
-        commands={},
-        vectors={},
-        request=None,
-        incident=None,
-        beat_changes=changes,
-        catalog=dict(entries or {}),
-    )
+    return heartbeats_only(now, st_, SPEC, beats, changes, entries)
 
 
 def node_workers(draw: st.DrawFn, node: int, now: float) -> list[WorkerStatus]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.controller_harness import JOB, spec_document, worker
+from support.controller_harness import JOB, heartbeats_only, spec_document, worker
 
 from stalwart.controller.core.detectors.base import View
 from stalwart.controller.core.detectors.hangs import Hangs
@@ -35,19 +35,7 @@ def state(generation: int = 1) -> JobState:
 
 
 def observe(now: float, st_: JobState, beats: dict[str, Heartbeat], changes: BeatChanges | None) -> Observation:
-    return Observation(
-        now=now,
-        state=st_,
-        revision=1,
-        spec=SPEC,
-        registrations={},
-        beats=dict(beats),
-        commands={},
-        vectors={},
-        request=None,
-        incident=None,
-        beat_changes=changes,
-    )
+    return heartbeats_only(now, st_, SPEC, beats, changes)
 
 
 def test_the_change_log_from_a_cursor() -> None:
