@@ -41,6 +41,18 @@ def test_a_rank_slowed_outside_its_own_work_leaves_the_others_as_they_were() -> 
     assert not machine_wide(samples, onset=8, suspects={2, 3}, rise=0.2)
 
 
+def test_a_suspect_that_only_waited_longer_for_a_cpu_is_no_culprit() -> None:
+    """The machine is loaded and the scheduler serves rank 1 last: its own work with the CPU wait rose
+    far more than its peers', without the wait it did not. The load, not rank 1."""
+    slow_with_wait = {0: 0.12, 1: 0.30, 2: 0.12, 3: 0.12}
+    samples = _own([dict.fromkeys(range(4), 0.06)] * 8 + [slow_with_wait] * 6)
+    less_wait = _own([dict.fromkeys(range(4), 0.06)] * 14)
+    assert machine_wide(samples, onset=8, suspects={0, 1}, rise=0.3, less_wait=less_wait)
+    # Where it also fell behind without the wait, it is the slowdown.
+    behind = _own([dict.fromkeys(range(4), 0.06)] * 8 + [{0: 0.06, 1: 0.2, 2: 0.06, 3: 0.06}] * 6)
+    assert not machine_wide(samples, onset=8, suspects={0, 1}, rise=0.3, less_wait=behind)
+
+
 def test_without_phases_or_samples_the_rounds_decide() -> None:
     assert not machine_wide([], onset=0, suspects={0}, rise=0.1)
     few = _own([dict.fromkeys(range(4), 0.06)] * 2 + [dict.fromkeys(range(4), 0.12)] * 6)
@@ -119,6 +131,26 @@ def test_a_loaded_machine_whose_ranks_wait_for_a_cpu_evicts_nobody() -> None:
     _steps(h, range(1, 15), phases)
     [key] = _rounds(h)
     h.runner.finish(key, diagnosis=Finding(suspects=["node-0"], evidence=["node-0 held the others up"]))
+    h.tick()
+    assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
+
+
+def test_a_loaded_machine_whose_scheduler_serves_one_node_last_evicts_nobody() -> None:
+    """Every rank waits for a CPU, node-0's ranks most (the scheduler serves them last after each
+    all-reduce): with the wait, node-0 fell behind; without it, nobody did. No eviction."""
+
+    def phases(r: int, step: int) -> dict[str, Any]:
+        p: dict[str, Any] = _loaded(9)(r, step)
+        if step >= 9:
+            extra = 0.3 if r in (0, 1) else 0.0
+            p["optimizer"] = float(p["optimizer"]) + extra
+            p["cpu_wait"] = {k: float(p[k]) - BASE[k] for k in ("data", "optimizer", "other")}
+        return p
+
+    h = _harness()
+    _steps(h, range(1, 15), phases)
+    [key] = _rounds(h)
+    h.runner.finish(key, diagnosis=Finding(suspects=["node-0"], evidence=["node-0's metrics lean"]))
     h.tick()
     assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
 

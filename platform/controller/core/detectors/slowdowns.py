@@ -19,7 +19,8 @@ each time, so a slowdown that lasts becomes the baseline by itself.
 A loaded machine is nobody's fault either: when the ranks time their phases and every rank's own
 work (data, optimizer, the rest of the step) slowed with the pace while no rank of the named node
 fell behind its peers, the rounds' lead (a rank caught computing, a node's metrics leaning) is the
-load's noise, not a faulty node: no eviction without an outlier (`machine_wide`). A step in which a
+load's noise, not a faulty node: no eviction without an outlier (`machine_wide`; the time a rank
+waited for a CPU counts in the load, not in whether a rank fell behind). A step in which a
 checkpoint save started (its staging) is no pace sample.
 """
 
@@ -58,6 +59,7 @@ class Slowdowns(Detector):
     def reset(self) -> None:
         self._pace: list[tuple[float, float]] = []  # (time, the ranks' median step time), one per step
         self._own: list[OwnWork] = []  # the ranks' own work at each pace sample, where they time phases
+        self._own_less_wait: list[OwnWork] = []  # the same, less the time each waited for a CPU
         self._paced_step: int | None = None
         self._quiet_until, self._backoff = 0.0, PACE_QUIET_SECONDS
         self._rounds = 0  # numbers the rounds of stacks (their work keys)
@@ -88,9 +90,12 @@ class Slowdowns(Detector):
             self._paced_step = newest_step
             self._pace = [*self._pace[-PACE_HISTORY + 1 :], (view.now, times[len(times) // 2])]
             own: dict[int, float] = {}
+            less_wait: dict[int, float] = {}
             for d in paces.values():
                 own.update(d.own)
+                less_wait.update(d.own_less_wait)
             self._own = [*self._own[-PACE_HISTORY + 1 :], (view.now, own)]
+            self._own_less_wait = [*self._own_less_wait[-PACE_HISTORY + 1 :], (view.now, less_wait)]
         if self._asked is not None:
             return self._follow(view)
         if not sampled:
@@ -118,7 +123,9 @@ class Slowdowns(Detector):
         if not since or self._baseline <= 0:
             return False
         ranks = {r for r, node in view.owners.items() if node in suspects}
-        return machine_wide(self._own[PACE_WARMUP_SAMPLES:], onset, ranks, since[len(since) // 2] - self._baseline)
+        rise = since[len(since) // 2] - self._baseline
+        warm = PACE_WARMUP_SAMPLES
+        return machine_wide(self._own[warm:], onset, ranks, rise, less_wait=self._own_less_wait[warm:])
 
     def _work(self, view: View) -> StackDiagnosis:
         assert self._asked is not None
@@ -146,6 +153,7 @@ class Slowdowns(Detector):
             # load: forget the slow samples, keep the baseline, pause.
             self._pace = [p for p in self._pace if p[0] < onset]
             self._own = [o for o in self._own if o[0] < onset]
+            self._own_less_wait = [o for o in self._own_less_wait if o[0] < onset]
             self._quiet_until, self._backoff = result.finished_at + self._backoff, 2 * self._backoff
             self._rounds, self._asked, self._found = self._rounds + 1, None, None
             return Report()
@@ -161,7 +169,7 @@ class Slowdowns(Detector):
 
     def handled(self, finding: Finding, now: float) -> None:
         """Handled, or tolerated by an Ignore rule: the pace starts a new baseline."""
-        self._pace, self._own, self._paced_step = [], [], None
+        self._pace, self._own, self._own_less_wait, self._paced_step = [], [], [], None
         self._rounds, self._asked, self._found = self._rounds + 1, None, None
 
 
@@ -173,7 +181,8 @@ class _NodePace:
     newest_step: int | None
     step_times: tuple[float, ...]
     saving: bool
-    own: Mapping[int, float]
+    own: Mapping[int, float]  # CPU wait included
+    own_less_wait: Mapping[int, float]
 
 
 def _node_pace(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> _NodePace:
@@ -187,31 +196,51 @@ def _node_pace(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -
         own={
             w.rank: sum(o.values()) for w in running if (o := own_work(w.phases, None, less_cpu_wait=False)) is not None
         },
+        own_less_wait={w.rank: sum(o.values()) for w in running if (o := own_work(w.phases, None)) is not None},
     )
 
 
-def machine_wide(samples: Sequence[OwnWork], onset: float, suspects: set[int], rise: float) -> bool:
-    """Whether a slowdown of `rise` seconds a step since `onset` is the machine's load rather than
-    the suspect ranks': the ranks' median own work rose LOAD_RISE times or more, and no suspect
-    rank's own work gained on its peers' median CULPRIT_SHARE of the rise. A slow rank's own work
-    (data, optimizer, the rest of its step) is where the job's lost time goes; a GPU or a link that
-    slows one rank leaves the others' own work as it was. False when the phases cannot tell (a
-    script that times none, too few samples, no suspect rank among them): the rounds decide."""
+def _medians(samples: Sequence[OwnWork], onset: float) -> tuple[dict[int, float], dict[int, float]]:
+    """Each rank's median own work before `onset` and since, for the ranks with enough of both."""
     before: dict[int, list[float]] = {}
     after: dict[int, list[float]] = {}
     for at, own in samples:
         for rank, seconds in own.items():
             (after if at >= onset else before).setdefault(rank, []).append(seconds)
-    ranks = sorted(r for r in before if len(before[r]) >= MIN_OWN_SAMPLES and len(after.get(r, ())) >= MIN_OWN_SAMPLES)
+    ranks = [r for r in before if len(before[r]) >= MIN_OWN_SAMPLES and len(after.get(r, ())) >= MIN_OWN_SAMPLES]
+    return {r: median(before[r]) for r in ranks}, {r: median(after[r]) for r in ranks}
+
+
+def machine_wide(
+    samples: Sequence[OwnWork],
+    onset: float,
+    suspects: set[int],
+    rise: float,
+    *,
+    less_wait: Sequence[OwnWork] | None = None,
+) -> bool:
+    """Whether a slowdown of `rise` seconds a step since `onset` is the machine's load rather than
+    the suspect ranks': the ranks' median own work rose LOAD_RISE times or more, and no suspect
+    rank's own work gained on its peers' median CULPRIT_SHARE of the rise. A slow rank's own work
+    (data, optimizer, the rest of its step) is where the job's lost time goes; a GPU or a link that
+    slows one rank leaves the others' own work as it was. The rise counts the time the ranks waited
+    for a CPU (`samples`: the load is what it looks for); whether a suspect fell behind does not
+    (`less_wait`, where the SDK measured it): on a loaded host the scheduler serves some rank last
+    after each collective, and that rank is no culprit. False when the phases cannot tell (a script
+    that times none, too few samples, no suspect rank among them): the rounds decide."""
+    was, now = _medians(samples, onset)
+    ranks = sorted(was)
     if len(ranks) < 2 or rise <= 0 or not suspects & set(ranks):
         return False
-    was = {r: median(before[r]) for r in ranks}
-    now = {r: median(after[r]) for r in ranks}
+    own_was, own_now = _medians(less_wait, onset) if less_wait is not None else (was, now)
+    own_ranks = sorted(own_was)
 
     def excess(medians: Mapping[int, float], rank: int) -> float:
-        return medians[rank] - median(medians[r] for r in ranks if r != rank)
+        return medians[rank] - median(medians[r] for r in own_ranks if r != rank)
 
-    if any(excess(now, r) - excess(was, r) >= CULPRIT_SHARE * rise for r in suspects & set(ranks)):
+    if len(own_ranks) >= 2 and any(
+        excess(own_now, r) - excess(own_was, r) >= CULPRIT_SHARE * rise for r in suspects & set(own_ranks)
+    ):
         return False  # a suspect fell behind its peers at its own work: the slowdown is its
     rises = [now[r] / was[r] for r in ranks if was[r] > 0]
     return bool(rises) and median(rises) >= LOAD_RISE
