@@ -52,7 +52,10 @@ def test_a_lost_node_resumes_from_the_memory_tiers_peer_copy_with_the_clean_runs
     assert snap["step"] == STEPS, snap
     [incident] = snap["incidents"]
     assert incident["failure_class"] == "LostNode" and incident["evicted"] == ["node-1"], incident
-    assert incident["resumed_step"] == INTERVAL + 1, incident  # the checkpoint at step 10
-    # The new generation read step 10 from host memory: the lost node's shards from its peer's copy.
-    assert (INTERVAL, "memory") in resumes(faulty / "run"), resumes(faulty / "run")
+    # The newest checkpoint before the kill (step 10, or later when a loaded machine let the ranks
+    # run past the next one before the node was killed).
+    resumed = incident["resumed_step"]
+    assert resumed > 1 and (resumed - 1) % INTERVAL == 0 and resumed <= incident["step_at_failure"] + 1, incident
+    # The new generation read it from host memory: the lost node's shards from its peer's copy.
+    assert (resumed - 1, "memory") in resumes(faulty / "run"), resumes(faulty / "run")
     assert trained_samples(faulty / "samples") == want

@@ -54,8 +54,9 @@ def test_a_killed_worker_resumes_with_exactly_the_clean_runs_samples(
     assert snap["step"] == STEPS and snap["restarts"] == 1, snap
     [incident] = snap["incidents"]
     assert incident["failure_class"] == "WorkerCrash" and incident["rank"] == 1, incident
+    # At the newest checkpoint before the kill (step 10, or 20 when a loaded machine let the rank run
+    # past it before the signal landed).
     assert_resumed_at_checkpoint(incident)
-    assert incident["resumed_step"] == 11, incident  # the checkpoint at step 10
     assert trained_samples(tmp_path / "samples") == clean_samples
 
 

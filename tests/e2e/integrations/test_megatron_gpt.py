@@ -43,5 +43,8 @@ def test_a_killed_worker_resumes_with_exactly_the_clean_runs_samples(tmp_path: P
     assert snap["step"] == STEPS and snap["restarts"] == 1, snap
     [incident] = snap["incidents"]
     assert incident["failure_class"] == "WorkerCrash" and incident["rank"] == 1, incident
-    assert incident["resumed_step"] == 11, incident  # the checkpoint at step 10
+    # At the newest checkpoint before the kill (every 10 steps: step 10, or later when a loaded
+    # machine let the rank run past it before the signal landed).
+    resumed = incident["resumed_step"]
+    assert resumed > 1 and (resumed - 1) % 10 == 0 and resumed <= incident["step_at_failure"] + 1, incident
     assert trained_samples(tmp_path / "faulty-samples") == clean
