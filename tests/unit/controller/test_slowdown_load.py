@@ -116,6 +116,16 @@ def test_a_loaded_machine_evicts_nobody_whatever_the_rounds_lean_to() -> None:
     assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
 
 
+def _named_node_0(phases: Phases) -> Harness:
+    """14 steps with `phases`, the slowdown's round back naming node-0, one tick to judge it."""
+    h = _harness()
+    _steps(h, range(1, 15), phases)
+    [key] = _rounds(h)
+    h.runner.finish(key, diagnosis=Finding(suspects=["node-0"], evidence=["node-0 held the others up"]))
+    h.tick()
+    return h
+
+
 def test_a_loaded_machine_whose_ranks_wait_for_a_cpu_evicts_nobody() -> None:
     """The same load, as StepTimer reports it: the own work's rise is time spent waiting for a CPU
     (PhaseTimes.cpu_wait). The straggler scores leave that out; the pace's machine-load check counts
@@ -127,11 +137,7 @@ def test_a_loaded_machine_whose_ranks_wait_for_a_cpu_evicts_nobody() -> None:
             p["cpu_wait"] = {k: float(p[k]) - BASE[k] for k in ("data", "optimizer", "other")}
         return p
 
-    h = _harness()
-    _steps(h, range(1, 15), phases)
-    [key] = _rounds(h)
-    h.runner.finish(key, diagnosis=Finding(suspects=["node-0"], evidence=["node-0 held the others up"]))
-    h.tick()
+    h = _named_node_0(phases)
     assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
 
 
@@ -147,11 +153,7 @@ def test_a_loaded_machine_whose_scheduler_serves_one_node_last_evicts_nobody() -
             p["cpu_wait"] = {k: float(p[k]) - BASE[k] for k in ("data", "optimizer", "other")}
         return p
 
-    h = _harness()
-    _steps(h, range(1, 15), phases)
-    [key] = _rounds(h)
-    h.runner.finish(key, diagnosis=Finding(suspects=["node-0"], evidence=["node-0's metrics lean"]))
-    h.tick()
+    h = _named_node_0(phases)
     assert h.incidents() == [] and h.state().stage is JobStage.RUNNING
 
 
