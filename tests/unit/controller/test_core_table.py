@@ -313,6 +313,19 @@ def succeeded() -> tuple[Seen, Decision]:
     return seen, decision
 
 
+def test_a_generation_that_resumed_at_the_last_step_succeeds_at_that_step() -> None:
+    """Evicted just before the end, the next generation resumed at the last step's checkpoint and
+    trained none: the job's step is that checkpoint's, not the last one a worker reported."""
+    seen = Seen()
+    seen.running()
+    for i, node in enumerate(["node-0", "node-1"]):
+        seen.beat(node, 1, [worker(r, step=None, exit_code=0) for r in (2 * i, 2 * i + 1)])
+    seen.beat("node-0", 1, seen.beats["node-0"].workers, checkpoints=[SavedCheckpoint(step=60, committed_at=seen.now)])
+    seen.decide()
+    state = seen.the_state()
+    assert state.reason == "Completed" and state.last_step == 60
+
+
 def failure_handled() -> tuple[Seen, Decision]:
     """A lost node, hot-swapped: the standby takes its slot, the incident is committed with it."""
     seen = Seen(standbys={"count": 1})
