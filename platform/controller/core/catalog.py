@@ -142,3 +142,8 @@ def _write(plan: Plan, catalog: Mapping[int, CheckpointEntry], change: CatalogCh
     added = sorted(s for s in change.puts if s not in catalog)
     if added or change.deletes:  # (a size that arrived later is no news)
         plan.log("info", "checkpoint catalog", added=added, pruned=change.deletes)
+
+
+def added_steps(plan: Plan) -> list[int]:
+    """The steps this decision adds to the catalog (its puts of catalog entries)."""
+    return [r.step for r in plan.puts.values() if isinstance(r, CheckpointEntry)]

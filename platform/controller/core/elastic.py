@@ -28,6 +28,7 @@ their running workers.
 
 from __future__ import annotations
 
+from stalwart.controller.core.catalog import added_steps
 from stalwart.controller.core.decision import Plan
 from stalwart.controller.core.detectors.base import View
 from stalwart.controller.core.ladder import NewId
@@ -39,7 +40,7 @@ from stalwart.spec import TrainingJob, TrainingJobSpec
 from stalwart.spec.elastic import elastic, grown_size, resized, shrunk_size
 from stalwart.spec.model import FailureAction, FailureEvent
 from stalwart.store import keys
-from stalwart.store.records import CheckpointEntry, CheckpointRequest, Incident, JobState, Resize
+from stalwart.store.records import CheckpointRequest, Incident, JobState, Resize
 
 
 def sized(job: TrainingJob, state: JobState) -> TrainingJob:
@@ -83,7 +84,7 @@ def _resize(role: str, before: int, after: int, replicas: int, at: float) -> Res
 def checkpoint_committed(plan: Plan, obs: Observation) -> bool:
     """This decision adds a checkpoint newer than any in the catalog: a checkpoint boundary."""
     newest = max(obs.catalog, default=-1)
-    return any(isinstance(r, CheckpointEntry) and r.step > newest for r in plan.puts.values())
+    return any(step > newest for step in added_steps(plan))
 
 
 def _set_role_slots(state: JobState, spec: TrainingJobSpec, role: str, slots: list[str]) -> None:

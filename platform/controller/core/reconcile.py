@@ -33,7 +33,7 @@ from stalwart.controller.core.ranks import role_states, slot_roles
 from stalwart.controller.core.standbys import new_node, top_up_standbys
 from stalwart.controller.core.transitions import Trigger
 from stalwart.store import keys
-from stalwart.store.records import CheckpointEntry, Incident, JobStage, JobState
+from stalwart.store.records import Incident, JobStage, JobState
 
 STARTUP_TIMEOUT_SECONDS = 300.0
 STANDBY_WAIT_SECONDS = STARTUP_TIMEOUT_SECONDS / 10  # pre-flight waits this long for the standbys to join
@@ -160,7 +160,7 @@ class ReconcileCore:
             note_progress(plan, workers, force=True)
             # A generation that resumed at the job's last step trains none: the job's step is at
             # least its newest committed checkpoint's.
-            saved = [*obs.catalog, *(r.step for r in plan.puts.values() if isinstance(r, CheckpointEntry))]
+            saved = [*obs.catalog, *catalog.added_steps(plan)]
             if saved and max(saved) > (state.last_step or 0):
                 state.last_step = max(saved)
             state.reason, state.message = "Completed", f"all {len(workers)} workers exited 0"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from stalwart.controller.core.detectors.base import PEER_TROUBLE_SECONDS, View
-from stalwart.controller.core.progress import Progress
+from stalwart.controller.core.progress import Progress, progress_of
 from stalwart.diagnosis.log_classify import SYMPTOMS
 from stalwart.store.records import WorkerStatus
 
@@ -143,15 +143,13 @@ class NodeProgress:
 
 
 def node_progress(workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> NodeProgress:
-    steps = [w.step for w in workers if w.step is not None]
-    rank0 = next((w for w in workers if w.rank == 0 and w.loss is not None), None)
-    firsts = [w.first_step_at for w in workers if w.first_step_at is not None]
+    p = progress_of(workers)
     return NodeProgress(
-        newest_step=max(steps) if steps else None,
-        rank0_loss=rank0.loss if rank0 is not None else None,
-        first_step_at=min(firsts) if firsts else None,
-        newest_checkpoint=max((w.last_checkpoint_step or 0 for w in workers), default=0),
-        rates=tuple(r for w in workers if (r := w.tokens_per_second) and w.exit_code is None),
+        newest_step=p.newest_step,
+        rank0_loss=p.rank0_loss,
+        first_step_at=p.first_step_at,
+        newest_checkpoint=p.newest_checkpoint,
+        rates=tuple(p.rates()),
         workers=len(workers),
         exited_zero=sum(1 for w in workers if w.exit_code == 0),
     )
