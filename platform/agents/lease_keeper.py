@@ -28,7 +28,7 @@ from collections.abc import Callable
 from stalwart.logs import ContextLogger
 from stalwart.store import keys
 from stalwart.store.client import Lease, LeaseLost, Store, StoreUnavailable
-from stalwart.store.heartbeat_budget import HeartbeatGate
+from stalwart.store.heartbeat_budget import HeartbeatGate, progress_phase
 from stalwart.store.records import Heartbeat, JobState, NodeRegistration
 
 FENCED_EXIT = 3  # the node was replaced: its lease was revoked, or the job no longer lists it
@@ -63,7 +63,8 @@ class LeaseKeeper:
         None: the heartbeat interval, a write every beat)."""
         self.store, self.job, self.node = store, job, node
         self.ttl, self.interval, self.outage_limit = ttl, interval, outage_limit
-        self.gate = HeartbeatGate(interval, interval if progress_interval is None else progress_interval)
+        every = interval if progress_interval is None else progress_interval
+        self.gate = HeartbeatGate(interval, every, progress_phase(node, every))
         self.written = 0  # heartbeat records put into etcd
         self.build = build
         self.log = log

@@ -13,6 +13,12 @@ record carries two kinds of content:
   for bigger ones (20 s at 10,000 nodes and a 500/s budget), so that etcd sees at most
   HEARTBEAT_PUTS_PER_SECOND progress writes a second whatever the job's size.
 
+Each node writes its progress at its own phase of the interval (from its name), not an interval
+after its last write: every node writes at once when a checkpoint lands, and timing the next progress
+write from there would keep a whole big job writing in one burst each interval (10,000 records at
+once at 10,000 nodes) instead of a steady HEARTBEAT_PUTS_PER_SECOND; the controller would also see
+a stall only when the next burst came, up to an interval late.
+
 The agent (stalwart.agents.lease_keeper) and the simulated agents of the scale harness write by this
 rule; the controller allows for it (its hang timeout and its patience with a silent node are at
 least a few progress intervals). Both sides compute the interval from the spec alone
@@ -21,6 +27,8 @@ least a few progress intervals). Both sides compute the interval from the spec a
 
 from __future__ import annotations
 
+import math
+import zlib
 from typing import Any
 
 from stalwart.spec.model import TrainingJobSpec
@@ -32,6 +40,12 @@ HEARTBEAT_PUTS_PER_SECOND = 500  # the whole job's progress writes into etcd, at
 def progress_interval(heartbeat_interval: float, nodes: int) -> float:
     """How often a node of a job of `nodes` nodes writes unchanged-but-for-progress heartbeats."""
     return max(heartbeat_interval, nodes / HEARTBEAT_PUTS_PER_SECOND)
+
+
+def progress_phase(node: str, interval: float) -> float:
+    """Where in each progress interval `node` writes its progress: spread evenly over the job's nodes
+    by a hash of the name, the same on every run and in every process."""
+    return zlib.crc32(node.encode()) / 2**32 * interval
 
 
 def job_progress_interval(spec: TrainingJobSpec) -> float:
@@ -66,26 +80,36 @@ def significant(beat: Heartbeat) -> tuple[Any, ...]:
 
 class HeartbeatGate:
     """Decides, beat by beat, whether this heartbeat goes into etcd (`due`), and remembers what
-    went (`wrote`). One per agent; not thread-safe (the lease keeper's thread uses it)."""
+    went (`wrote`). One per agent; not thread-safe (the lease keeper's thread uses it). `phase`: where
+    in each progress interval this node writes its progress (`progress_phase`); it matters only when
+    the progress interval is longer than the heartbeat interval."""
 
-    def __init__(self, heartbeat_interval: float, progress_interval: float) -> None:
+    def __init__(self, heartbeat_interval: float, progress_interval: float, phase: float = 0.0) -> None:
         self.heartbeat_interval = heartbeat_interval
         self.progress_interval = progress_interval
+        self.phase = phase % progress_interval if progress_interval > 0 else 0.0
         self._written: tuple[Any, ...] | None = None
-        self._written_at = 0.0
+        self._progress_at = 0.0  # when the next progress write is due
 
     def due(self, beat: Heartbeat, now: float) -> bool:
-        """A change the controller acts on, or progress older than the interval. Half a heartbeat
-        interval of slack: a timed beat that wakes a hair early still writes, so a job whose progress
-        interval is its heartbeat interval writes every beat, as it always did."""
+        """A change the controller acts on, or progress that is due."""
         return self._written is None or significant(beat) != self._written or self.progress_due(now)
 
     def progress_due(self, now: float) -> bool:
-        """The last write is a progress interval old: whatever the heartbeat holds, it goes."""
-        return now - self._written_at + self.heartbeat_interval / 2 >= self.progress_interval
+        """This node's progress is due: whatever the heartbeat holds, it goes. Half a heartbeat
+        interval of slack: a timed beat that wakes a hair early still writes, so a job whose progress
+        interval is its heartbeat interval writes every beat, as it always did."""
+        return now + self.heartbeat_interval / 2 >= self._progress_at
 
     def wrote(self, beat: Heartbeat, now: float) -> None:
-        self._written, self._written_at = significant(beat), now
+        self._written = significant(beat)
+        if self.progress_interval <= self.heartbeat_interval:
+            self._progress_at = now + self.progress_interval  # every beat
+        else:  # this node's next phase point after this write (a beat a hair early counts as on it)
+            reference = now + self.heartbeat_interval / 2 - self.phase
+            self._progress_at = (
+                self.phase + (math.floor(reference / self.progress_interval) + 1) * self.progress_interval
+            )
 
     def forget(self) -> None:
         """The written record is gone (its lease lapsed): the next beat is written whatever it holds."""

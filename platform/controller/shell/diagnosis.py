@@ -37,7 +37,10 @@ from stalwart.store.records import Assignment, ServiceEndpoint, StackReport, Sta
 # node -> its recent metric vectors (NodeMetricVector dicts, oldest first), as the controller saw them
 MetricHistory = Mapping[str, Sequence[Mapping[str, Any]]]
 
-STACK_COLLECT_SECONDS = 15.0
+STACK_COLLECT_SECONDS = 15.0  # how long a capture waits for every node's stacks
+STACK_QUIET_SECONDS = 2.0  # past that, it waits on while some node answered this recently
+STACK_COLLECT_LIMIT = 60.0  # but never longer than this in all (or the timeout, if longer)
+MISSING_BLAMED_NODES = 4  # at most this many silent nodes are a hang's suspects; more: the capture failed
 
 
 def diagnosis_url(store: Store, configured: str | None) -> str | None:
@@ -135,9 +138,15 @@ def diagnose_hang(
     )
     finding = _finding(_verdict(bundle, url, log))
     if missing and not finding.suspects:
-        # A node that cannot even report its stacks is the likeliest culprit.
-        finding.suspects = missing
-        finding.evidence.append(f"no stack report from {', '.join(missing)}")
+        if len(missing) <= MISSING_BLAMED_NODES:
+            # A node that cannot even report its stacks is the likeliest culprit.
+            finding.suspects = missing
+            finding.evidence.append(f"no stack report from {', '.join(missing)}")
+        else:  # so many silent nodes say the capture failed, not that each of them is faulty
+            finding.evidence.append(
+                f"no stack report from {len(missing)} nodes ({', '.join(missing[:4])}, ...): "
+                "too many to blame, none evicted for it"
+            )
     return finding
 
 
@@ -218,20 +227,32 @@ def request_stacks(store: Store, job: str) -> str:
 
 
 def collect_stacks(
-    store: Store, job: str, request_id: str, nodes: list[str], timeout: float = 15.0
+    store: Store, job: str, request_id: str, nodes: list[str], timeout: float = STACK_COLLECT_SECONDS
 ) -> list[StackReport]:
-    """Reports from `nodes`, waiting up to `timeout` seconds; a node that does not answer is missing."""
+    """Reports from `nodes`, waiting `timeout` seconds, and after that as long as answers still come
+    (one in the last STACK_QUIET_SECONDS; at most STACK_COLLECT_LIMIT seconds in all): thousands
+    of agents answer over seconds, and a capture cut off while they do reads as thousands of nodes
+    that gave no stack. A node that has not answered by then is missing."""
     prefix = keys.stacks_prefix(job, request_id)
+    wanted = set(nodes)
     answered: set[str] = set()
     mirror = PrefixMirror(store, prefix)
+    started = last_answer = time.monotonic()
 
-    def everyone() -> bool:
+    def done() -> bool:
+        nonlocal last_answer
+        before = len(answered)
         answered.update(key[len(prefix) :] for key, value in mirror.take().items() if value is not None)
-        return answered >= set(nodes)
+        now = time.monotonic()
+        if len(answered) > before:
+            last_answer = now
+        if answered >= wanted:
+            return True
+        return now - started >= timeout and now - last_answer >= STACK_QUIET_SECONDS
 
     try:
         mirror.start()
-        wait_for(everyone, timeout)
+        wait_for(done, max(timeout, STACK_COLLECT_LIMIT))
     finally:
         mirror.close()
     return sorted(store.get_prefix(prefix, StackReport), key=lambda r: r.node)

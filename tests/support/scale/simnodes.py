@@ -75,7 +75,7 @@ from stalwart.diagnosis.corpus import PID_MARK
 from stalwart.health.node_vector import node_metric_vector
 from stalwart.spec import TrainingJob, parse_job
 from stalwart.store import keys
-from stalwart.store.heartbeat_budget import HeartbeatGate, job_progress_interval
+from stalwart.store.heartbeat_budget import HeartbeatGate, job_progress_interval, progress_phase
 from stalwart.store.records import (
     AgentAction,
     AgentCommand,
@@ -364,7 +364,7 @@ class SimNode:
         self.last_landed: float | None = None
         self.last_keepalive_sent: float | None = None  # the renewal etcd last granted was sent then
         self.keepalive_sent_at = 0.0  # the newest renewal sent
-        self.gate = HeartbeatGate(host.interval, host.progress_interval)
+        self.gate = HeartbeatGate(host.interval, host.progress_interval, progress_phase(name, host.progress_interval))
         self.written_hint: tuple[Any, ...] | None = None  # what the last written heartbeat's workers were at
         self.standby = False  # the job state lists it as a standby (read at registration)
         self.catalog_watch: int | None = None

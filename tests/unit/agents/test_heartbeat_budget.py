@@ -16,6 +16,7 @@ from stalwart.store.heartbeat_budget import (
     HeartbeatGate,
     job_progress_interval,
     progress_interval,
+    progress_phase,
     significant,
     trouble,
     urgent,
@@ -125,6 +126,36 @@ def test_unchanged_progress_waits_for_the_progress_interval() -> None:
     assert gate.due(beat(T0 + 19.6, step=30), T0 + 19.6)  # a timed beat a hair early still writes
 
 
+def progress_writes(gate: HeartbeatGate, start: float, seconds: int, saves_at: set[int] = frozenset()) -> list[float]:
+    """The times a node beating every second writes, its last save changing at `saves_at`."""
+    written = []
+    for s in range(seconds):
+        now = start + s
+        if gate.due(beat(now, last_checkpoint_step=sum(1 for t in saves_at if t <= s)), now):
+            gate.wrote(beat(now, last_checkpoint_step=sum(1 for t in saves_at if t <= s)), now)
+            written.append(now)
+    return written
+
+
+def test_a_big_jobs_nodes_write_their_progress_at_their_own_phase_even_after_a_common_save() -> None:
+    """Every node writes at once when a checkpoint lands; their progress writes then stay spread over
+    the interval (a steady write rate, and a stall seen within a beat or two, not an interval late)."""
+    nodes = [f"node-{i}" for i in range(200)]
+    phases = [progress_phase(n, 20.0) for n in nodes]
+    assert all(0 <= p < 20.0 for p in phases) and progress_phase("node-7", 20.0) == phases[7]  # stable
+    gates = [HeartbeatGate(1.0, 20.0, p) for p in phases]
+    writes = [progress_writes(g, T0, 120, saves_at={30, 70}) for g in gates]
+    for w in writes:
+        gaps = [b - a for a, b in zip(w, w[1:], strict=False)]
+        assert max(gaps) <= 20.0 + 0.5  # never longer than the interval (and its half-beat slack)
+        assert len(w) <= 120 / 20 + 2 + 2  # the interval's writes and each save's, at most
+    # After the second common save, the writes of the next interval spread over its seconds.
+    later = [t - T0 for w in writes for t in w if T0 + 71 <= t < T0 + 91]
+    per_second = [sum(1 for t in later if int(t) == s) for s in range(71, 91)]
+    assert len(later) == len(nodes)  # each node once
+    assert max(per_second) < len(nodes) / 4  # no burst: the common save did not line them up
+
+
 def test_a_small_job_writes_every_beat_as_before() -> None:
     gate = HeartbeatGate(1.0, 1.0)
     gate.wrote(beat(T0), T0)
@@ -162,10 +193,13 @@ def test_the_lease_keeper_puts_by_the_rule_and_renews_every_beat() -> None:
         clock.advance(1)
         records["step"] += 1
         keeper.beat()
-    assert keeper.written == 2  # the first beat, then one progress interval later
+    # the first beat, then one at each of node-0's phase points of the progress interval
+    phase = progress_phase("node-0", 5.0)
+    assert keeper.written == 1 + sum(1 for k in range(-1, 4) if 1.5 < phase + 5 * k <= 10.5)
+    before = keeper.written
     records["exited"] = True
     clock.advance(0.1)
     keeper.beat()
-    assert keeper.written == 3  # at once
+    assert keeper.written == before + 1  # at once
     written = store.get(keys.node_heartbeat("j", "node-0"), Heartbeat)
     assert written is not None and written.workers[0].state is WorkerState.EXITED
