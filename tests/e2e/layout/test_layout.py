@@ -25,7 +25,11 @@ from stalwart.spec.topology import Topology
 JOB = REPO / "tests" / "data" / "jobs" / "e2e-3d.yaml"
 STALWART = [sys.executable, "-m", "stalwart.cli.main"]  # the module's runs outlive a test's fixtures
 SLOW_RANK, HUNG_RANK = 5, 1  # node-2 (stage 1, replica 0) and node-0 (stage 0, replica 0)
-STEPS = 30  # checkpoints every 10: the slowdown resumes from 10 or 20, the hang from 20
+# Checkpoints every 10: the slowdown resumes from 10, 20 or 30, the hang (at step HANG_STEP of a
+# generation after that recovery) from 30. The steps after SLOW_STEP are the detector's room: on a
+# loaded machine it needs more of them (seen: 16 steps were not enough at load 20 on 2 cores, and
+# the job ended unjudged).
+STEPS, HANG_STEP = 40, 34
 # The slow loader makes each of its rank's steps SLOW_FACTOR times what they took before it: a
 # delay in seconds is no slowdown on a machine loaded enough that a step takes about as long (the
 # detector looks for 2x its baseline). From step SLOW_STEP to the end, the rank stays slow until it
@@ -56,7 +60,7 @@ def faults_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         STALWART,
         job,
         f"slow-data:rank={SLOW_RANK},step={SLOW_STEP},factor={SLOW_FACTOR}",
-        f"hang-worker:rank={HUNG_RANK},step=24,after=recovery",
+        f"hang-worker:rank={HUNG_RANK},step={HANG_STEP},after=recovery",
         timeout=600,
     )
     return code, result, output, tmp / "run"
@@ -78,7 +82,7 @@ def test_the_3d_job_runs_to_the_end_and_learns(faults_run: Run) -> None:
     assert snap["loss"] < 4.5  # ln(257) ≈ 5.55 untrained: it learned through two hot-swaps
     assert [f["fault"] for f in result["faults"]] == [
         f"slow-data rank={SLOW_RANK} x{SLOW_FACTOR} at step {SLOW_STEP}",
-        f"hang-worker rank={HUNG_RANK} at step 24 after recovery",
+        f"hang-worker rank={HUNG_RANK} at step {HANG_STEP} after recovery",
     ]
 
 
