@@ -222,6 +222,7 @@ class SizeRun:
             ",".join(sockets),
             "--stats",
             str(self.stats_path),
+            *(["--profile-dir", str(self.dir / "tick-profiles")] if self.args.profile_ticks else []),
         ]
         with open(self.dir / "controller.log", "ab") as out:
             self.controller = spawn(argv, env=self.env(), stdout=out)
@@ -292,7 +293,7 @@ class SizeRun:
     def status_line(self) -> str:
         st, s = self.state(), self.summary()
         cs = self.controller_stats()
-        recent = [d for t, d in cs.get("ticks", []) if t > time.time() - 10]
+        recent = [d for t, d, *_ in cs.get("ticks", []) if t > time.time() - 10]
         crashes = len(cs.get("crashes", []))
         return (
             f"phase {st.phase.value if st else '-'} gen {st.generation if st else '-'}; "
@@ -422,8 +423,9 @@ class SizeRun:
         cores = clock.cores()
         sims = [link.call("stats") for link in self.links]
         cs = self.controller_stats()
-        ticks = [(t, d) for t, d in cs.get("ticks", []) if t0 <= t <= t1]
-        durations = [d for _, d in ticks]
+        ticks = [(t, d, c) for t, d, c in cs.get("ticks", []) if t0 <= t <= t1]
+        durations = [d for _, d, _ in ticks]
+        cpu = [c for _, _, c in ticks]
         periods = [b[0] - a[0] for a, b in zip(ticks, ticks[1:], strict=False)]
         gaps_p99 = max((s["gap_p99_s"] or 0 for s in sims), default=0)
         lag_p99 = max((s["loop_lag_p99_s"] or 0 for s in sims), default=0)
@@ -445,6 +447,8 @@ class SizeRun:
                 "tick_p50_s": pct(durations, 0.5),
                 "tick_p99_s": pct(durations, 0.99),
                 "tick_max_s": max(durations, default=None),
+                "tick_cpu_p50_s": pct(cpu, 0.5),  # the tick thread's own CPU (not the watches' threads)
+                "tick_cpu_p99_s": pct(cpu, 0.99),
                 "loop_period_p50_s": pct(periods, 0.5),
                 "loop_period_p99_s": pct(periods, 0.99),
                 "cpu_cores": cores["controller"],
@@ -997,6 +1001,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=float,
         default=0.0,
         help="before each size, wait (up to 15 minutes) for the 1-minute load average to fall below this",
+    )
+    parser.add_argument(
+        "--profile-ticks",
+        action="store_true",
+        help="run the controller's ticks under cProfile and keep the slowest ones' profiles in the workdir",
     )
     parser.add_argument("--skip-cli", action="store_true", help="do not time `stalwart jobs` and `incidents`")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")

@@ -60,7 +60,7 @@ REPORT = REPO / "bench" / "results" / "bench_controller_decide.md"
 JOB = "scale"
 
 
-def measure(nodes: int, procs: int, ticks: int) -> dict[str, Any]:
+def measure(nodes: int, procs: int, ticks: int, history: int = 30) -> dict[str, Any]:
     spec = parse_job(
         {
             "apiVersion": "stalwart.dev/v1alpha1",
@@ -73,8 +73,8 @@ def measure(nodes: int, procs: int, ticks: int) -> dict[str, Any]:
         },
         "bench",
     )
-    t0 = time.time() - 300
-    now = t0 + 120
+    t0 = time.time() - 1000
+    now = t0 + 700  # (room for the metric history inside the generation)
     slots = [f"node-{i}" for i in range(nodes)]
     standbys = [f"node-{nodes + i}" for i in range(4)]
 
@@ -86,7 +86,14 @@ def measure(nodes: int, procs: int, ticks: int) -> dict[str, Any]:
     beats = {n: beat(i, now) for i, n in enumerate(slots)}
     registrations = {n: registration_record(n, JOB, 1000 + i, i, True) for i, n in enumerate(slots + standbys)}
     commands = {n: AgentCommand(generation=1, action=AgentAction.RUN, issued_at=t0) for n in slots + standbys}
-    vectors = {n: deque([b.vector], maxlen=120) for n, b in beats.items()}
+    # Each node's metric history, as the controller holds it after `history` progress intervals: the
+    # node's vector of each (its time and step moved back), then the current one.
+    every = job_progress_interval(spec.spec)
+    vectors = {n: deque(maxlen=120) for n in beats}
+    for n, b in beats.items():
+        for k in range(history, 0, -1):
+            vectors[n].append({**b.vector, "at": now - k * every, "step": int(b.vector["step"] - k * every)})
+        vectors[n].append(b.vector)
     cluster = {n: NodeInfo(name=n, alive=True) for n in slots + standbys}
     state = JobState(
         job=JOB,
@@ -167,9 +174,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--procs", type=int, default=8, help="workers per node")
     parser.add_argument("--ticks", type=int, default=42, help="ticks timed (42: one straggler evaluation at 10,000)")
+    parser.add_argument(
+        "--history", type=int, default=30, help="metric samples each node already has (one per progress interval)"
+    )
     args = parser.parse_args()
     before = os.getloadavg()
-    result = measure(args.nodes, args.procs, args.ticks)
+    result = measure(args.nodes, args.procs, args.ticks, args.history)
     result["load"] = [round(before[0], 2), round(os.getloadavg()[0], 2)]
     result["cpus"] = os.cpu_count()
     print(json.dumps(result))
@@ -177,9 +187,11 @@ def main() -> None:
     REPORT.write_text(
         "# bench_controller_decide: one tick's decision, in process\n\n"
         f"Written {time.strftime('%Y-%m-%d %H:%M %Z')}: `python bench/bench_controller_decide.py --nodes {args.nodes}"
-        f" --procs {args.procs} --ticks {args.ticks}`, {result['cpus']} CPUs, 1-minute load {result['load'][0]} before"
+        f" --procs {args.procs} --ticks {args.ticks} --history {args.history}`, {result['cpus']} CPUs,"
+        f" 1-minute load {result['load'][0]} before"
         f" and {result['load'][1]} after. CPU seconds per tick of `ReconcileCore.decide` at {args.nodes} nodes x"
-        f" {args.procs} workers, {result['heartbeats_per_tick']} new heartbeats before each tick"
+        f" {args.procs} workers, {args.history} metric samples per node to start with,"
+        f" {result['heartbeats_per_tick']} new heartbeats before each tick"
         " (docs/control-plane-scale.md compares it with the code before the digests).\n\n"
         "| nodes | ticks | p50 | p90 | max |\n|---:|---:|---:|---:|---:|\n"
         f"| {args.nodes} | {args.ticks} | {result['cpu_p50_s']} | {result['cpu_p90_s']} | {result['cpu_max_s']} |\n"

@@ -6,7 +6,13 @@ record carries two kinds of content:
 
 - what the controller acts on: the generation, the agent's state, machine faults, committed
   checkpoints, and per worker its process, exit and verdict, its first step of a generation, its
-  newest checkpoint and its log-signature matches. A change in any of these is written at once.
+  newest checkpoint and its log-signature matches. A change in any of these is written at once,
+  but for the checkpoints of a job whose progress interval is longer than its heartbeat interval:
+  every node saves at the same step, and a big job's nodes all writing at that moment would be the
+  very burst the budget exists to prevent (10,000 writes at once at 10,000 nodes, and a controller
+  tick that digests every node). They go at the node's next progress write instead, within a
+  progress interval: the catalog commits a checkpoint that much later, and a suspension waiting
+  for any node's save waits for the first node's phase (an interval / nodes).
 - progress: step, loss, step time, tokens/s, phases, the node metric vector. It changes every step
   and is written at most every `progress_interval`: the heartbeat interval for a job of at most
   HEARTBEAT_PUTS_PER_SECOND x interval nodes (every job on one machine: exactly as before), longer
@@ -73,7 +79,7 @@ def urgent(beat: Heartbeat) -> tuple[Any, ...]:
 
 def significant(beat: Heartbeat) -> tuple[Any, ...]:
     """What in a heartbeat the controller acts on: `urgent`, and the checkpoints saved. A change
-    here is written at once."""
+    here is written at once (a save, in a big job, at the node's next progress write)."""
     saves = tuple((s.step, s.generation, tuple(s.tiers), s.total_bytes) for s in beat.checkpoints)
     return urgent(beat), saves, tuple(w.last_checkpoint_step for w in beat.workers)
 
@@ -92,8 +98,20 @@ class HeartbeatGate:
         self._progress_at = 0.0  # when the next progress write is due
 
     def due(self, beat: Heartbeat, now: float) -> bool:
-        """A change the controller acts on, or progress that is due."""
-        return self._written is None or significant(beat) != self._written or self.progress_due(now)
+        """A change the controller acts on (but a save, in a job that writes progress less often than
+        every beat), or progress that is due."""
+        if self._written is None or self.progress_due(now):
+            return True
+        changed = significant(beat)
+        if changed == self._written:
+            return False
+        # (significant()[0] is urgent(): what moves the job's stage goes at once whatever the size)
+        return self.saves_at_once or changed[0] != self._written[0]
+
+    @property
+    def saves_at_once(self) -> bool:
+        """Whether a save is written at once (a job that writes every beat) or with the progress."""
+        return self.progress_interval <= self.heartbeat_interval
 
     def progress_due(self, now: float) -> bool:
         """This node's progress is due: whatever the heartbeat holds, it goes. Half a heartbeat

@@ -3,9 +3,12 @@ and memory are its own), with every tick timed.
 
     python -m support.scale.controller_host --etcd HOST:PORT --job NAME --hosts A.sock,B.sock --stats S.json
 
-It runs `JobController.run` unchanged; only `tick` is wrapped to record when it started and how
-long it took, and what its watch-fed view of the nodes received (events, whole reads again). The
-figures go to `--stats` (rewritten whole, atomically, every second). A controller
+It runs `JobController.run` unchanged; only `tick` is wrapped to record when it started, how long
+it took and how much CPU its thread used in it (less than its wall time when the watches' threads or
+other processes held the CPU), and what its watch-fed view of the nodes received (events, whole
+reads again). The figures go to `--stats` (rewritten whole, atomically, every second). With
+`--profile-dir`, every tick runs under cProfile and the slowest ones' profiles are written there
+(`tick-<seconds>.prof`, for `python -m pstats`). A controller
 that raises is recorded and started again after a second, as a supervisor would: the bench reports
 the crashes, since a crash is a finding.
 """
@@ -13,6 +16,8 @@ the crashes, since a crash is a finding.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import heapq
 import json
 import os
 import signal
@@ -32,29 +37,51 @@ from stalwart.store.records import JobState
 from support.scale.sim_cluster import SimCluster
 
 MAX_TICKS_KEPT = 100_000
+PROFILES_KEPT = 5
 
 
 class TickLog:
     def __init__(self) -> None:
-        self.ticks: deque[tuple[float, float]] = deque(maxlen=MAX_TICKS_KEPT)  # (wall start, seconds)
+        # (wall start, seconds, the tick thread's CPU seconds)
+        self.ticks: deque[tuple[float, float, float]] = deque(maxlen=MAX_TICKS_KEPT)
         self.crashes: list[dict[str, Any]] = []
         self.finished: str | None = None
         self.view: dict[str, int] = {}  # the controller's nodes view: watch events, resyncs
 
 
 class TimedController(JobController):
-    def __init__(self, *args: Any, ticks: TickLog, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, ticks: TickLog, profile_dir: Path | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._tick_log = ticks
+        self._profile_dir = profile_dir
+        self._slowest: list[tuple[float, str]] = []  # a heap of (seconds, file) of the profiles kept
 
     def tick(self) -> JobState | None:
-        wall, start = time.time(), time.perf_counter()
+        profile = cProfile.Profile() if self._profile_dir is not None else None
+        wall, start, cpu = time.time(), time.perf_counter(), time.thread_time()
         try:
+            if profile is not None:
+                profile.enable()
             return super().tick()
         finally:
-            self._tick_log.ticks.append((wall, time.perf_counter() - start))
+            if profile is not None:
+                profile.disable()
+            seconds = time.perf_counter() - start
+            self._tick_log.ticks.append((wall, seconds, time.thread_time() - cpu))
             nodes = self.observer.view.nodes
             self._tick_log.view = {"events": nodes.events, "resyncs": nodes.resyncs}
+            if profile is not None:
+                self._keep_profile(profile, seconds)
+
+    def _keep_profile(self, profile: cProfile.Profile, seconds: float) -> None:
+        assert self._profile_dir is not None
+        if len(self._slowest) >= PROFILES_KEPT and seconds <= self._slowest[0][0]:
+            return
+        path = self._profile_dir / f"tick-{seconds:08.3f}-{time.time():.0f}.prof"
+        profile.dump_stats(path)
+        heapq.heappush(self._slowest, (seconds, str(path)))
+        if len(self._slowest) > PROFILES_KEPT:
+            Path(heapq.heappop(self._slowest)[1]).unlink(missing_ok=True)
 
 
 def _write_stats(path: Path, ticks: TickLog, cluster: SimCluster) -> None:
@@ -84,7 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--job", required=True)
     parser.add_argument("--hosts", required=True, help="the simulators' control sockets, comma-separated")
     parser.add_argument("--stats", required=True, type=Path)
+    parser.add_argument("--profile-dir", type=Path, default=None, help="keep the slowest ticks' cProfile here")
     args = parser.parse_args(argv)
+    if args.profile_dir is not None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
     configure("INFO")  # JSON lines on stderr: the bench sends them to a file
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set() or os._exit(0))  # type: ignore[func-returns-value]
@@ -99,7 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=report, name="stats", daemon=True).start()
     while not stop.is_set():
         try:
-            phase = TimedController(store, cluster, args.job, ticks=ticks).run(leader_timeout=60.0)
+            phase = TimedController(store, cluster, args.job, ticks=ticks, profile_dir=args.profile_dir).run(
+                leader_timeout=60.0
+            )
             ticks.finished = phase.value
             break
         except Exception as exc:

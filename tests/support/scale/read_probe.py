@@ -148,7 +148,13 @@ def _tick_after_beats(
             store.commit(batch)
         events = observer.view.nodes.events
         target = events + per_tick
-        wait_for(lambda target=target: observer.view.nodes.events >= target, timeout=60.0, interval=0.01)
+        if not wait_for(lambda target=target: observer.view.nodes.events >= target, timeout=60.0, interval=0.01):
+            got = observer.view.nodes.events - events
+            return {
+                "ok": False,
+                "beats_per_tick": per_tick,
+                "error": f"the view saw {got} of the {per_tick} heartbeats written in 60 s",
+            }
         w0, c0 = time.perf_counter(), time.process_time()
         tick()
         walls.append(time.perf_counter() - w0)

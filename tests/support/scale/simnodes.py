@@ -605,7 +605,8 @@ class SimNode:
         first = self.gen_started_at + self.host.first_step_after
         done = int((at - first) // self.host.step_time) + 1 if at >= first else 0
         ci = self.host.checkpoint_interval
-        return (self.generation, True, done > 0, done // ci if ci else 0)
+        saves = done // ci if ci and self.gate.saves_at_once else None  # else they go with the progress
+        return (self.generation, True, done > 0, saves)
 
     def beat(self, now: float) -> bool:
         """One beat, from the host's wheel: True if a keep-alive is to go out for this node (the wheel

@@ -63,7 +63,6 @@ def test_both_sides_compute_it_from_the_spec() -> None:
         {"state": WorkerState.EXITED, "exit_code": 1, "failure_class": "segfault"},
         {"pid": 4343},
         {"first_step": 11},
-        {"last_checkpoint_step": 10},
         {
             "matches": [
                 LogMatch(
@@ -72,7 +71,7 @@ def test_both_sides_compute_it_from_the_spec() -> None:
             ]
         },
     ],
-    ids=["exit", "restart", "first-step", "checkpoint", "log-match"],
+    ids=["exit", "restart", "first-step", "log-match"],
 )
 def test_a_change_the_controller_acts_on_is_written_at_once(change: dict[str, object]) -> None:
     gate = HeartbeatGate(1.0, 20.0)
@@ -113,9 +112,26 @@ def test_node_level_changes_are_written_at_once() -> None:
         beat(T0 + 1).model_copy(update={"generation": 2}),
         beat(T0 + 1).model_copy(update={"agent_state": "stopping"}),
         beat(T0 + 1).model_copy(update={"machine_faults": ["xid 79"]}),
-        beat(T0 + 1).model_copy(update={"checkpoints": [SavedCheckpoint(step=10, committed_at=T0)]}),
     ):
         assert gate.due(changed, T0 + 1)
+
+
+def saved(now: float) -> Heartbeat:
+    return beat(now, last_checkpoint_step=10).model_copy(
+        update={"checkpoints": [SavedCheckpoint(step=10, committed_at=now)]}
+    )
+
+
+def test_a_save_goes_at_once_in_a_small_job_and_with_the_progress_in_a_big_one() -> None:
+    """Every node saves at the same step: in a big job they would all write at that moment."""
+    small, big = HeartbeatGate(1.0, 1.0), HeartbeatGate(1.0, 20.0)
+    for gate in (small, big):
+        gate.wrote(beat(T0), T0)
+    assert small.saves_at_once and small.due(saved(T0 + 0.1), T0 + 0.1)
+    assert not big.saves_at_once and not any(big.due(saved(T0 + s), T0 + s) for s in range(1, 19))
+    assert big.due(saved(T0 + 20), T0 + 20)  # at the node's phase (0 here), with its progress
+    # A save then a restart: the restart goes at once, and the save with it.
+    assert big.due(saved(T0 + 5).model_copy(update={"generation": 2}), T0 + 5)
 
 
 def test_unchanged_progress_waits_for_the_progress_interval() -> None:
