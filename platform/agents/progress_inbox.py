@@ -30,10 +30,11 @@ class ProgressInbox:
                 data = self._sock.recv(65536)
             except BlockingIOError:
                 break
-            try:
-                out.append(ProgressReport.loads(data))
-            except ValidationError:
-                continue
+            for line in data.split(b"\n"):  # a datagram holds one report or several (the worker SDK's round)
+                try:
+                    out.append(ProgressReport.loads(line))
+                except ValidationError:
+                    continue
         return out
 
     def close(self) -> None:

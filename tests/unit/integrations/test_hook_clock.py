@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from stalwart.agents import worker_sdk
 from stalwart.integrations.common import HookClock
 
 
@@ -19,7 +20,8 @@ def spin(until: threading.Event | None = None, rounds: int = 200_000) -> None:
 
 def test_it_sums_the_time_spent_inside_and_nothing_outside() -> None:
     clock = HookClock()
-    assert clock.per_step() == {"wall": 0.0, "cpu": 0.0, "steps": 0.0}
+    cost = clock.per_step()
+    assert {k: cost[k] for k in ("wall", "cpu", "steps")} == {"wall": 0.0, "cpu": 0.0, "steps": 0.0}
     with clock:
         spin()
     inside = clock.cpu
@@ -53,3 +55,13 @@ def test_an_exception_inside_is_still_timed() -> None:
         spin()
         raise FloatingPointError("loss is nan")
     assert clock.cpu > 0
+
+
+def test_it_counts_the_report_sender_s_cpu_since_it_was_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reports the hooks queue are built and sent on the worker SDK's thread: its CPU, per step."""
+    monkeypatch.setattr(worker_sdk, "_sender_cpu", 1.0)  # spent before this clock (another fit, start-up)
+    clock = HookClock()
+    monkeypatch.setattr(worker_sdk, "_sender_cpu", 1.5)
+    for _ in range(4):
+        clock.step_done()
+    assert clock.per_step()["sender"] == pytest.approx(0.5 / 4)
