@@ -135,9 +135,18 @@ def _windows(x: np.ndarray, cfg: OutlierConfig) -> np.ndarray:
     view = np.lib.stride_tricks.sliding_window_view(x, cfg.window, axis=1)[:, :: cfg.stride, :]
     if not np.isnan(x).any():
         return np.median(view, axis=2)  # the common case, several times faster than nanmedian
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows stay NaN
-        return np.nanmedian(view, axis=2)
+    return _nanmedian_last(view)
+
+
+def _nanmedian_last(a: np.ndarray) -> np.ndarray:
+    """np.nanmedian over the last (short) axis, NaN where all are NaN: sorting puts the NaN last, so
+    the median is in the first `count` values. numpy's own takes a masked-array path that is ten
+    times slower on sparse windows (nodes sampled at different steps: most of a window is NaN)."""
+    ordered = np.sort(a, axis=-1)
+    count = np.count_nonzero(~np.isnan(a), axis=-1)
+    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0)[..., None], axis=-1)[..., 0]
+    high = np.take_along_axis(ordered, np.maximum(count // 2, 0)[..., None], axis=-1)[..., 0]
+    return np.where(count > 0, (low + high) / 2, np.nan)
 
 
 def _z(

@@ -23,15 +23,16 @@ RANK_PHASES = ("data", "optimizer", "other")
 MAX_SAMPLES = 240  # per series: a few minutes of heartbeats, far below the bundle's limit
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A metric's value as a float; None for what is not a number (a bool included)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def series_of(vectors: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
     """Metric name -> its values over the window, None where a sample lacks it."""
     window = list(vectors)[-MAX_SAMPLES:]
-    names = sorted({k for v in window for k, x in v.items() if k not in NOT_METRICS and _number(x) is not None})
-    return {name: [_number(v.get(name)) for v in window] for name in names}
+    names = sorted({k for v in window for k, x in v.items() if k not in NOT_METRICS and number(x) is not None})
+    return {name: [number(v.get(name)) for v in window] for name in names}
 
 
 def node_metrics(
@@ -62,7 +63,7 @@ def rank_series(vectors: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, lis
         phases = [
             (v.get("rank_phases") or {}).get(str(rank)) or (v.get("rank_phases") or {}).get(rank) or {} for v in window
         ]
-        series = {f"{p}_time_s": [_number(ph.get(p)) for ph in phases] for p in RANK_PHASES}
+        series = {f"{p}_time_s": [number(ph.get(p)) for ph in phases] for p in RANK_PHASES}
         series = {name: xs for name, xs in series.items() if any(x is not None for x in xs)}
         if series:
             out[rank] = series

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
+import numpy as np
+
 from stalwart.controller.core.detectors.base import Detector, Failure, Finding, Report, View
 from stalwart.controller.core.detectors.node_digests import NodeDigests
-from stalwart.controller.core.metric_windows import MAX_SAMPLES, series_of
+from stalwart.controller.core.metric_windows import MAX_SAMPLES, number
 from stalwart.controller.core.policy import Classified
 from stalwart.controller.core.ranks import slot_roles
 from stalwart.spec.model import FailureEvent
@@ -46,10 +48,14 @@ class MetricOutliers(Detector):
         self._found: Report = Report()
         self._handled: set[str] = set()
         self._progress: NodeDigests[_NodeProgress] = NodeDigests(_node_progress)
+        self._changes: NodeDigests[None] = NodeDigests(_nothing)  # which nodes' vectors changed
+        self._samples: dict[str, _PaceSamples] = {}  # each node's, from its vectors
+        self._since: float | None = None
 
     def observe(self, view: View) -> Report:
         """Evaluated once per progress interval (the samples come no faster)."""
         self._progress.update(view)  # every tick: a tick's few changed nodes, not every node once an interval
+        self._update_samples(view)
         if view.now - self._evaluated_at < view.progress_interval:
             return self._found
         self._evaluated_at = view.now
@@ -68,12 +74,31 @@ class MetricOutliers(Detector):
                 by_role.setdefault(role, []).append(node)
         findings: list[Finding] = []
         for role, nodes in sorted(by_role.items()):
-            windows = {n: _generation_window(view.vectors.get(n, []), since) for n in nodes}
-            windows = {n: w for n, w in windows.items() if w}
-            if len(windows) < MIN_NODES:
+            samples = {n: d for n in nodes if (d := self._samples.get(n)) is not None and d.steps}
+            if len(samples) < MIN_NODES:
                 continue
-            findings += _outliers(role, windows, view.now)
+            for node, score, reasons in _outliers(samples):
+                windows = {n: _generation_window(view.vectors.get(n, []), since) for n in samples}
+                evidence = [f"{node} is a persistent outlier among the {len(samples)} {role} nodes (score {score:.2f})"]
+                evidence += [*reasons, _pace_line(windows)]
+                what = Classified(FailureEvent.SLOWDOWN, [node], evidence, runbook="slowdown")
+                findings.append(Failure(what, failed_at=view.now, detected_at=view.now))
         return Report(findings)
+
+    def _update_samples(self, view: View) -> None:
+        """Each slot node's pace samples, redone for the nodes whose heartbeat (and so whose vectors)
+        changed: the evaluation, once an interval, then reads every node's at once."""
+        since = view.state.generation_started_at or 0.0
+        self._changes.update(view)
+        if since != self._since:
+            self._since, self._samples = since, {}
+            redo: set[str] = set(self._changes.by_node)
+        else:
+            redo = self._changes.changed
+        for node in redo:
+            self._samples[node] = _pace_samples(_generation_window(view.vectors.get(node, []), since))
+        if len(self._samples) > len(self._changes.by_node):  # a node left the slots
+            self._samples = {n: d for n, d in self._samples.items() if n in self._changes.by_node}
 
     def _stalled(self, view: View) -> bool:
         """Whether stalled_ranks(view) names any, from each node's digest (redone for the nodes
@@ -127,38 +152,75 @@ def _generation_window(vectors: Sequence[Mapping[str, Any]], since: float) -> li
     return mine[WARMUP_SAMPLES:]
 
 
-def by_step(windows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, list[Mapping[str, Any]]] | None:
-    """The nodes' samples side by side by step: for every step any node sampled (the newest
-    MAX_SAMPLES), that node's sample of it, or {} where it has none; None when no sample carries a
-    step. Each node keeps one sample a step, taken whenever its agent's heartbeat came: side by side
-    by position, a starved agent's n-th sample is of an older step than the others' n-th."""
-    mine = {node: {v["step"]: v for v in reversed(w) if isinstance(v.get("step"), int)} for node, w in windows.items()}
-    steps = sorted(set().union(*mine.values()))[-MAX_SAMPLES:]
-    if not steps:
-        return None
-    return {node: [samples.get(step, {}) for step in steps] for node, samples in mine.items()}
+def _nothing(_workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> None:
+    return None
 
 
-def _outliers(role: str, windows: Mapping[str, Sequence[Mapping[str, Any]]], now: float) -> list[Finding]:
+@dataclass(frozen=True)
+class _PaceSamples:
+    """A node's pace samples of this generation (`_generation_window`'s), as arrays: each sample's
+    value of each PACE_METRICS (NaN where it has none), and its step; `stepped` keeps, for each step
+    a sample carries, the node's earliest sample of it."""
+
+    values: np.ndarray  # (samples x metrics)
+    steps: tuple[Any, ...]
+    stepped: tuple[np.ndarray, np.ndarray]  # (steps, values rows), ascending by step
+
+
+def _pace_samples(window: Sequence[Mapping[str, Any]]) -> _PaceSamples:
+    rows = [[number(v.get(m)) for m in PACE_METRICS] for v in window]
+    values = np.array(rows, dtype=float).reshape(len(rows), len(PACE_METRICS))
+    first: dict[int, int] = {}
+    for i, v in enumerate(window):
+        step = v.get("step")
+        if isinstance(step, int) and step not in first:
+            first[step] = i
+    order = sorted(first)
+    stepped = (np.array(order, dtype=np.int64), values[[first[k] for k in order]])
+    return _PaceSamples(values, tuple(v.get("step") for v in window), stepped)
+
+
+def _series(samples: Mapping[str, _PaceSamples]) -> dict[str, dict[str, list[float | None]]]:
+    """Each node's series of PACE_METRICS (NaN where not measured; a metric the node never measured
+    is left out), side by side by step: for every step any node sampled (the newest MAX_SAMPLES),
+    that node's sample of it. Each node keeps one sample a step, taken whenever its agent's heartbeat
+    came: side by side by position, a starved agent's n-th sample is of an older step than the
+    others' n-th. By position (newest last) only when no sample carries a step."""
+    nodes = list(samples)
+    steps = [samples[n].stepped[0] for n in nodes]
+    every = np.concatenate(steps) if steps else np.empty(0, dtype=np.int64)
+    if every.size:
+        columns = np.unique(every)[-MAX_SAMPLES:]
+        rows = np.repeat(np.arange(len(nodes)), [len(s) for s in steps])
+        values = np.concatenate([samples[n].stepped[1] for n in nodes])
+        keep = every >= columns[0]
+        matrix = np.full((len(nodes), len(columns), len(PACE_METRICS)), np.nan)
+        matrix[rows[keep], np.searchsorted(columns, every[keep])] = values[keep]
+    else:  # no steps: by position, aligned on the newest sample
+        length = min(MAX_SAMPLES, max(len(samples[n].values) for n in nodes))
+        matrix = np.full((len(nodes), length, len(PACE_METRICS)), np.nan)
+        for i, n in enumerate(nodes):
+            tail = samples[n].values[-length:]
+            matrix[i, length - len(tail) :] = tail
+    present = ~np.isnan(matrix).all(axis=1)  # (nodes x metrics)
+    return {
+        node: {name: matrix[i, :, j].tolist() for j, name in enumerate(PACE_METRICS) if present[i, j]}
+        for i, node in enumerate(nodes)
+    }
+
+
+def _outliers(samples: Mapping[str, _PaceSamples]) -> list[tuple[str, float, list[str]]]:
+    """The nodes metric_outliers names (score at least NAMED_SCORE), with their scores and reasons."""
     from stalwart.diagnosis.metric_outliers import NAMED_SCORE, metric_outliers
     from stalwart.diagnosis.models import NodeMetrics
 
-    stepped = by_step(windows) or windows  # the same step side by side: sampled at different moments
-    metrics = []
-    for node, window in sorted(stepped.items()):
-        series = {k: v for k, v in series_of(window).items() if k in PACE_METRICS}
-        metrics.append(NodeMetrics(node=node, series=series))
-    found = metric_outliers(metrics)
-    out: list[Finding] = []
-    for node, score in sorted(found.node_scores.items()):
-        if score < NAMED_SCORE:
-            continue
-        evidence = [f"{node} is a persistent outlier among the {len(windows)} {role} nodes (score {score:.2f})"]
-        evidence += found.reasons.get(node, [])
-        evidence.append(_pace_line(windows))
-        what = Classified(FailureEvent.SLOWDOWN, [node], evidence, runbook="slowdown")
-        out.append(Failure(what, failed_at=now, detected_at=now))
-    return out
+    series = _series(samples)
+    found = metric_outliers([NodeMetrics.model_construct(node=n, series=series[n]) for n in sorted(series)])
+    return [
+        (node, score, found.reasons.get(node, []))
+        for node, score in sorted(found.node_scores.items())
+        if score >= NAMED_SCORE
+    ]
 
 
 def _pace_line(windows: Mapping[str, Sequence[Mapping[str, Any]]], samples: int = 10) -> str:
