@@ -176,3 +176,20 @@ def test_persistent_runs_with_a_lull_between_add_up(runs: tuple[int, int], named
     slow: list[float | None] = [1.0] * 6 + [1.3] * first + [1.0] * 6 + [1.3] * second + [1.0] * 2
     verdict = diagnose(EvidenceBundle(job="j", kind="slowdown", metrics=fleet(8, len(slow), step_time_s={2: slow})))
     assert (verdict.flagged == ["node-2"]) is named, verdict.summary
+
+
+def test_the_windows_sparse_median_is_numpys_nanmedian() -> None:
+    """Nodes sampled at different steps leave most of a window NaN: the sort-based median gives
+    exactly what np.nanmedian gives (NaN where a window has no value)."""
+    import warnings
+
+    from stalwart.diagnosis.metric_outliers import _nanmedian_last
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(1.0, 0.2, size=(300, 40, 5))
+    x[rng.random(x.shape) < 0.7] = np.nan
+    x[0, 0, :] = np.nan  # a window with nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanmedian(x, axis=-1)
+    assert np.array_equal(_nanmedian_last(x), want, equal_nan=True)
