@@ -9,6 +9,11 @@ Nothing is downloaded: the model is built from a config, with the byte vocabular
     stalwart data build examples/data/shards examples/data/stories.txt examples/data/logs.txt
     torchrun --nproc-per-node 2 examples/hf_trainer.py --steps 30
     torchrun --nproc-per-node 2 examples/hf_trainer.py --steps 30 --without-stalwart   # plain Trainer
+
+`--without-stalwart` is the overhead measurement's baseline: a plain Trainer fed the same batches from
+the same loader (the node's shadow loader under Stalwart), with no callback, no reports and no
+checkpoints. Add `--trainer-data` to have it read the shards through its own DataLoader and sampler
+instead, as a script without Stalwart would (the data path's comparison, measured apart).
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from stalwart.dataloader import DataConfig, SourceSpec, TokenDataset
+from stalwart import worker_contract as contract
+from stalwart.dataloader import DataConfig, SourceSpec, TokenDataset, open_loader
 from stalwart.integrations.huggingface import StalwartTrainer, data_config_from_env
 
 
 class ShardSamples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    """--without-stalwart: the same shards as a map-style dataset, sampled by the Trainer's own sampler."""
+    """--without-stalwart --trainer-data: the same shards as a map-style dataset, sampled by the
+    Trainer's own sampler."""
 
     def __init__(self, config: DataConfig, length: int) -> None:
         self.dataset, self.length = TokenDataset(config), length
@@ -41,6 +48,31 @@ class ShardSamples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         tokens, _ = self.dataset.fetch(np.array([index]))
         row = torch.from_numpy(tokens[0].astype(np.int64))
         return {"input_ids": row, "labels": row}
+
+
+class SameBatchesTrainer(Trainer):
+    """--without-stalwart: a plain Trainer fed Stalwart's loader's batches, as StalwartTrainer is fed
+    (one batch per micro-step, read in the training process or from the node's shadow loader), so that
+    the overhead runs differ only in the integration."""
+
+    def __init__(self, *args: Any, data_config: DataConfig, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.data_config = data_config
+
+    def get_train_dataloader(self) -> Any:
+        loader = open_loader(
+            self.data_config,
+            dp_rank=self.args.process_index,
+            dp_size=self.args.world_size,
+            micro_batch=contract.int_var(contract.DATA_MICRO_BATCH) or self.args.per_device_train_batch_size,
+        )
+
+        def batches() -> Any:
+            while True:
+                tokens = loader.next_batch().tokens
+                yield {"input_ids": tokens, "labels": tokens}
+
+        return batches()
 
 
 class StepClock(TrainerCallback):
@@ -77,6 +109,11 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", default="checkpoints/hf-trainer", help="checkpoints outside Stalwart")
     parser.add_argument("--sample-log", default=None, help="record each step's sample ids here (an audit)")
     parser.add_argument("--without-stalwart", action="store_true", help="a plain Trainer (overhead baseline)")
+    parser.add_argument(
+        "--trainer-data",
+        action="store_true",
+        help="with --without-stalwart: the Trainer's own DataLoader and sampler over the shards, not Stalwart's loader",
+    )
     parser.add_argument(
         "--trainer-checkpoints",
         type=int,
@@ -126,11 +163,13 @@ def main() -> None:
     if args.step_delay:
         callbacks.append(Delay(args.step_delay))
     trainer: Trainer
-    if args.without_stalwart:
+    if args.without_stalwart and args.trainer_data:
         length = args.steps * training_args.world_size * args.batch * 2
         trainer = Trainer(
             model=model, args=training_args, train_dataset=ShardSamples(config, length), callbacks=callbacks
         )
+    elif args.without_stalwart:
+        trainer = SameBatchesTrainer(model=model, args=training_args, data_config=config, callbacks=callbacks)
     else:
         # STALWART: the only change to a plain Trainer script (data_config replaces train_dataset).
         trainer = StalwartTrainer(

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 10
 DEFAULT_KEEP = 3
+_UNUSED_STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_zero_grad")
 
 
 def under_stalwart(environ: Mapping[str, str] | None = None) -> bool:
@@ -251,6 +252,11 @@ class StalwartCallback(Callback):
         self._last_end: float | None = None
         self._started = self._before_optimizer = 0.0
         self._data_time = self._compute_time = self._optimizer_time = 0.0
+        # Lightning calls every step hook of every callback, used or not, each inside its profiler's
+        # context (a few microseconds each); it skips an attribute that is not callable, so the step
+        # hooks this callback leaves alone are None on the instance.
+        for hook in _UNUSED_STEP_HOOKS:
+            setattr(self, hook, None)
 
     # ------------------------------------------------------------------------------ checkpoints
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -213,7 +213,7 @@ def inbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProgressInbox]:
     box = ProgressInbox()
     monkeypatch.setenv(contract.PROGRESS_SOCKET, box.path)
     monkeypatch.setattr(worker_sdk, "_sock", None)
-    monkeypatch.setattr(worker_sdk, "_unsent", {})
+    monkeypatch.setattr(worker_sdk, "_unsent", [])
     monkeypatch.setattr(worker_sdk, "_last_report_at", None)
     try:
         yield box
@@ -228,6 +228,8 @@ def test_the_agent_hears_every_step_with_its_phases_and_every_save_with_the_data
 ) -> None:
     _, callback = fit(sl, config, tmp_path / "ckpt", steps=4, interval=2)
     assert callback.clock.steps == 4 and callback.clock.cpu > 0 and callback.clock.wall > 0  # its own time
+    # The step hooks it leaves alone are None, and Lightning's dispatcher skips them (the fit ran).
+    assert callback.on_before_backward is None and callback.on_after_backward is None
     reports = inbox.drain()
     steps = [r for r in reports if r.kind == "step"]
     assert [r.step for r in steps] == [1, 2, 3, 4]
