@@ -127,6 +127,22 @@ def _matrix(metrics: Sequence[NodeMetrics], name: str, nodes: list[str]) -> np.n
     return out
 
 
+@dataclass
+class Units:
+    """What is compared (nodes, or ranks of nodes) and, per metric, their (units x samples) values,
+    NaN where none; a metric no unit measured has no matrix."""
+
+    nodes: list[str]
+    ranks: list[int | None]
+    matrices: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, metrics: Sequence[NodeMetrics]) -> Units:
+        nodes = [m.node for m in metrics]
+        names = sorted({k for m in metrics for k in m.series})
+        return cls(nodes, [m.rank for m in metrics], {name: _matrix(metrics, name, nodes) for name in names})
+
+
 def _windows(x: np.ndarray, cfg: OutlierConfig) -> np.ndarray:
     """(nodes x windows) of each node's median over each window."""
     n, t = x.shape
@@ -200,9 +216,11 @@ def _persistent_windows(flags: np.ndarray, persist: int) -> np.ndarray:
     return total
 
 
-def _step_scale(metrics: Sequence[NodeMetrics], nodes: list[str], cfg: OutlierConfig) -> np.ndarray | None:
+def _step_scale(nodes: Units, cfg: OutlierConfig) -> np.ndarray | None:
     """Per window, the nodes' median step time (None when no node reports one)."""
-    win = _windows(_matrix(metrics, STEP_TIME, nodes), cfg)
+    if STEP_TIME not in nodes.matrices:
+        return None
+    win = _windows(nodes.matrices[STEP_TIME], cfg)
     if win.shape[1] == 0:
         return None
     with warnings.catch_warnings():
@@ -211,15 +229,15 @@ def _step_scale(metrics: Sequence[NodeMetrics], nodes: list[str], cfg: OutlierCo
 
 
 def _persistent(
-    units: Sequence[NodeMetrics], cfg: OutlierConfig, step: np.ndarray | None, out: MetricFindings
+    units: Units, cfg: OutlierConfig, step: np.ndarray | None, out: MetricFindings
 ) -> dict[int, list[MetricScore]]:
     """Unit index -> its metrics that were out for `persist` windows in a row (a unit is a node, or
     a rank when ranks are compared)."""
-    nodes = [m.node for m in units]
+    nodes = units.nodes
     per_unit: dict[int, list[MetricScore]] = {}
-    for name in sorted({k for m in units for k in m.series}):
+    for name in sorted(units.matrices):
         direction = DIRECTIONS.get(name, "both")
-        win = _windows(_matrix(units, name, nodes), cfg)
+        win = _windows(units.matrices[name], cfg)
         if win.shape[1] == 0:
             continue
         out.metrics_seen += 1
@@ -237,7 +255,7 @@ def _persistent(
                 MetricScore(
                     metric=name,
                     node=nodes[i],
-                    rank=units[i].rank,
+                    rank=units.ranks[i],
                     score=round(float(np.mean(z[i, lo:hi])), 2),
                     windows=int(total[i]),
                 )
@@ -264,13 +282,19 @@ def _weight(scores: Sequence[MetricScore], full_run: int, local_culprit: bool) -
 def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = None) -> MetricFindings:
     """Nodes compared with nodes, and ranks (the entries with `rank`: their own-work phase times)
     with ranks: a node is named by its own metrics or by a rank of it that is out."""
+    nodes = Units.of([m for m in metrics if m.rank is None])
+    return outliers_of(nodes, Units.of([m for m in metrics if m.rank is not None]), cfg)
+
+
+def outliers_of(nodes: Units, ranks: Units | None = None, cfg: OutlierConfig | None = None) -> MetricFindings:
+    """`metric_outliers` over matrices already built (a controller that holds 10,000 nodes' series as
+    arrays need not turn them into lists and back)."""
     cfg = cfg or OutlierConfig()
+    ranks = ranks or Units([], [], {})
     out = MetricFindings()
-    nodes = [m for m in metrics if m.rank is None]
-    ranks = [m for m in metrics if m.rank is not None]
-    step = _step_scale(nodes, [m.node for m in nodes], cfg) if len(nodes) else None
-    per_node = _persistent(nodes, cfg, step, out) if len(nodes) >= cfg.min_nodes else {}
-    per_rank = _persistent(ranks, cfg, step, out) if len(ranks) >= cfg.min_nodes else {}
+    step = _step_scale(nodes, cfg) if len(nodes.nodes) else None
+    per_node = _persistent(nodes, cfg, step, out) if len(nodes.nodes) >= cfg.min_nodes else {}
+    per_rank = _persistent(ranks, cfg, step, out) if len(ranks.nodes) >= cfg.min_nodes else {}
     # When some node or rank is out in a local phase (data, optimizer, the rest of the step), that is
     # where the step's time goes: the waits of its victims are explained, host readings are leads.
     local_runs = [
@@ -286,7 +310,7 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
     for index, scores in sorted(per_node.items()):
         scores.sort(key=lambda s: -s.score)
         out.ranking.extend(scores)
-        node = nodes[index].node
+        node = nodes.nodes[index]
         out.node_scores[node] = round(min(0.95, 0.3 + 0.3 * _weight(scores, full_run, bool(local_runs))), 2)
         out.reasons[node] = [
             f"{s.metric} is {s.score:.1f} robust deviations {_WORD[DIRECTIONS.get(s.metric, 'both')]} "
@@ -297,7 +321,7 @@ def metric_outliers(metrics: Sequence[NodeMetrics], cfg: OutlierConfig | None = 
     for index, scores in sorted(per_rank.items()):
         scores.sort(key=lambda s: -s.score)
         out.ranking.extend(scores)
-        node, rank = ranks[index].node, ranks[index].rank
+        node, rank = ranks.nodes[index], ranks.ranks[index]
         score = round(min(0.95, 0.3 + 0.3 * _weight(scores, full_run, bool(local_runs))), 2)
         out.node_scores[node] = max(out.node_scores.get(node, 0.0), score)
         out.reasons.setdefault(node, []).extend(

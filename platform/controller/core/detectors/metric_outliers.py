@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from stalwart.controller.core.policy import Classified
 from stalwart.controller.core.ranks import slot_roles
 from stalwart.spec.model import FailureEvent
 from stalwart.store.records import WorkerStatus
+
+if TYPE_CHECKING:
+    from stalwart.diagnosis.metric_outliers import Units
 
 PACE_METRICS = ("step_time_s", "tokens_per_second")
 WARMUP_SAMPLES = 2
@@ -180,13 +183,15 @@ def _pace_samples(window: Sequence[Mapping[str, Any]]) -> _PaceSamples:
     return _PaceSamples(values, tuple(v.get("step") for v in window), stepped)
 
 
-def _series(samples: Mapping[str, _PaceSamples]) -> dict[str, dict[str, list[float | None]]]:
-    """Each node's series of PACE_METRICS (NaN where not measured; a metric the node never measured
-    is left out), side by side by step: for every step any node sampled (the newest MAX_SAMPLES),
-    that node's sample of it. Each node keeps one sample a step, taken whenever its agent's heartbeat
+def _units(samples: Mapping[str, _PaceSamples]) -> Units:
+    """The nodes and their PACE_METRICS matrices (NaN where not measured; a metric no node measured
+    has none), side by side by step: for every step any node sampled (the newest MAX_SAMPLES), that
+    node's sample of it. Each node keeps one sample a step, taken whenever its agent's heartbeat
     came: side by side by position, a starved agent's n-th sample is of an older step than the
-    others' n-th. By position (newest last) only when no sample carries a step."""
-    nodes = list(samples)
+    others' n-th. By position (aligned on the newest) only when no sample carries a step."""
+    from stalwart.diagnosis.metric_outliers import Units
+
+    nodes = sorted(samples)
     steps = [samples[n].stepped[0] for n in nodes]
     every = np.concatenate(steps) if steps else np.empty(0, dtype=np.int64)
     if every.size:
@@ -202,20 +207,16 @@ def _series(samples: Mapping[str, _PaceSamples]) -> dict[str, dict[str, list[flo
         for i, n in enumerate(nodes):
             tail = samples[n].values[-length:]
             matrix[i, length - len(tail) :] = tail
-    present = ~np.isnan(matrix).all(axis=1)  # (nodes x metrics)
-    return {
-        node: {name: matrix[i, :, j].tolist() for j, name in enumerate(PACE_METRICS) if present[i, j]}
-        for i, node in enumerate(nodes)
-    }
+    measured = ~np.isnan(matrix).all(axis=(0, 1))
+    matrices = {name: matrix[:, :, j] for j, name in enumerate(PACE_METRICS) if measured[j]}
+    return Units(nodes, [None] * len(nodes), matrices)
 
 
 def _outliers(samples: Mapping[str, _PaceSamples]) -> list[tuple[str, float, list[str]]]:
     """The nodes metric_outliers names (score at least NAMED_SCORE), with their scores and reasons."""
-    from stalwart.diagnosis.metric_outliers import NAMED_SCORE, metric_outliers
-    from stalwart.diagnosis.models import NodeMetrics
+    from stalwart.diagnosis.metric_outliers import NAMED_SCORE, outliers_of
 
-    series = _series(samples)
-    found = metric_outliers([NodeMetrics.model_construct(node=n, series=series[n]) for n in sorted(series)])
+    found = outliers_of(_units(samples))
     return [
         (node, score, found.reasons.get(node, []))
         for node, score in sorted(found.node_scores.items())
