@@ -187,10 +187,15 @@ def flush() -> bool:
     be lost, or a job that finished would look stopped short. A report that cannot be built or sent is
     dropped, never raised into training."""
     with _drain_lock:
+        sender: dict[str, int | None] | None = None  # who sends: read once a round, not once a report
         while _outbox:
             entry = _outbox.popleft()
             try:
-                built = (entry.kind, entry.dumps().encode()) if isinstance(entry, ProgressReport) else _step_json(entry)
+                if isinstance(entry, ProgressReport):
+                    built = (entry.kind, entry.dumps().encode())
+                else:
+                    sender = sender or _identity()
+                    built = _step_json(entry, sender)
             except Exception:  # a report the records refuse: progress is best-effort, training goes on
                 log.warning("dropped a progress report that could not be built: %r", entry, exc_info=True)
                 continue
@@ -200,21 +205,24 @@ def flush() -> bool:
 
 def _step_report(entry: StepEntry) -> ProgressReport:
     """A queued step as the record the agent reads (what `_step_json` serialises, validated)."""
-    return ProgressReport.loads(_step_json(entry)[1])
+    return ProgressReport.loads(_step_json(entry, _identity())[1])
 
 
-def _step_json(entry: StepEntry) -> tuple[Literal["step"], bytes]:
+def _identity() -> dict[str, int | None]:
+    """The fields that say who sent a report: this worker's ranks and generation."""
+    rank, local_rank = _ranks()
+    return {"rank": rank, "local_rank": local_rank, "generation": contract.int_var(contract.GENERATION)}
+
+
+def _step_json(entry: StepEntry, sender: Mapping[str, int | None]) -> tuple[Literal["step"], bytes]:
     """A queued step, serialised as a ProgressReport the agent reads (tests/unit/agents checks that it
     is one). Built with json rather than the pydantic models: one report a step, and the models' build
     and dump cost the sender twice as much. Values are coerced as the records would (an integer-like
     step or token count, float-like times); anything else raises, and the report is dropped."""
     step, loss, tokens, flops, step_time, sent_at, phases = entry
-    rank, local_rank = _ranks()
     report = {
         "kind": "step",
-        "rank": rank,
-        "local_rank": local_rank,
-        "generation": contract.int_var(contract.GENERATION),
+        **sender,
         "step": operator.index(step),
         "loss": _float(loss),
         "tokens": None if tokens is None else operator.index(tokens),
