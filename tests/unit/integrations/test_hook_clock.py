@@ -29,8 +29,26 @@ def test_it_sums_the_time_spent_inside_and_nothing_outside() -> None:
     spin()  # outside: not counted
     assert clock.cpu == inside
     clock.step_done()
-    clock.step_done()
-    assert clock.per_step()["cpu"] == pytest.approx(inside / 2) and clock.per_step()["steps"] == 2
+    assert clock.per_step()["cpu"] == pytest.approx(inside) and clock.per_step()["steps"] == 1
+
+
+def test_it_reads_the_cpu_clock_in_one_step_of_eight_and_gives_their_mean() -> None:
+    """The thread's CPU clock is a system call: read in steps 1, 9, 17..., every hook of those steps."""
+    clock = HookClock()
+    for step in range(1, 18):
+        for _ in range(2):  # two hooks a step
+            with clock:
+                spin(rounds=20_000)
+        before = clock.cpu
+        clock.step_done()
+        assert (clock.cpu > 0) and ((before > 0) or step == 1)
+    assert clock.steps == 17 and clock.sampled == 3  # steps 1, 9 and 17
+    alone = HookClock()
+    with alone:
+        spin(rounds=40_000)
+    # The mean of the sampled steps: a step's CPU, not a third of it (in a range: the clock is real).
+    assert 0.3 * alone.cpu < clock.per_step()["cpu"] < 3 * alone.cpu
+    assert clock.per_step()["wall"] > 0
 
 
 def test_its_cpu_time_is_the_calling_thread_s_only() -> None:
