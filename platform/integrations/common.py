@@ -44,9 +44,11 @@ class HookClock:
     and sending the reports the hooks queued): the rest of what the integration adds to the process.
 
     The thread's CPU clock is a system call (a microsecond or more, and more again in a training step's
-    cold caches), so it is read in one step of every CPU_SAMPLE_EVERY, the first included, and the CPU
-    per step is the sampled steps' mean: steps alike cost alike, and the clock costs what it measures
-    an eighth as often. The wall clock (no system call) is read in every hook."""
+    cold caches), so it is read in one step of every CPU_SAMPLE_EVERY (the 2nd, the 10th, ...), and the
+    CPU per step is the sampled steps' mean: steps alike cost alike, and the clock costs what it
+    measures an eighth as often. The first step is never sampled: what it does once (the SDK's sender
+    thread starts at the first report) is no step's cost. The wall clock (no system call) is read in
+    every hook, the first step's included."""
 
     CPU_SAMPLE_EVERY = 8
 
@@ -57,7 +59,7 @@ class HookClock:
         self.steps = self.sampled = 0  # steps served, and those whose CPU time was read
         self._wall_start = 0.0
         self._cpu_start = -1.0  # when the open section's CPU time is read (-1: not this step)
-        self._sampling = True
+        self._sampling = False  # the first step is not sampled
         self._sender_start = sender_cpu()
 
     def __enter__(self) -> HookClock:
@@ -76,7 +78,7 @@ class HookClock:
         self.steps += 1
         if self._sampling:
             self.sampled += 1
-        self._sampling = self.steps % self.CPU_SAMPLE_EVERY == 0
+        self._sampling = self.steps % self.CPU_SAMPLE_EVERY == 1
 
     def per_step(self) -> dict[str, float]:
         """Seconds per step in the hooks ({"wall"; "cpu", the sampled steps' mean}), the sender

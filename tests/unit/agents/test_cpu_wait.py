@@ -67,3 +67,42 @@ def test_without_the_kernels_word_no_cpu_wait_is_reported(monkeypatch: pytest.Mo
         pass
     timer.report(1)
     assert reported[0]["cpu_wait"] is None and reported[0]["optimizer_time"] is not None
+
+
+@linux
+def test_each_thread_reads_its_own_file_and_closes_it_when_it_ends() -> None:
+    from stalwart.agents import cpu_wait as module
+
+    before = len(os.listdir("/proc/self/fd"))
+    named: list[str] = []
+
+    def read() -> None:
+        assert cpu_wait() is not None
+        named.append(os.readlink(f"/proc/self/fd/{module._opened.file.fd}"))
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(named)) == 8 and all(name.endswith("/schedstat") for name in named)
+    assert len(os.listdir("/proc/self/fd")) <= before  # (the finished threads' files are closed)
+
+
+@linux
+def test_a_forked_child_reads_its_own_thread_not_its_parent_s() -> None:
+    """The file a thread opened names that thread: after a fork the child opens its own."""
+    script = """
+import os
+from stalwart.agents import cpu_wait as module
+assert module.cpu_wait() is not None
+parent = os.readlink(f"/proc/self/fd/{module._opened.file.fd}")
+pid = os.fork()
+if pid == 0:
+    ok = module.cpu_wait() is not None
+    child = os.readlink(f"/proc/self/fd/{module._opened.file.fd}")
+    os._exit(0 if ok and child == f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat" and child != parent else 1)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+    assert subprocess.run([sys.executable, "-c", script], timeout=120).returncode == 0

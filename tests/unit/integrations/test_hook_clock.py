@@ -18,10 +18,18 @@ def spin(until: threading.Event | None = None, rounds: int = 200_000) -> None:
         until.wait()
 
 
+def sampled() -> HookClock:
+    """A clock past its first step (never sampled), in a step whose CPU time it reads."""
+    clock = HookClock()
+    clock.step_done()
+    return clock
+
+
 def test_it_sums_the_time_spent_inside_and_nothing_outside() -> None:
     clock = HookClock()
     cost = clock.per_step()
     assert {k: cost[k] for k in ("wall", "cpu", "steps")} == {"wall": 0.0, "cpu": 0.0, "steps": 0.0}
+    clock.step_done()
     with clock:
         spin()
     inside = clock.cpu
@@ -29,21 +37,24 @@ def test_it_sums_the_time_spent_inside_and_nothing_outside() -> None:
     spin()  # outside: not counted
     assert clock.cpu == inside
     clock.step_done()
-    assert clock.per_step()["cpu"] == pytest.approx(inside) and clock.per_step()["steps"] == 1
+    assert clock.per_step()["cpu"] == pytest.approx(inside) and clock.per_step()["steps"] == 2
 
 
 def test_it_reads_the_cpu_clock_in_one_step_of_eight_and_gives_their_mean() -> None:
-    """The thread's CPU clock is a system call: read in steps 1, 9, 17..., every hook of those steps."""
+    """The thread's CPU clock is a system call: read in steps 2, 10, 18..., every hook of those steps;
+    the first step's one-time work is no step's cost."""
     clock = HookClock()
-    for step in range(1, 18):
+    cpu_after: list[float] = []
+    for _ in range(18):
         for _ in range(2):  # two hooks a step
             with clock:
                 spin(rounds=20_000)
-        before = clock.cpu
         clock.step_done()
-        assert (clock.cpu > 0) and ((before > 0) or step == 1)
-    assert clock.steps == 17 and clock.sampled == 3  # steps 1, 9 and 17
-    alone = HookClock()
+        cpu_after.append(clock.cpu)
+    assert clock.steps == 18 and clock.sampled == 3  # steps 2, 10 and 18
+    grew = [step for step in range(1, 19) if cpu_after[step - 1] > (cpu_after[step - 2] if step > 1 else 0.0)]
+    assert grew == [2, 10, 18] and clock.wall > 0
+    alone = sampled()
     with alone:
         spin(rounds=40_000)
     # The mean of the sampled steps: a step's CPU, not a third of it (in a range: the clock is real).
@@ -53,14 +64,14 @@ def test_it_reads_the_cpu_clock_in_one_step_of_eight_and_gives_their_mean() -> N
 
 def test_its_cpu_time_is_the_calling_thread_s_only() -> None:
     """Another thread's work (a checkpoint writer, another process's load) is not the hook's CPU."""
-    clock = HookClock()
+    clock = sampled()
     done = threading.Event()
     worker = threading.Thread(target=lambda: (spin(rounds=2_000_000), done.set()))
     with clock:
         worker.start()
         done.wait()  # the hook waits: wall time passes, this thread uses almost no CPU
     worker.join()
-    alone = HookClock()
+    alone = sampled()
     with alone:
         spin(rounds=2_000_000)
     assert clock.cpu < alone.cpu
@@ -68,7 +79,7 @@ def test_its_cpu_time_is_the_calling_thread_s_only() -> None:
 
 
 def test_an_exception_inside_is_still_timed() -> None:
-    clock = HookClock()
+    clock = sampled()
     with pytest.raises(FloatingPointError), clock:
         spin()
         raise FloatingPointError("loss is nan")
