@@ -23,6 +23,7 @@ from stalwart.store.records import (
     Heartbeat,
     Incident,
     JobState,
+    NodeAssignment,
     NodeRegistration,
     OperatorRequest,
     RequestKind,
@@ -70,6 +71,22 @@ def worker(rank: int, *, step: int | None = 5, exit_code: int | None = None, **f
         step=step,
         last_progress_at=fields.pop("last_progress_at", at),
         **fields,
+    )
+
+
+def assignment_of(nodes: list[str], procs: int = 2, job: str = "j") -> Assignment:
+    """Generation 1 of `nodes` x `procs` ranks, in order (what a diagnosis link reads)."""
+    return Assignment(
+        job=job,
+        generation=1,
+        world_size=procs * len(nodes),
+        master_addr="h",
+        master_port=1,
+        nodes=[
+            NodeAssignment(node=n, node_rank=i, role="trainer", first_rank=procs * i, local_world_size=procs)
+            for i, n in enumerate(nodes)
+        ],
+        created_at=0.0,
     )
 
 

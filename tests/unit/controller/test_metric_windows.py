@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.controller_harness import assignment_of
 
 from stalwart.controller.core.metric_windows import node_metrics, series_of
 from stalwart.controller.shell import diagnosis as diagnosis_link
 from stalwart.logs import get_logger
-from stalwart.store.records import Assignment, NodeAssignment, StackReport
+from stalwart.store.records import StackReport
 
 
 def vector(node: str, at: float, **metrics: Any) -> dict[str, Any]:
@@ -56,18 +57,7 @@ def test_a_slow_node_is_named_by_its_metrics_when_every_stack_looks_the_same(
     }
     monkeypatch.setattr(diagnosis_link, "request_stacks", lambda store, job: "r")
     monkeypatch.setattr(diagnosis_link, "collect_stacks", lambda *a, **k: [report(n, windows[n]) for n in nodes])
-    assignment = Assignment(
-        job="j",
-        generation=1,
-        world_size=8,
-        master_addr="h",
-        master_port=1,
-        nodes=[
-            NodeAssignment(node=n, node_rank=i, role="trainer", first_rank=2 * i, local_world_size=2)
-            for i, n in enumerate(nodes)
-        ],
-        created_at=0.0,
-    )
+    assignment = assignment_of(nodes)
     log = get_logger("test")
     found = diagnosis_link.diagnose_slowdown(None, "j", assignment, None, log, rounds=1, interval=0.0)  # type: ignore[arg-type]
     assert found.suspects == ["node-2"]

@@ -7,12 +7,13 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from support.controller_harness import assignment_of
 
 from stalwart.controller.shell import diagnosis as diagnosis_link
 from stalwart.logs import get_logger
 from stalwart.store import keys
 from stalwart.store.client import Store
-from stalwart.store.records import Assignment, NodeAssignment, StackReport
+from stalwart.store.records import StackReport
 
 DUMP = """Thread 4242 (idle): "MainThread"
     all_reduce (torch/distributed/distributed_c10d.py:2100)
@@ -28,28 +29,13 @@ def report(node: str, request_id: str = "r") -> StackReport:
     return StackReport(request_id=request_id, node=node, generation=1, captured_at=0.0, stacks=stacks)
 
 
-def assignment(nodes: list[str]) -> Assignment:
-    return Assignment(
-        job="j",
-        generation=1,
-        world_size=2 * len(nodes),
-        master_addr="h",
-        master_port=1,
-        nodes=[
-            NodeAssignment(node=n, node_rank=i, role="trainer", first_rank=2 * i, local_world_size=2)
-            for i, n in enumerate(nodes)
-        ],
-        created_at=0.0,
-    )
-
-
 @pytest.mark.parametrize("silent", [1, diagnosis_link.MISSING_BLAMED_NODES, diagnosis_link.MISSING_BLAMED_NODES + 1, 9])
 def test_silent_nodes_are_suspects_only_when_few(silent: int, monkeypatch: pytest.MonkeyPatch) -> None:
     nodes = [f"node-{i}" for i in range(40)]
     answered = nodes[silent:]
     monkeypatch.setattr(diagnosis_link, "request_stacks", lambda store, job: "r")
     monkeypatch.setattr(diagnosis_link, "collect_stacks", lambda *a, **k: [report(n) for n in answered])
-    found = diagnosis_link.diagnose_hang(None, "j", assignment(nodes), None, get_logger("test"))  # type: ignore[arg-type]
+    found = diagnosis_link.diagnose_hang(None, "j", assignment_of(nodes), None, get_logger("test"))  # type: ignore[arg-type]
     if silent <= diagnosis_link.MISSING_BLAMED_NODES:
         assert found.suspects == nodes[:silent]
     else:
