@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,7 +70,10 @@ def test_step_reports_carry_the_phase_times(tmp_path: Path) -> None:
             {contract.PROGRESS_SOCKET: path, contract.RANK: "3", contract.LOCAL_RANK: "1", contract.GENERATION: "4"},
         )
         assert out.returncode == 0, out.stderr
-        first, second = (json.loads(inbox.recv(65536)) for _ in range(2))
+        reports: list[dict[str, Any]] = []
+        while len(reports) < 2:  # a datagram holds one report or several, a line each
+            reports += [json.loads(line) for line in inbox.recv(65536).splitlines()]
+        first, second = reports
     finally:
         inbox.close()
     assert (second["rank"], second["local_rank"], second["generation"], second["step"]) == (3, 1, 4, 2)
