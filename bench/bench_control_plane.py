@@ -638,7 +638,12 @@ class SizeRun:
         if st is None or st.phase is not JobPhase.RUNNING:
             self.result["phases"]["hang"] = {"skipped": f"job is {st.phase.value if st else 'absent'}"}
             return
-        time.sleep(3 * self.args.step_time)  # a few steps, so the adaptive timeout has step times
+        # Every node stepping (a node that applies its RUN after the freeze would not be frozen), then
+        # a few steps, so the adaptive timeout has step times.
+        if not self.wait("hang", lambda: self.summary()["stepping"] >= len(st.slots), 60 + 0.01 * self.n):
+            self.result["phases"]["hang"] = {"skipped": "not every node was stepping"}
+            return
+        time.sleep(3 * self.args.step_time)
         culprit = st.slots[len(st.slots) // 3]
         known = {i.id for i in self.incidents()}
         frozen = [link.call("freeze", culprit=culprit) for link in self.links]

@@ -313,6 +313,25 @@ def test_progress_during_a_capture_ends_the_stall() -> None:
     assert h.incidents() == [] and h.state().stage is S.RUNNING
 
 
+def test_a_late_report_of_older_progress_keeps_the_stall_and_its_capture() -> None:
+    """A big job's nodes report over a progress interval: one that tells, after the stall was seen,
+    of progress still older than the timeout is the same silence (starting a little later), not the
+    job moving again; no second capture is launched."""
+    h = Harness(faultTolerance={"hangTimeoutFloorSeconds": 5, "hangTimeoutMultiplier": 10})
+    h.running()
+    started = h.clock.now
+    h.clock.advance(6)
+    h.tick()
+    [capture] = h.runner.launched
+    h.beat("node-1", 1, [worker(r, at=started, last_progress_at=started + 0.5) for r in (2, 3)])
+    h.tick()
+    assert h.runner.launched == [capture]
+    h.runner.finish(capture.key, diagnosis=Finding(suspects=["node-0"]))
+    h.tick()
+    [incident] = h.incidents()
+    assert incident.failed_at == started + 0.5 and incident.detected_at == started + 6
+
+
 # -- slowdowns -----------------------------------------------------------------------------------
 def _pace(h: Harness, step_times: list[float], first_step: int = 1) -> None:
     for i, t in enumerate(step_times):

@@ -75,8 +75,13 @@ class Hangs(Detector):
         else:
             timeout = ft.first_step_timeout_seconds
             since = view.state.generation_started_at or view.state.updated_at
-        if self._stall is not None and (not running or since > self._stall.since):
-            self._stall = None  # progress again, or nothing left running: that stall is over
+        if self._stall is not None and since > self._stall.since:
+            if view.now - since <= timeout:
+                self._stall = None  # progress again: that stall is over
+            else:  # a late report of progress older than the timeout: the same silence, a later start
+                self._stall.since = since
+        if self._stall is not None and not running:
+            self._stall = None  # nothing left running
         if not running:
             return Report()
         if self._stall is None:
