@@ -80,7 +80,14 @@ def measure(nodes: int, procs: int, ticks: int, history: int = 30) -> dict[str, 
 
     def beat(i: int, at: float) -> Heartbeat:
         workers = running_workers(i * procs, procs, t0, slots[i])
-        advance_workers(workers, t0, at, first_step_after=1.0, step_time=1.0, checkpoint_interval=spec.spec.checkpoint.interval_steps)
+        advance_workers(
+            workers,
+            t0,
+            at,
+            first_step_after=1.0,
+            step_time=1.0,
+            checkpoint_interval=spec.spec.checkpoint.interval_steps,
+        )
         return heartbeat_record(slots[i], 1, workers, at)
 
     beats = {n: beat(i, now) for i, n in enumerate(slots)}
