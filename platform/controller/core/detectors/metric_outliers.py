@@ -51,7 +51,6 @@ class MetricOutliers(Detector):
         self._found: Report = Report()
         self._handled: set[str] = set()
         self._progress: NodeDigests[_NodeProgress] = NodeDigests(_node_progress)
-        self._changes: NodeDigests[None] = NodeDigests(_nothing)  # which nodes' vectors changed
         self._samples: dict[str, _PaceSamples] = {}  # each node's, from its vectors
         self._since: float | None = None
 
@@ -77,7 +76,7 @@ class MetricOutliers(Detector):
                 by_role.setdefault(role, []).append(node)
         findings: list[Finding] = []
         for role, nodes in sorted(by_role.items()):
-            samples = {n: d for n in nodes if (d := self._samples.get(n)) is not None and d.steps}
+            samples = {n: d for n in nodes if (d := self._samples.get(n)) is not None and len(d.values)}
             if len(samples) < MIN_NODES:
                 continue
             for node, score, reasons in _outliers(samples):
@@ -90,18 +89,19 @@ class MetricOutliers(Detector):
 
     def _update_samples(self, view: View) -> None:
         """Each slot node's pace samples, redone for the nodes whose heartbeat (and so whose vectors)
-        changed: the evaluation, once an interval, then reads every node's at once."""
+        changed, as the progress digests just were: the evaluation, once an interval, then reads
+        every node's at once."""
         since = view.state.generation_started_at or 0.0
-        self._changes.update(view)
+        slots = self._progress.by_node
         if since != self._since:
             self._since, self._samples = since, {}
-            redo: set[str] = set(self._changes.by_node)
+            redo: set[str] = set(slots)
         else:
-            redo = self._changes.changed
+            redo = self._progress.changed
         for node in redo:
             self._samples[node] = _pace_samples(_generation_window(view.vectors.get(node, []), since))
-        if len(self._samples) > len(self._changes.by_node):  # a node left the slots
-            self._samples = {n: d for n, d in self._samples.items() if n in self._changes.by_node}
+        if len(self._samples) > len(slots):  # a node left the slots
+            self._samples = {n: d for n, d in self._samples.items() if n in slots}
 
     def _stalled(self, view: View) -> bool:
         """Whether stalled_ranks(view) names any, from each node's digest (redone for the nodes
@@ -155,18 +155,13 @@ def _generation_window(vectors: Sequence[Mapping[str, Any]], since: float) -> li
     return mine[WARMUP_SAMPLES:]
 
 
-def _nothing(_workers: Sequence[WorkerStatus], _sent_at: float | None = None) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class _PaceSamples:
     """A node's pace samples of this generation (`_generation_window`'s), as arrays: each sample's
-    value of each PACE_METRICS (NaN where it has none), and its step; `stepped` keeps, for each step
-    a sample carries, the node's earliest sample of it."""
+    value of each PACE_METRICS (NaN where it has none); `stepped` keeps, for each step a sample
+    carries, the node's earliest sample of it."""
 
     values: np.ndarray  # (samples x metrics)
-    steps: tuple[Any, ...]
     stepped: tuple[np.ndarray, np.ndarray]  # (steps, values rows), ascending by step
 
 
@@ -180,7 +175,7 @@ def _pace_samples(window: Sequence[Mapping[str, Any]]) -> _PaceSamples:
             first[step] = i
     order = sorted(first)
     stepped = (np.array(order, dtype=np.int64), values[[first[k] for k in order]])
-    return _PaceSamples(values, tuple(v.get("step") for v in window), stepped)
+    return _PaceSamples(values, stepped)
 
 
 def _units(samples: Mapping[str, _PaceSamples]) -> Units:
