@@ -121,8 +121,8 @@ class HeartbeatGate:
 
     def wrote(self, beat: Heartbeat, now: float) -> None:
         self._written = significant(beat)
-        if self.progress_interval <= self.heartbeat_interval:
-            self._progress_at = now + self.progress_interval  # every beat
+        if self.saves_at_once:  # (a job that writes every beat)
+            self._progress_at = now + self.progress_interval
         else:  # this node's next phase point after this write (a beat a hair early counts as on it)
             reference = now + self.heartbeat_interval / 2 - self.phase
             self._progress_at = (
