@@ -10,6 +10,7 @@ is the benchmark's (bench/bench_stragglers.py), not a test's.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from support import stalwart_run
+from support.orphans import SESSION_TAG
 from support.paths import REPO
 
 # A 600-step job with a hot swap takes minutes on this loaded 2-core machine: more than the default.
@@ -67,8 +69,11 @@ def test_a_straggler_s_node_is_hot_swapped_and_the_job_succeeds(
 
 @pytest.fixture
 def busy_cpu() -> Iterator[None]:
-    """A competing process at nice 0 that keeps one core busy for the whole run."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    """A competing process at nice 0 that keeps one core busy for the whole run. It does not carry
+    the session's tag: it is the test's, killed here, and a run's check for what it left behind once
+    took it for the run's (seen under load: the listing before the run missed it)."""
+    env = {k: v for k, v in os.environ.items() if k != SESSION_TAG}
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True, env=env)
     try:
         yield
     finally:
