@@ -70,10 +70,14 @@ def read_logs(
     timeout: float,
     on_note: Callable[[str], None] = lambda _note: None,
 ) -> list[RankOutput]:
-    """Ask the nodes for their workers' tails now; `on_note` hears about nodes that did not answer."""
+    """Ask the nodes for their workers' tails now; `on_note` hears about nodes that did not answer.
+
+    Only nodes with a heartbeat are asked: a node without one (lost, or its agent stopped with the
+    job) cannot answer, and waiting `timeout` for it only delays the error."""
     state, nodes = log_nodes(store, job, rank)
-    request_id = request_logs(store, job, rank, lines)
-    reports = collect_logs(store, job, request_id, nodes, timeout)
+    beats = read_nodes(store, job).heartbeats
+    live = [n for n in nodes if n in beats]
+    reports = collect_logs(store, job, request_logs(store, job, rank, lines), live, timeout) if live else []
     found: dict[int, RankOutput] = {}
     for report in reports:
         for w in report.workers:
@@ -82,8 +86,7 @@ def read_logs(
                     rank=w.rank, node=report.node, source="agent", exit_code=None, lines=w.lines[-lines:]
                 )
     answered = {r.node for r in reports}
-    silent = [n for n in nodes if n not in answered]
-    beats = read_nodes(store, job).heartbeats
+    silent = [n for n in live if n not in answered]
     for node in silent:
         beat = beats.get(node)
         for ws in beat.workers if beat and beat.generation == state.running_generation(node) else []:
@@ -97,13 +100,27 @@ def read_logs(
             + ("; showing the tails their heartbeats kept for exited workers" if found else "")
         )
     if not found:
-        raise OpsError(
-            f"no output from job {job!r}"
-            + (f" rank {rank}" if rank is not None else "")
-            + f": {len(silent)} of {len(nodes)} node(s) did not answer the log request "
-            "(is the agent running? stalwart status JOB)"
-        )
+        raise OpsError(no_output_reason(job, rank, state, nodes, live, silent))
     return [found[r] for r in sorted(found)]
+
+
+def no_output_reason(
+    job: str, rank: int | None, state: JobState, nodes: list[str], live: list[str], silent: list[str]
+) -> str:
+    """Why nothing came back, and where the output is then."""
+    what = f"no output from job {job!r}" + (f" rank {rank}" if rank is not None else "")
+    if not live and state.phase.terminal:
+        return (
+            f"{what}: the job has ended ({state.phase.value}) and its agents have stopped, so its workers' "
+            "output can no longer be fetched; it stays on the nodes, in the agent's work folder "
+            "(WORKDIR/nodes/NODE/gen-NNNN/rank-R.log for `stalwart run`; on Kubernetes, the pod's "
+            "/var/run/stalwart while the pod lasts)"
+        )
+    gone = [n for n in nodes if n not in live]
+    reasons = [f"{len(gone)} of {len(nodes)} node(s) have no heartbeat ({', '.join(gone)})"] if gone else []
+    if silent:
+        reasons.append(f"{len(silent)} of {len(nodes)} node(s) did not answer the log request")
+    return f"{what}: {'; '.join(reasons)} (is the agent running? stalwart status JOB)"
 
 
 def new_lines(seen: list[str], tail: list[str], anchor: int = 20) -> list[str]:
@@ -144,8 +161,10 @@ def follow_logs(
             if finished:
                 return
             raise
-        except OpsError:
+        except OpsError as e:
             found = []  # between generations nobody answers: ask again
+            if finished and not seen:
+                on_note(str(e))  # the job ended before anything could be read: say why nothing shows
         for r in found:
             fresh = r.lines if first else new_lines(seen.get(r.rank, []), r.lines)
             seen[r.rank] = r.lines

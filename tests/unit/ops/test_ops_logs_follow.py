@@ -20,6 +20,7 @@ from stalwart.store import Store, keys
 from stalwart.store.etcd_server import EtcdServer
 from stalwart.store.records import (
     Assignment,
+    Heartbeat,
     JobPhase,
     JobState,
     LogReport,
@@ -53,6 +54,7 @@ def store(etcd: EtcdServer) -> Iterator[Store]:
             nodes=[NodeAssignment(node="node-a", node_rank=0, role="trainer", first_rank=0, local_world_size=1)],
         ),
     )
+    s.put(keys.node_heartbeat(JOB, "node-a"), Heartbeat(node="node-a", generation=1, sent_at=time.time()))
     yield s
     s.delete_prefix(keys.job_prefix(JOB))
     s.close()

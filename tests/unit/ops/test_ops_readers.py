@@ -30,6 +30,7 @@ from stalwart.store.records import (
     Heartbeat,
     Incident,
     JobPhase,
+    JobStage,
     JobState,
     LogReport,
     LogRequest,
@@ -89,6 +90,7 @@ def store(etcd: EtcdServer) -> Iterator[Store]:
         exited_at=now - 5,
         log_tail=["step 9", "RuntimeError: boom"],
     )
+    s.put(keys.node_heartbeat(JOB, "node-a"), Heartbeat(node="node-a", generation=1, sent_at=now))
     s.put(keys.node_heartbeat(JOB, "node-b"), Heartbeat(node="node-b", generation=1, sent_at=now, workers=[exited]))
     for number, suffix in ((1, "aaaa11"), (2, "aaaa22"), (3, "bbbb33")):
         incident_id = f"inc-000{number}-{suffix}"
@@ -151,6 +153,34 @@ def test_logs_come_from_the_agents_that_answer_and_the_heartbeat_of_the_one_that
     assert len(notes) == 1 and "node-b" in notes[0]
     request = store.get(keys.log_request(JOB), LogRequest)
     assert request is not None and store.get_prefix(keys.logs_prefix(JOB, request.id), LogReport) == []
+
+
+def test_logs_ask_only_nodes_with_a_heartbeat_and_name_the_others(store: Store) -> None:
+    beat = store.get(keys.node_heartbeat(JOB, "node-a"), Heartbeat)
+    store.delete(keys.node_heartbeat(JOB, "node-a"))  # node-a's lease lapsed: nobody there to answer
+    try:
+        with pytest.raises(OpsError, match=r"1 of 1 node\(s\) have no heartbeat \(node-a\)"):
+            read_logs(store, JOB, 0, lines=10, timeout=600.0)  # at once: no wait for a node that is gone
+        found = read_logs(store, JOB, 3, lines=10, timeout=0.5)  # node-b's exited rank: its heartbeat's tail
+        assert [(r.rank, r.source) for r in found] == [(3, "heartbeat")]
+    finally:
+        store.put(keys.node_heartbeat(JOB, "node-a"), beat)
+
+
+def test_logs_of_an_ended_job_whose_agents_stopped_say_where_the_output_is(store: Store) -> None:
+    state = require_state(store, JOB)
+    beats = {node: store.get(keys.node_heartbeat(JOB, node), Heartbeat) for node in NODES}
+    store.put(keys.job_state(JOB), state.model_copy(update={"stage": JobStage.SUCCEEDED}))
+    for node in NODES:
+        store.delete(keys.node_heartbeat(JOB, node))
+    try:
+        with pytest.raises(OpsError, match=r"has ended \(Succeeded\) and its agents have stopped.*rank-R\.log"):
+            read_logs(store, JOB, None, lines=10, timeout=600.0)
+    finally:
+        store.put(keys.job_state(JOB), state)
+        for node, beat in beats.items():
+            if beat is not None:
+                store.put(keys.node_heartbeat(JOB, node), beat)
 
 
 def test_logs_of_a_rank_the_job_lacks_are_not_found(store: Store) -> None:
