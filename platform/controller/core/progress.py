@@ -97,6 +97,10 @@ def track(
         rank0 = next((w for w in stepped if w.rank == 0), first)
         incident.first_step_at = first.first_step_at
         incident.resumed_step = first.first_step
+        if first.first_step is not None and incident.step_at_failure is not None:
+            # The step at failure is the newest the heartbeats had told; the checkpoint the whole job
+            # resumed from was saved before the failure, so the job had got at least that far.
+            incident.step_at_failure = max(incident.step_at_failure, first.first_step - 1)
         incident.loss_after = rank0.first_loss
         plan.put(keys.incident(job, incident.id), incident)
         plan.log(

@@ -121,6 +121,27 @@ def test_a_controller_killed_at_any_commit_of_a_recovery_is_replaced_without_a_s
     assert "node-3" in h.cluster.called("start")  # the pool is replenished once the recovery is over
 
 
+def test_the_step_at_failure_is_at_least_the_checkpoint_the_job_resumed_from() -> None:
+    """Heartbeats lag the workers: node-1 was lost at step 21 while they still said 18, and the
+    job resumed from the checkpoint at step 20, which it had reached before the failure."""
+    h = Harness(standbys={"count": 1})
+    h.put_state(stage=S.RUNNING, generation=1, standbys=["node-2"], standbys_checked=["node-2"], next_node_index=3)
+    h.join("node-0", "node-1", "node-2", generation=1)
+    h.run_generation(1, ["node-0", "node-1"], first_step_at=h.clock.now - 9, first_step=1, step=18)
+    h.clock.advance(1)
+    h.lapse("node-1")
+    h.cluster.on_start = lambda node: h.join(node, generation=0)
+    for _ in range(30):
+        h.tick()
+        state = h.state()
+        if state.generation == 2 and state.stage is S.RUNNING and state.open_incident is not None:
+            h.run_generation(2, state.slots, first_step_at=h.clock.now, first_step=21, step=21)
+        h.clock.advance(0.1)
+    [incident] = h.incidents()
+    assert incident.resumed_step == 21 and incident.step_at_failure == 20, incident
+    assert incident.lost_work_seconds == 0, incident
+
+
 def test_a_generation_start_asks_for_the_cluster_then_the_rendezvous_in_one_tick() -> None:
     h = Harness()
     h.put_state(stage=S.RESTARTING, generation=1)
