@@ -114,7 +114,7 @@ def no_output_reason(
             f"{what}: the job has ended ({state.phase.value}) and its agents have stopped, so its workers' "
             "output can no longer be fetched; it stays on the nodes, in the agent's work folder "
             "(WORKDIR/nodes/NODE/gen-NNNN/rank-R.log for `stalwart run`; on Kubernetes, the pod's "
-            "/var/run/stalwart while the pod lasts)"
+            "work folder, /var/run/stalwart by default, while the pod lasts)"
         )
     gone = [n for n in nodes if n not in live]
     reasons = [f"{len(gone)} of {len(nodes)} node(s) have no heartbeat ({', '.join(gone)})"] if gone else []
