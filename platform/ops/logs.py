@@ -88,8 +88,8 @@ def read_logs(
     answered = {r.node for r in reports}
     silent = [n for n in live if n not in answered]
     for node in silent:
-        beat = beats.get(node)
-        for ws in beat.workers if beat and beat.generation == state.running_generation(node) else []:
+        beat = beats[node]  # every node asked has one
+        for ws in beat.workers if beat.generation == state.running_generation(node) else []:
             if (rank is None or ws.rank == rank) and ws.log_tail and ws.rank not in found:
                 found[ws.rank] = RankOutput(
                     rank=ws.rank, node=node, source="heartbeat", exit_code=ws.exit_code, lines=ws.log_tail[-lines:]
